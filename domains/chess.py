@@ -1,0 +1,267 @@
+"""chess: solve mate-in-1 and mate-in-2 puzzles move by move against an environment that plays the opponent.
+
+Data (data/chess/, built by data/build_chess.py from BIG-bench checkmate_in_one, Apache-2.0): positions cut
+from 3,500 real games one ply (mate in 1) or three plies (mate in 2) before mate; exact search proved the first
+move unique. Every split mixes both kinds (test 150 + 100, val 60 + 40, harness 77 + 51, weight the rest).
+An example is {"id", "task": {"fen", "plies": 1|3, "side": "white"|"black"}, "answer": {"line": [uci, ...]}}.
+The paper uses Lichess puzzles of 1-9 plies; BIG-bench ships games inside a pip package, so we derive our own.
+
+The environment lives in the PARENT. make_tools(example) gives one rollout its own board and these tools:
+    fen() -> str                  the position in FEN
+    board() -> str                python-chess's ASCII board (rank 8 on top, White in capitals, "." empty)
+    legal_moves() -> [uci]        the legal moves, sorted
+    legal_moves_san() -> [san]    the same moves in the same order in SAN ("Nf3", "exd5", "O-O", "Qh7+")
+    play(uci) -> str              make a move (below)
+play(uci): the argument must be a UCI string ("e2e4", "e7e8q"; whitespace and case forgiven). Anything else
+raises ValueError: the harness sees a tool error, nothing is played, and it may try again. An ILLEGAL move,
+or a legal move that is not the solution's, ENDS the rollout: play returns "over: ..." and every later play
+call raises. A correct move is made, the environment answers with the opponent's reply from the stored line and
+returns "ok: the opponent replied <uci>"; the last move returns "solved: ...". The first move must equal the
+solution's (it was proved unique); the final move is accepted if it mates, whichever mate it is.
+verify(example, answer, state) is 1.0 iff state.solved: the answer string is ignored, the board is the record.
+
+Why "the harness may not choose moves" holds, and where it is only a rule:
+- The harness runs in a child process that may import only the standard library, so python-chess and any
+  engine are out of reach, and all it learns about the position comes through the tools above.
+- play() is a move budget: only legal moves count, the first wrong one ends the puzzle, so a harness gets at
+  most len(line) // 2 + 1 counted moves (1 or 2) and cannot search by trial and error.
+- Nothing stops a harness from writing its own move generator in pure Python, or from picking a move out of
+  the legal list without asking the model. The proposer rules forbid both (the model chooses every move) and
+  meta_harness may reject sources that look like an engine, but that check is a rule, not a wall.
+- legal_moves_san() writes a mating move with "+", never "#": "#" would hand a harness the answer to every
+  mate in 1 (and the last move of every mate in 2) without the model. Checks and captures stay visible: that
+  is plain notation a chess GUI shows, and pointing the model at forcing moves is a fair harness idea.
+Left out: longer puzzles, draws/stalemates as outcomes, partial credit.
+"""
+import gzip
+import json
+import os
+import types
+
+import chess
+
+NAME = "chess"
+HERE = os.path.dirname(os.path.abspath(__file__))
+DATA = os.path.join(os.path.dirname(HERE), "data", "chess")
+H0 = os.path.join(HERE, "chess_h0.py")
+SPLITS = ("weight", "harness", "val", "test")
+
+
+def load_split(split):
+    """test 250, val 100, harness 128, weight 3,637 puzzles."""
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
+    with gzip.open(os.path.join(DATA, f"{split}.jsonl.gz"), "rt", encoding="utf-8") as f:
+        return [json.loads(line) for line in f]
+
+
+# ---------------------------------------------------------------- the environment (parent side)
+
+def make_tools(example):
+    """A fresh board for one rollout; the returned state is what verify reads."""
+    state = types.SimpleNamespace(board=chess.Board(example["task"]["fen"]), line=list(example["answer"]["line"]),
+                                  solved=False, failed=False, played=[], bad_calls=0)
+    board = state.board
+
+    def fen():
+        return board.fen()
+
+    def ascii_board():
+        return str(board)
+
+    def legal_moves():
+        return sorted(m.uci() for m in board.legal_moves)
+
+    def legal_moves_san():
+        sans = [board.san(chess.Move.from_uci(u)) for u in legal_moves()]
+        return [s[:-1] + "+" if s.endswith("#") else s for s in sans]  # never reveal mate (see docstring)
+
+    def play(uci):
+        if state.solved or state.failed:
+            raise RuntimeError("the puzzle is over; no more moves")
+        try:
+            move = chess.Move.from_uci(uci.strip().lower())
+        except (AttributeError, ValueError):  # not a string, or not UCI: a format error, nothing is played
+            state.bad_calls += 1
+            raise ValueError(f"play expects one move in UCI notation like 'e2e4' or 'e7e8q', got {repr(uci)[:40]}")
+        state.played.append(move.uci())
+        if move not in board.legal_moves:
+            state.failed = True
+            return f"over: {move.uci()} is illegal in this position; the puzzle is lost"
+        ply = 2 * (len(state.played) - 1)  # our moves sit at even plies of the line
+        last = ply == len(state.line) - 1
+        board.push(move)
+        if last and board.is_checkmate():
+            state.solved = True
+            return f"solved: {move.uci()} is checkmate"
+        if last or move.uci() != state.line[ply]:
+            state.failed = True
+            return f"over: {move.uci()} is not the solution; the puzzle is lost"
+        reply = chess.Move.from_uci(state.line[ply + 1])
+        board.push(reply)
+        return f"ok: the opponent replied {reply.uci()}"
+
+    tools = {"fen": fen, "board": ascii_board, "legal_moves": legal_moves,
+             "legal_moves_san": legal_moves_san, "play": play}
+    return tools, state
+
+
+def verify(example, answer, state):
+    """1.0 iff the rollout's board reached the solution's mate; the answer itself is ignored."""
+    return 1.0 if getattr(state, "solved", False) is True else 0.0
+
+
+# ---------------------------------------------------------------- harness search space
+
+PROMPT_AXES = {"SYSTEM_PROMPT", "USER_TEMPLATE"}
+
+PRIMITIVES = {
+    "SYSTEM_PROMPT": [
+        'SYSTEM_PROMPT = ("You are a chess puzzle solver. In every puzzle the side to move can force checkmate. '
+        'Look for checks first, then captures. Answer with exactly one move in UCI notation, e.g. <move>e2e4</move>.")',
+
+        'SYSTEM_PROMPT = ("You are a strong chess player. Think briefly about which enemy king squares are '
+        'covered, then give your move as <move>from-square to-square</move> in UCI, like <move>g1f3</move>.")',
+    ],
+    "USER_TEMPLATE": [
+        'USER_TEMPLATE = ("{observation}\\n\\n{side} to move and checkmate in {mate_in}. '
+        'Which move starts the mate? Reply with <move>uci</move>.")',
+
+        'USER_TEMPLATE = ("Puzzle: {side} mates in {mate_in}.\\n{observation}\\n\\n'
+        'Pick ONE move from the legal moves above and write it as <move>uci</move>, for example <move>d1h5</move>.")',
+    ],
+    "format_observation": [
+        '''def format_observation(task, fen, board, moves, last):
+    """Board with file letters and rank numbers, so squares can be read off directly."""
+    rows = [f"{8 - i} {row}" for i, row in enumerate(board.splitlines())]
+    text = "\\n".join(rows) + "\\n  a b c d e f g h\\n"
+    if last:
+        text += f"The opponent just played {last}.\\n"
+    return text + f"{task['side'].capitalize()} to move.\\nLegal moves: {moves}"
+''',
+        '''def format_observation(task, fen, board, moves, last):
+    """Compact: FEN and legal moves only (a short prompt for a small model)."""
+    note = f"Opponent's last move: {last}\\n" if last else ""
+    return f"FEN: {fen}\\n{note}{task['side'].capitalize()} to move.\\nLegal moves: {moves}"
+''',
+        '''def format_observation(task, fen, board, moves, last):
+    """List the pieces of each side (read from the FEN) instead of drawing the board."""
+    names = {"k": "King", "q": "Queen", "r": "Rook", "b": "Bishop", "n": "Knight", "p": "Pawn"}
+    pieces = {"White": [], "Black": []}
+    for r, row in enumerate(fen.split()[0].split("/")):
+        f = 0
+        for ch in row:
+            if ch.isdigit():
+                f += int(ch)
+                continue
+            square = "abcdefgh"[f] + str(8 - r)
+            pieces["White" if ch.isupper() else "Black"].append(f"{names[ch.lower()]} {square}")
+            f += 1
+    text = "\\n".join(f"{side}: " + ", ".join(ps) for side, ps in pieces.items())
+    if last:
+        text += f"\\nThe opponent just played {last}."
+    return text + f"\\n{task['side'].capitalize()} to move.\\nLegal moves: {moves}"
+''',
+    ],
+    "annotate_moves": [
+        '''def annotate_moves(legal, tools):
+    """Each UCI move with its SAN, which names the piece and marks captures (x) and checks (+)."""
+    return ", ".join(f"{u} ({s})" for u, s in zip(legal, tools.legal_moves_san()))
+''',
+        '''def annotate_moves(legal, tools):
+    """Forcing moves first: checks, then captures, then the rest (all still the model's choice)."""
+    pairs = list(zip(legal, tools.legal_moves_san()))
+    checks = [u for u, s in pairs if s.endswith("+")]
+    captures = [u for u, s in pairs if "x" in s and not s.endswith("+")]
+    quiet = [u for u, s in pairs if u not in checks and u not in captures]
+    return (f"checks: {' '.join(checks) or '-'}; captures: {' '.join(captures) or '-'}; "
+            f"other: {' '.join(quiet) or '-'}")
+''',
+        '''def annotate_moves(legal, tools):
+    """Moves grouped by the piece that moves, e.g. 'Queen d1: d1d2 d1h5'."""
+    fen = tools.fen().split()[0]
+    board = {}
+    for r, row in enumerate(fen.split("/")):
+        f = 0
+        for ch in row:
+            if ch.isdigit():
+                f += int(ch)
+            else:
+                board["abcdefgh"[f] + str(8 - r)] = ch
+                f += 1
+    names = {"k": "King", "q": "Queen", "r": "Rook", "b": "Bishop", "n": "Knight", "p": "Pawn"}
+    groups = {}
+    for u in legal:
+        groups.setdefault(u[:2], []).append(u)
+    return "; ".join(f"{names[board[sq].lower()]} {sq}: {' '.join(us)}" for sq, us in groups.items())
+''',
+    ],
+    "parse_move": [
+        '''def parse_move(text, legal, tools):
+    """Lenient: the tag is optional, case and separators ('e2-e4', 'e2 e4') are forgiven; the first
+    move inside <move> wins, else the last UCI-looking token of the reply."""
+    clean = re.sub(r"([a-h][1-8])\\s*[-x ]\\s*([a-h][1-8])", r"\\1\\2", text.lower())
+    tagged = re.search(r"<move>\\s*([a-h][1-8][a-h][1-8][qrbn]?)", clean)
+    if tagged:
+        return tagged.group(1)
+    found = re.findall(r"\\b([a-h][1-8][a-h][1-8][qrbn]?)\\b", clean)
+    return found[-1] if found else None
+''',
+        '''def parse_move(text, legal, tools):
+    """UCI, or else SAN ('Qh5', 'Nxe5', 'exd5', 'O-O', 'e8=Q+') looked up in tools.legal_moves_san()."""
+    m = re.search(r"<move>\\s*([a-h][1-8][a-h][1-8][qrbn]?)", text.lower()) or \\
+        re.search(r"\\b([a-h][1-8][a-h][1-8][qrbn]?)\\b", text.lower())
+    if m:
+        return m.group(1)
+    tag = re.search(r"<move>\\s*([^<\\s]+)", text)
+    words = [tag.group(1)] if tag else text.split()
+    table = {s.rstrip("+#"): u for u, s in zip(legal, tools.legal_moves_san())}
+    for word in reversed(words):  # the last SAN-looking word is the model's conclusion
+        san = word.strip(".,!?:;()").rstrip("+#")
+        san = san.replace("0", "O") if set(san) <= set("0-") else san  # 0-0 for O-O
+        if san in table:
+            return table[san]
+    return None
+''',
+    ],
+    "format_retry": [
+        '''def format_retry(move, legal):
+    """Say what was wrong, and show the legal moves again."""
+    if move is None:
+        return "I could not find a move in your reply. Write exactly one move like <move>e2e4</move>."
+    return f"{move} is not a legal move here. Choose one of: {' '.join(legal)}. Reply with <move>uci</move>."
+''',
+        '''def format_retry(move, legal):
+    """Short and strict, with the exact format repeated."""
+    problem = "no move found" if move is None else f"illegal move {move}"
+    return f"Error: {problem}. Answer with only <move>XXXX</move> where XXXX is one of the legal moves."
+''',
+    ],
+    "MAX_RETRIES": ["MAX_RETRIES = 0", "MAX_RETRIES = 3"],
+    "MAX_TURNS": ["MAX_TURNS = 2", "MAX_TURNS = 8"],
+}
+
+SKILL = """\
+Domain: chess puzzles. Each task is {"fen": str, "plies": 1 or 3, "side": "white" or "black"}: the side to
+move can force checkmate in 1 move (plies 1) or in 2 moves (plies 3: our move, the opponent's reply, mate).
+The environment runs outside the harness and plays the opponent. Tools (results are plain strings/lists):
+  tools.fen() -> FEN; tools.board() -> ASCII board (rank 8 on top, White upper case, '.' empty)
+  tools.legal_moves() -> sorted UCI moves; tools.legal_moves_san() -> the same moves in SAN, same order
+                         (checks '+', captures 'x'; a mating move is also shown with '+', never '#')
+  tools.play(uci) -> "ok: the opponent replied <uci>" | "solved: ..." | "over: ..."
+A non-UCI argument raises a tool error (nothing is played, you may retry). An illegal move or a wrong legal
+move ENDS the puzzle ("over: ..."), so check the model's move against legal_moves() BEFORE calling play.
+The score is 1 iff the puzzle was solved; run()'s return value is ignored.
+
+The seed harness h0 (domains/chess_h0.py) is weak on purpose. Its axes, each ONE top-level name:
+  SYSTEM_PROMPT (str, "" = none), USER_TEMPLATE (str; .format(observation=, side=, mate_in=))
+  format_observation(task, fen, board, moves, last) -> str   (what the model sees; last = opponent's reply)
+  annotate_moves(legal, tools) -> str                        (how the legal moves are listed)
+  parse_move(text, legal, tools) -> uci or None                (reading the model's reply)
+  format_retry(move, legal) -> str                           (feedback after no move / an illegal move)
+  MAX_RETRIES (model retries per move), MAX_TURNS (model calls per puzzle)
+Rules: the MODEL chooses every move. The harness may format, annotate, parse and retry, but it must never
+pick, filter down to one, or compute a move itself (no move generators, no mate search, no "play the only
+check"); python-chess is not importable in the harness anyway. One mechanism per candidate; only the
+standard library; never hard-code positions, moves or dataset names; the test split is never shown to you.
+"""

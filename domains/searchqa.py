@@ -1,0 +1,224 @@
+"""searchqa: answer a question about Wikipedia with a BM25 search tool (SQuAD v1.1 dev).
+
+The data is SQuAD v1.1 dev (CC BY-SA 4.0; see data/searchqa/LICENSE-NOTE.md): the retrieval
+pool is all 2,067 of its paragraphs and the questions are split by article, so no test
+passage is a gold passage in the weight or harness pools. The paper searches full Wikipedia
+with a dense FAISS index; a 2k-paragraph BM25 pool keeps the same shape (the model must find
+the passage, then read it) on a CPU laptop with nothing fetched at run time.
+
+The parent process owns all of this; a harness only sees task = {"question"} and the tool
+    search(query, k=1, max_chars=200) -> str   top-k passages as "[i] Title: text", each cut
+                                               to max_chars (k <= 10, max_chars <= 2000)
+and its answer is scored by SQuAD exact match against any gold span. Left out: SQuAD's F1
+(the recipe needs a binary reward) and dense retrieval.
+"""
+import gzip
+import json
+import os
+import re
+import string
+import threading
+
+NAME = "searchqa"
+HERE = os.path.dirname(os.path.abspath(__file__))
+DATA = os.path.join(os.path.dirname(HERE), "data", "searchqa")
+H0 = os.path.join(HERE, "searchqa_h0.py")
+SPLITS = ("weight", "harness", "val", "test")
+MAX_K, MAX_CHARS, MAX_QUERY_CHARS = 10, 2000, 1000
+
+
+def _read_jsonl_gz(path):
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        return [json.loads(line) for line in f]
+
+
+def load_split(split):
+    """weight 2000, harness 128, val 100, test 250 examples: {"id", "task": {"question"}, "answer"}."""
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
+    return _read_jsonl_gz(os.path.join(DATA, f"{split}.jsonl.gz"))
+
+
+# ---------------------------------------------------------------- retrieval (BM25)
+# Lucene's English stop words, a crude suffix stemmer: enough to match "engines"/"engine"
+# without pulling in PyStemmer (+1.5 points recall@5 over no stemming on this pool).
+_STOP = frozenset("a an and are as at be but by for if in into is it no not of on or such that the their then "
+                  "there these they this to was will with".split())
+_SUFFIXES = ("ies", "es", "s", "ing", "ed", "ly")
+
+
+def _stem(word):
+    for suf in _SUFFIXES:
+        if len(word) > len(suf) + 3 and word.endswith(suf):
+            return word[: -len(suf)]
+    return word
+
+
+def tokenize(text):
+    return [_stem(w) for w in re.findall(r"\w+", text.lower()) if w not in _STOP]
+
+
+_INDEX = None  # (bm25s.BM25, passages): built once per process on first search (~1-2 s)
+_INDEX_LOCK = threading.Lock()
+
+
+def _index():
+    global _INDEX
+    with _INDEX_LOCK:
+        if _INDEX is None:
+            import bm25s  # imported here so load_split/verify work without it
+
+            passages = _read_jsonl_gz(os.path.join(DATA, "passages.jsonl.gz"))
+            bm25 = bm25s.BM25()
+            # the title is indexed with the text: questions often name the article's topic
+            bm25.index([tokenize(p["title"] + " " + p["text"]) for p in passages], show_progress=False)
+            _INDEX = (bm25, passages)
+    return _INDEX
+
+
+def _check_int(name, value):
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"search(): {name} must be a positive int, got {value!r}")
+
+
+def retrieve(query, k):
+    """Indices of the top-k passages for query, best first; passages with no term in common are dropped."""
+    bm25, passages = _index()
+    docs, scores = bm25.retrieve([tokenize(query)], k=k, show_progress=False)
+    return [int(d) for d, s in zip(docs[0], scores[0]) if s > 0]
+
+
+def search(query, k=1, max_chars=200):
+    """The harness's tool: top-k passages for query as "[i] Title: text", each cut to max_chars."""
+    if not isinstance(query, str):
+        raise ValueError(f"search(): query must be a str, got {type(query).__name__}")
+    _check_int("k", k)
+    _check_int("max_chars", max_chars)
+    k, max_chars = min(k, MAX_K), min(max_chars, MAX_CHARS)  # clamp, so a greedy harness cannot flood the prompt
+    passages = _index()[1]
+    hits = []
+    for i, d in enumerate(retrieve(query[:MAX_QUERY_CHARS], k)):
+        text = passages[d]["text"]
+        text = text[:max_chars] + " ..." if len(text) > max_chars else text
+        hits.append(f"[{i + 1}] {passages[d]['title']}: {text}")
+    return "\n".join(hits) if hits else "No results."
+
+
+def make_tools(example):
+    """Tools for one rollout (run in the parent) and the state verify needs (none here)."""
+    return {"search": search}, None
+
+
+# ---------------------------------------------------------------- verifier
+def normalize(text):
+    """SQuAD's answer normalisation: lower case, drop punctuation and articles, collapse spaces."""
+    text = "".join(ch for ch in text.lower() if ch not in string.punctuation)
+    text = re.sub(r"\b(a|an|the)\b", " ", text)
+    return " ".join(text.split())
+
+
+def verify(example, answer, state=None):
+    """1.0 iff the normalised answer equals a normalised gold span (SQuAD exact match), else 0.0."""
+    if not isinstance(answer, str) or len(answer) > 1000:
+        return 0.0
+    answer = normalize(answer)
+    return float(bool(answer) and any(answer == normalize(a) for a in example["answer"]["aliases"]))
+
+
+# ---------------------------------------------------------------- harness search space
+# Each axis is one top-level name of domains/searchqa_h0.py; each alternative is source that
+# defines exactly that name, spliced into the current harness in place of the old definition.
+# Written for a 135M model: short spans copied from the text, forgiving answer parsing,
+# more of the passage in view. Functions import what they use, so they splice into any harness.
+PRIMITIVES = {
+    "SYSTEM_PROMPT": [
+        'SYSTEM_PROMPT = ("You answer questions by copying the answer from the search result. "\n'
+        '                 "The answer is a short span of one to five words, copied exactly. Do not explain.")\n',
+        'SYSTEM_PROMPT = ("You are a precise reading assistant. Read the passage, find the sentence that answers "\n'
+        '                 "the question, and reply with only <answer>the exact words from that sentence</answer>.")\n',
+    ],
+    "USER_TEMPLATE": [
+        # reading-comprehension order: text first, question last, no option to search again
+        'USER_TEMPLATE = ("Passage:\\n{passages}\\n\\n"\n'
+        '                 "Question: {question}\\n"\n'
+        '                 "Answer with a few words copied from the passage, inside <answer></answer>.")\n',
+        # one worked example shows the format better than any instruction
+        'USER_TEMPLATE = ("Example\\n"\n'
+        '                 "Passage: [1] Paris: Paris is the capital and most populous city of France.\\n"\n'
+        '                 "Question: What is the capital of France?\\n"\n'
+        '                 "<answer>Paris</answer>\\n\\n"\n'
+        '                 "Now you\\n"\n'
+        '                 "Passage: {passages}\\n"\n'
+        '                 "Question: {question}\\n")\n',
+    ],
+    "make_query": [
+        # drop question words and filler: BM25 only needs the content words
+        'def make_query(question):\n'
+        '    import re\n'
+        '    filler = {"what", "which", "who", "whom", "whose", "when", "where", "why", "how", "did", "does", "do",\n'
+        '              "is", "was", "were", "are", "many", "much", "name", "called", "kind", "type"}\n'
+        '    words = re.findall(r"[\\w\'-]+", question)\n'
+        '    return " ".join(w for w in words if w.lower() not in filler) or question\n',
+        # as above, and numbers said twice: BM25 counts repeated query terms, and a year or a count
+        # is rarely shared by two passages
+        'def make_query(question):\n'
+        '    import re\n'
+        '    filler = {"what", "which", "who", "whom", "whose", "when", "where", "why", "how", "did", "does", "do",\n'
+        '              "is", "was", "were", "are", "many", "much", "name", "called", "kind", "type"}\n'
+        '    words = [w for w in re.findall(r"[\\w\'-]+", question) if w.lower() not in filler]\n'
+        '    numbers = [w for w in words if w[0].isdigit()]\n'
+        '    return " ".join(words + numbers) or question\n',
+    ],
+    "RETRIEVAL": [
+        "RETRIEVAL = dict(k=1, max_chars=1000)  # the whole top passage: most paragraphs are < 1000 chars\n",
+        "RETRIEVAL = dict(k=3, max_chars=500)  # three passages: the gold one is in the top 3 more often\n",
+        "RETRIEVAL = dict(k=2, max_chars=800)\n",
+    ],
+    "NUDGE": [
+        'NUDGE = "Answer now with a short phrase copied from the search result, inside <answer></answer>."\n',
+        'NUDGE = "Reply with only <answer>...</answer> and nothing else. The answer is one to five words."\n',
+    ],
+    "extract_answer": [
+        # tagged answer if there is one (closing tag optional); else the first non-empty line
+        'def extract_answer(reply):\n'
+        '    import re\n'
+        '    m = re.search(r"<answer>(.*?)(?:</answer>|$)", reply, re.DOTALL)\n'
+        '    text = m.group(1) if m else reply\n'
+        '    lines = [l.strip() for l in text.strip().splitlines() if l.strip()]\n'
+        '    if not lines:\n'
+        '        return None\n'
+        '    ans = re.sub(r"^(the )?(final )?answer( is)?[:\\s]*", "", lines[0], flags=re.IGNORECASE)\n'
+        '    return ans.strip(" .\\"\'") or None\n',
+        # as above, and long answers are cut to their first clause: gold spans are short
+        'def extract_answer(reply):\n'
+        '    import re\n'
+        '    m = re.search(r"<answer>(.*?)(?:</answer>|$)", reply, re.DOTALL)\n'
+        '    text = (m.group(1) if m else reply).strip()\n'
+        '    text = re.sub(r"^(the )?(final )?answer( is)?[:\\s]*", "", text, flags=re.IGNORECASE)\n'
+        '    first = re.split(r"[\\n.;]|, (?:which|who|and|but) ", text)[0]\n'
+        '    words = first.split()\n'
+        '    return " ".join(words[:8]).strip(" \\"\',") if words else None\n',
+    ],
+    "MAX_TURNS": [
+        "MAX_TURNS = 1  # one call: cheapest, and a second turn rarely rescues a small model\n",
+        "MAX_TURNS = 3\n",
+    ],
+}
+PROMPT_AXES = {"SYSTEM_PROMPT", "USER_TEMPLATE", "NUDGE"}
+
+SKILL = """\
+Task (searchqa): answer a factual question about a Wikipedia article. The harness sees only
+task["question"] and one tool, tools.search(query, k=1, max_chars=200) -> str, which returns the
+top-k of ~2,000 Wikipedia paragraphs by BM25 as lines "[i] Title: text", each text cut to
+max_chars characters (k <= 10, max_chars <= 2000; bad argument types raise ToolError).
+The answer (a str returned by run) scores 1 iff, after lower-casing and removing punctuation,
+articles and extra spaces, it equals one of the gold answers: a short span copied from the
+passage, usually 1-5 words. Extra words score 0.
+Axes of the seed harness (top-level names): SYSTEM_PROMPT, USER_TEMPLATE (prompt text; filled
+with {question} and {passages}), make_query(question) (query rewriting), RETRIEVAL (dict of k
+and max_chars), NUDGE (text after tool output or a reply without an answer), extract_answer(reply)
+(answer parsing), MAX_TURNS (llm calls per task). The model is small: short prompts, copied spans
+and forgiving parsing help it most.
+Rules: run(task, llm, tools) -> str | None; standard library only; never hard-code answers,
+question text or dataset names; do not try to read files, the network or the verifier.
+"""

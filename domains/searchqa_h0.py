@@ -1,0 +1,56 @@
+"""Seed harness h0 for searchqa: deliberately weak, like the paper's.
+
+It searches once with the question as the query, shows the model only the top-1 passage cut
+to 200 characters, and gives it at most two turns to answer inside <answer></answer>. Instead
+of answering, the model may ask for one more search with <search>query</search>; the result
+comes back followed by NUDGE. No tag in the last turn means no answer (None).
+
+Axes: the top-level names the harness search replaces, one at a time:
+  SYSTEM_PROMPT, USER_TEMPLATE   prompt text; the template gets {question} and {passages}
+  make_query(question)           query rewriting
+  RETRIEVAL                      search parameters: k passages, max_chars of each
+  NUDGE                          the message after tool output or a reply without an answer
+  extract_answer(reply)          answer parsing: str, or None when there is no answer
+  MAX_TURNS                      llm calls per task
+Standard library only. Contract: run(task, llm, tools) -> str | None.
+"""
+import re
+
+SYSTEM_PROMPT = "You are a helpful assistant."
+USER_TEMPLATE = (
+    "Answer the question using the search result.\n\n"
+    "Search result:\n{passages}\n\n"
+    "Question: {question}\n\n"
+    "If you need more information, write <search>query</search>. "
+    "Otherwise give your final answer inside <answer></answer>."
+)
+RETRIEVAL = dict(k=1, max_chars=200)
+NUDGE = "Give your final answer inside <answer></answer>."
+MAX_TURNS = 2
+MAX_TOKENS = 64  # per llm call; answers are a few words
+
+
+def make_query(question):
+    return question
+
+
+def extract_answer(reply):
+    m = re.search(r"<answer>(.*?)</answer>", reply, re.DOTALL)
+    return m.group(1).strip() if m else None
+
+
+def run(task, llm, tools):
+    question = task["question"]
+    passages = tools.search(make_query(question), **RETRIEVAL)
+    messages = [{"role": "system", "content": SYSTEM_PROMPT},
+                {"role": "user", "content": USER_TEMPLATE.format(question=question, passages=passages)}]
+    for _ in range(MAX_TURNS):
+        reply = llm(messages, max_tokens=MAX_TOKENS)
+        answer = extract_answer(reply)
+        if answer is not None:
+            return answer
+        # no answer yet: run the search the model asked for, if any, then nudge it to answer
+        m = re.search(r"<search>(.*?)</search>", reply, re.DOTALL)
+        result = f"Search result:\n{tools.search(m.group(1).strip(), **RETRIEVAL)}\n\n" if m else ""
+        messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": result + NUDGE}]
+    return None

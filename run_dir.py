@@ -1,0 +1,128 @@
+"""
+The run directory runs/<name>/: everything a run writes, and how it resumes.
+
+  config.json        vars(args) of the run
+  metrics.jsonl      one line per rollout step, harness iteration and evaluation
+  checkpoint/        the latest completed state: the model in HF format (loadable by
+                     transformers and vLLM), the optimizer, and state.json (phase,
+                     counters, loader, current harness, evaluations so far)
+  best_val/          the checkpoint with the best validation score (for best-on-val test)
+  harnesses/         every accepted harness as a .py file
+  archive/           phase B archives (meta_harness.py), one folder per harness phase
+  summary.json, curve.png
+
+Crash safety: a checkpoint is written into a temp folder and renamed into place,
+so a reader sees the old one or the new one, never half of one. metrics.jsonl
+may hold lines written after the last checkpoint; on resume it is cut back to
+the line count the checkpoint recorded, and those steps run again (with the same
+seeds, so they produce the same lines).
+
+Left out: keeping every checkpoint (only latest and best-on-validation stay).
+"""
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+
+def write_json(path, obj):
+    """Atomic JSON write (temp file + rename)."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as f:
+        json.dump(obj, f, indent=1, default=str)
+    os.replace(tmp, path)
+
+
+def read_json(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def log_metrics(run: Path, row: dict, state: dict):
+    """Append one line to metrics.jsonl and count it in the state."""
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write(json.dumps(row, default=str) + "\n")
+    state["metrics_lines"] = state.get("metrics_lines", 0) + 1
+
+
+def truncate_metrics(run: Path, lines: int):
+    """Drop metrics lines written after the checkpoint we resume from."""
+    path = run / "metrics.jsonl"
+    if not path.exists():
+        return
+    kept = path.read_text().splitlines(keepends=True)[:lines]
+    path.write_text("".join(kept))
+
+
+def save_checkpoint(run: Path, engine, optimizer, state: dict, name: str = "checkpoint", model_changed=True):
+    """Write model + tokenizer + optimizer + state into run/name atomically.
+    When the model did not change since the last checkpoint (a harness phase),
+    the weights file is hard-linked instead of written again."""
+    target = run / name
+    tmp = Path(tempfile.mkdtemp(dir=run, prefix=f".{name}.tmp"))
+    old_weights = target / "model.safetensors"
+    if not model_changed and old_weights.exists():
+        engine.model.config.save_pretrained(tmp)
+        engine.model.generation_config.save_pretrained(tmp)
+        os.link(old_weights, tmp / "model.safetensors")
+    else:
+        engine.model.save_pretrained(tmp)
+    engine.tokenizer.save_pretrained(tmp)
+    if optimizer is not None:
+        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+    write_json(tmp / "state.json", state)
+    old = run / f".{name}.old"
+    shutil.rmtree(old, ignore_errors=True)
+    if target.exists():
+        os.rename(target, old)
+    os.rename(tmp, target)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def copy_checkpoint(run: Path, src: str, dst: str):
+    """dst := src (hard links, atomically), e.g. checkpoint -> best_val."""
+    tmp = Path(tempfile.mkdtemp(dir=run, prefix=f".{dst}.tmp"))
+    for f in (run / src).iterdir():
+        os.link(f, tmp / f.name)
+    shutil.rmtree(run / dst, ignore_errors=True)
+    os.rename(tmp, run / dst)
+
+
+def clean_partial(run: Path):
+    """Remove temp folders a killed run left behind (never a finished checkpoint)."""
+    for p in run.glob(".*.tmp*"):
+        shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+    for name in ("checkpoint", "best_val"):
+        old = run / f".{name}.old"
+        if old.exists() and not (run / name).exists():
+            os.rename(old, run / name)  # killed between the two renames: the old one is still whole
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def plot_curve(run: Path, evals: list[dict], title: str):
+    """curve.png: validation and test mean@k vs cumulative target rollouts (matplotlib optional)."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for split in ("val", "test"):
+        pts = [(e["rollouts"], e["mean"], e["se"]) for e in evals if e["split"] == split]
+        if pts:
+            x, y, s = zip(*pts)
+            ax.errorbar(x, y, yerr=s, marker="o", capsize=3, label=f"{split} mean@{evals[0]['n']}" if split == "test"
+                        else f"{split}")
+    ax.set_xlabel("target rollouts")
+    ax.set_ylabel("mean@k")
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(run / "curve.png", dpi=100)
+    plt.close(fig)
+    return run / "curve.png"

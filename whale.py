@@ -1,0 +1,406 @@
+"""
+WHALE: Weight-Harness Alternating LEarning (arXiv 2609.00196), the whole loop.
+
+An LLM agent is its weights plus its harness (the code that builds prompts,
+calls tools, parses answers and decides when to stop). WHALE improves both:
+  phase A (rs_sft.py)        roll out under the current harness, keep verified
+                             rollouts, fine-tune on the model's own tokens;
+  phase B (meta_harness.py)  a proposer writes new harness files from an archive
+                             of candidates, scores and traces; the best carries on;
+  switch.py                  decides when to change phase (fixed or adaptive).
+Methods (all at the same budget of target rollouts): whale, fst (harness search
+may change prompt text only), weight-only, harness-only, stagewise (all weight
+steps first, then all harness search), and eval (score a model + harness).
+
+    python whale.py --domain searchqa                  # WHALE on the embedded model
+    python whale.py --domain math --method weight-only
+    python whale.py --resume runs/searchqa-whale-s0    # continue after a crash
+
+Left out on purpose: multi-node training and asynchronous rollouts. Data-parallel
+phase A runs under torchrun (see README); everything else is this one process.
+"""
+import os
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # spinning OpenMP threads starve the sandbox child
+import dataclasses
+import hashlib
+import importlib
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+METHODS = ("whale", "fst", "weight-only", "harness-only", "stagewise", "eval")
+
+
+def arg(default, help):
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass
+class Args:
+    domain: str = arg("searchqa", "task family: a file domains/<name>.py (searchqa, math, chess)")
+    method: str = arg("whale", "whale | fst | weight-only | harness-only | stagewise | eval")
+    schedule: str = arg("fixed-steps:2,3", "switch policy: fixed:E,I (epochs) | fixed-steps:S,I | adaptive[:w=..]")
+    budget: int = arg(3584, "total target rollouts (phase A + phase B), the same for every method")
+    seed: int = arg(0, "seed for data order, sampling and proposals")
+    out: str = arg("", "run directory (default runs/<domain>-<method>-s<seed>)")
+    resume: str = arg("", "continue the run in this directory from its last checkpoint")
+    model: str = arg("embedded", "'embedded' (SmolLM2-135M-Instruct), an HF id or a local dir")
+    engine: str = arg("hf", "sampler: hf (plain PyTorch loop) or vllm")
+    device: str = arg("cpu", "cpu or cuda")
+    harness: str = arg("", "start from this harness file instead of the domain's h0")
+    # phase A
+    prompts_per_step: int = arg(32, "B: prompts per rollout step")
+    group: int = arg(8, "G: rollouts per prompt")
+    lr: float = arg(2e-5, "AdamW learning rate")
+    minibatch: int = arg(16, "sequences per optimizer step")
+    micro_batch: int = arg(8, "sequences per forward/backward (gradient accumulation)")
+    clip: float = arg(1.0, "gradient-norm clip")
+    train_layers: int = arg(4, "train only the top K blocks (0 = full fine-tuning)")
+    max_kept_per_prompt: int = arg(2, "at most this many kept rollouts per prompt (0 = all)")
+    # phase B
+    proposer: str = arg("primitives", "primitives | self | openai | command")
+    proposer_url: str = arg("", "openai proposer: base URL of an OpenAI-compatible endpoint")
+    proposer_model: str = arg("", "openai proposer: model name")
+    proposer_command: str = arg("", "command proposer: the coding agent CLI, e.g. 'claude -p'")
+    candidates: int = arg(3, "M: candidates per harness iteration")
+    harness_examples: int = arg(64, "examples of the harness search set used (0 = all)")
+    harness_n: int = arg(1, "rollouts per harness-search example")
+    accept_alpha: float = arg(0.1, "a candidate replaces the incumbent only if the paired sign test p <= this")
+    # sampling and evaluation
+    temperature: float = arg(1.0, "sampling temperature (training, search and evaluation)")
+    top_k: int = arg(20, "top-k of sampling")
+    top_p: float = arg(1.0, "top-p of sampling")
+    max_tokens: int = arg(128, "cap on new tokens per llm() call")
+    test_n: int = arg(8, "samples per test question: mean@test_n")
+    test_limit: int = arg(0, "use the first N test questions (0 = all)")
+    val_n: int = arg(2, "samples per validation question")
+    val_limit: int = arg(64, "validation questions evaluated after every phase (0 = all)")
+    test_subset: int = arg(0, "also evaluate this many test questions after every phase (curves)")
+
+
+def parse_args(argv=None) -> Args:
+    import argparse
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    for f in dataclasses.fields(Args):
+        p.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default, help=f.metadata["help"])
+    return Args(**vars(p.parse_args(argv)))
+
+
+class UserError(Exception):
+    """A mistake in the command line or the inputs: one line, exit code 2."""
+
+
+def check_args(a: Args):
+    if a.method not in METHODS:
+        raise UserError(f"unknown method {a.method!r}; choose one of {', '.join(METHODS)}")
+    if not (Path(__file__).parent / "domains" / f"{a.domain}.py").exists() or a.domain.startswith("_"):
+        raise UserError(f"unknown domain {a.domain!r}; choose searchqa, math or chess")
+    if a.engine not in ("hf", "vllm"):
+        raise UserError(f"unknown engine {a.engine!r}; choose hf or vllm")
+    if a.harness and not Path(a.harness).is_file():
+        raise UserError(f"harness file {a.harness} does not exist")
+    if a.model != "embedded" and os.sep in a.model and not Path(a.model).exists():
+        raise UserError(f"model path {a.model} does not exist")
+    if a.proposer not in ("primitives", "self", "openai", "command"):
+        raise UserError(f"unknown proposer {a.proposer!r}; choose primitives, self, openai or command")
+    if a.proposer == "openai" and not (a.proposer_url or os.environ.get("WHALE_PROPOSER_URL")):
+        raise UserError("--proposer openai needs --proposer-url (or WHALE_PROPOSER_URL)")
+    if a.proposer == "command" and not a.proposer_command:
+        raise UserError("--proposer command needs --proposer-command")
+    if a.method == "fst" and a.proposer != "primitives" and a.proposer != "self":
+        pass  # any proposer may serve FST: its candidates are checked against h0 by AST
+    if min(a.budget, a.prompts_per_step, a.group, a.candidates, a.test_n, a.val_n) <= 0:
+        raise UserError("--budget, --prompts-per-step, --group, --candidates, --test-n and --val-n must be > 0")
+    import switch
+    try:
+        switch.parse_schedule(a.schedule)
+    except ValueError as e:
+        raise UserError(str(e))
+
+
+def main(a: Args):
+    import meta_harness
+    import rollout
+    import rs_sft
+    import run_dir as rd
+    import switch
+    from engine import load_engine
+    from tqdm import tqdm
+
+    # ---- the run directory: new, or resumed from its last checkpoint
+    run, a = open_run(a, rd)
+    ckpt = run / "checkpoint"
+    state = rd.read_json(ckpt / "state.json") if (ckpt / "state.json").exists() else None
+    rd.truncate_metrics(run, state["metrics_lines"] if state else 0)
+
+    domain = importlib.import_module(f"domains.{a.domain}")
+    try:
+        splits = {s: domain.load_split(s) for s in ("weight", "harness", "val", "test")}
+    except Exception as e:
+        raise UserError(f"cannot load the {a.domain} data: {type(e).__name__}: {e}")
+    test, val = splits["test"][:a.test_limit or None], splits["val"][:a.val_limit or None]
+    search_set = splits["harness"][:a.harness_examples or None]
+    sampling = {"temperature": a.temperature, "top_k": a.top_k, "top_p": a.top_p}
+    h0 = Path(a.harness or domain.H0).read_text()
+    engine = load_engine(str(ckpt) if state else a.model, engine=a.engine, device=a.device)
+    policy = switch.parse_schedule(a.schedule)
+    steps_per_epoch = max(1, len(splits["weight"]) // a.prompts_per_step)
+    step_cost = a.prompts_per_step * a.group                       # one phase-A rollout step
+    iter_cost = len(search_set) * a.harness_n * a.candidates       # one phase-B iteration
+
+    if state is None:
+        state = {"phase": "B" if a.method == "harness-only" else "A", "cycle": 0, "steps": 0, "rollouts": 0,
+                 "harness": h0, "loader": rs_sft.new_loader(len(splits["weight"]), a.seed), "phase_rewards": [],
+                 "evals": [], "best_val": None, "pending_eval": "initial", "done": False, "seconds": 0.0,
+                 "metrics_lines": 0, "counters": {"prompt_tokens": 0, "completion_tokens": 0, "proposer_calls": 0}}
+    trainable = rs_sft.set_trainable(engine.model, a.train_layers)
+    optimizer = rs_sft.make_optimizer(trainable, a.lr)
+    if (ckpt / "optimizer.pt").exists():
+        import torch
+        optimizer.load_state_dict(torch.load(ckpt / "optimizer.pt"))
+    t_start = time.time() - state["seconds"]
+    bar = tqdm(total=a.budget, initial=state["rollouts"], unit="rollout", desc=f"{a.method} {a.domain}",
+               dynamic_ncols=True)
+
+    def log(row):
+        row = {"t": round(time.time() - t_start, 1), "rollouts": state["rollouts"], **row}
+        rd.log_metrics(run, row, state)
+        bar.write(" ".join(f"{k}={round(v, 4) if isinstance(v, float) else v}" for k, v in row.items()
+                           if not isinstance(v, (list, dict)) and v is not None))
+
+    def checkpoint(model_changed: bool):
+        state["seconds"] = time.time() - t_start
+        rd.save_checkpoint(run, engine, optimizer, state, model_changed=model_changed)
+
+    def evaluate(split, examples, n, tag, harness=None):
+        """mean@n of (current weights, harness). The first test evaluation of (model, h0)
+        is the same for every method of a domain and seed, so it is cached and reused."""
+        harness = harness or state["harness"]
+        key = cache_key(a, harness, examples, n, split) if tag == "initial" else None
+        res = load_cached_eval(key) or rollout.evaluate(engine, domain, harness, examples, n, seed=(a.seed, split),
+                                                        sampling=sampling, max_tokens=a.max_tokens)
+        res = {k: v for k, v in res.items() if k != "records"}
+        store_cached_eval(key, res)
+        point = {"split": split, "tag": tag, "cycle": state["cycle"], "rollouts": state["rollouts"],
+                 **{k: res[k] for k in ("mean", "se", "n", "examples")}}
+        state["evals"].append(point)
+        log({"event": "eval", **point, "seconds": round(res["seconds"], 1)})
+        return point
+
+    def after_phase():
+        """Evaluate the new (weights, harness) on validation (and a test subset); keep the best on val."""
+        tag, better = state["pending_eval"], False
+        if tag == "initial":
+            evaluate("test", test, a.test_n, "initial")
+        if a.method != "eval":
+            v = evaluate("val", val, a.val_n, tag)
+            if a.test_subset and tag != "initial":
+                evaluate("test_subset", test[:a.test_subset], a.test_n, tag)
+            better = state["best_val"] is None or v["mean"] > state["best_val"]["mean"]
+            if better:
+                state["best_val"] = {**v, "harness": state["harness"]}
+        state["pending_eval"] = None
+        checkpoint(model_changed=False)
+        if better:
+            rd.copy_checkpoint(run, "checkpoint", "best_val")
+
+    # ---- the alternating loop: phase A and phase B until the rollout budget is spent
+    stagewise_weight = weight_share(policy, steps_per_epoch, step_cost, iter_cost, len(search_set) * a.harness_n)
+    while True:
+        if state["pending_eval"]:
+            after_phase()
+        if state["done"] or a.method == "eval":
+            break
+        if state["phase"] == "A":
+            # phase A: one RSFT rollout step (rollouts -> verified -> SFT) under the current harness
+            m = rs_sft.rollout_step(engine, domain, state["harness"], splits["weight"], state["loader"], optimizer,
+                                    batch=a.prompts_per_step, group=a.group, seed=(a.seed, "A", state["steps"]),
+                                    sampling=sampling, max_kept_per_prompt=a.max_kept_per_prompt,
+                                    minibatch=a.minibatch, micro_batch=a.micro_batch, clip=a.clip,
+                                    max_tokens=a.max_tokens, progress=bar)
+            state["rollouts"] += m["rollouts"]
+            state["steps"] += 1
+            state["phase_rewards"].append(m["train_reward"])
+            for k in ("prompt_tokens", "completion_tokens"):
+                state["counters"][k] += m[k]
+            log({"event": "rollout_step", "cycle": state["cycle"], "step": state["steps"], **m})
+            left = a.budget - state["rollouts"]
+            if left < step_cost:
+                # budget spent: the run ends after this weight phase (stagewise still owes its harness stage)
+                over, state["done"] = True, a.method != "stagewise"
+            elif a.method == "weight-only" or (a.method != "stagewise" and left < iter_cost + step_cost):
+                over = False  # no room for another harness phase: this weight phase runs to the end
+            elif a.method == "stagewise":
+                over = state["rollouts"] >= stagewise_weight * a.budget
+            else:
+                over = policy.weight_done(state["phase_rewards"], steps_per_epoch)
+            if over:
+                state.update(phase="B", phase_rewards=[], pending_eval=f"A{state['cycle']}")
+            checkpoint(model_changed=True)
+        else:
+            # phase B: Meta-Harness search from the current harness, in its own archive
+            archive = run / "archive" / f"phase{state['cycle']:02d}"
+            reserve = step_cost if a.method in ("whale", "fst") else 0  # leave room for the final weight phase
+
+            def should_stop(history):
+                spent = meta_harness._sum_costs(str(archive)).get("rollouts", 0)
+                if state["rollouts"] + spent + iter_cost + reserve > a.budget:
+                    return True
+                return a.method in ("whale", "fst") and policy.harness_done(history)
+
+            def eval_candidate(source, examples, tag):
+                return rollout.run(engine, domain, source, examples, a.harness_n, seed=(a.seed, "B", state["cycle"]),
+                                   sampling=sampling, max_tokens=a.max_tokens, progress=bar)
+
+            def validate_run(source):
+                rec = rollout.run(engine, domain, source, search_set[:1], 1, seed=(a.seed, "validate"),
+                                  sampling=sampling, max_tokens=a.max_tokens, rollout_timeout=60)[0]
+                return None if rec["status"] == "ok" else f"{rec['status']}: {rec['error']}"
+
+            res = meta_harness.search_phase(
+                state["harness"], domain, search_set, eval_candidate, validate_run, make_proposer(a, domain, engine),
+                archive_dir=str(archive), k=a.candidates, should_stop=should_stop, accept_alpha=a.accept_alpha,
+                prompt_only_base=h0 if a.method == "fst" else None, log=lambda e: None)
+            state["rollouts"] += res["counters"].get("rollouts", 0)
+            state["counters"]["proposer_calls"] += res["counters"].get("calls", 0)
+            for line in (archive / "iterations.jsonl").read_text().splitlines():
+                log({"event": "harness_iteration", "cycle": state["cycle"], **json.loads(line)})
+            state["harness"] = res["best_source"]
+            (run / "harnesses").mkdir(exist_ok=True)
+            (run / "harnesses" / f"cycle{state['cycle']:02d}.py").write_text(state["harness"])
+            state.update(phase="A", cycle=state["cycle"] + 1, pending_eval=f"B{state['cycle']}",
+                         done=a.method in ("harness-only", "stagewise"))
+            checkpoint(model_changed=False)
+    finish(a, run, state, engine, evaluate, test, checkpoint, bar, t_start)
+
+
+def finish(a, run, state, engine, evaluate, test, checkpoint, bar, t_start):
+    """Final test mean@k, the best-on-validation checkpoint on test, summary.json, curve.png."""
+    import run_dir as rd
+    bar.close()
+    tests = {e["tag"]: e for e in state["evals"] if e["split"] == "test"}
+    if a.method != "eval" and "final" not in tests:
+        tests["final"] = evaluate("test", test, a.test_n, "final")
+        checkpoint(model_changed=False)
+    initial = tests["initial"]
+    final = tests.get("final", initial)
+    best = state["best_val"]
+    if best is None or best["tag"] == "initial":
+        best_val_test = initial
+    elif best["rollouts"] == state["rollouts"] and best["harness"] == state["harness"]:
+        best_val_test = final
+    else:  # the point chosen on validation is an earlier one: load it and score it on the full test split
+        from safetensors.torch import load_file
+        engine.model.load_state_dict(load_file(run / "best_val" / "model.safetensors"), strict=False)
+        engine.sync_weights()
+        best_val_test = evaluate("test", test, a.test_n, "best_val", harness=best["harness"])
+        tests["best_val"] = best_val_test
+    best_test = max(tests.values(), key=lambda e: e["mean"])
+    state["seconds"] = time.time() - t_start
+    summary = {"method": a.method, "domain": a.domain, "seed": a.seed, "model": a.model,
+               "rollouts": state["rollouts"], "budget": a.budget, "cycles": state["cycle"], "steps": state["steps"],
+               "test_mean8_initial": initial["mean"], "test_mean8_initial_se": initial["se"],
+               "test_mean8_final": final["mean"], "test_mean8_final_se": final["se"],
+               "test_mean8_best_val": best_val_test["mean"], "test_mean8_best_val_se": best_val_test["se"],
+               "test_mean8_best_test": best_test["mean"], "test_mean8_best_test_se": best_test["se"],
+               "best_test_note": "selected on the test split (the paper's metric), over the full-test evaluations "
+                                 f"of this run: {sorted(tests)}",
+               "test_examples": initial["examples"], "test_n": a.test_n,
+               "test_subset_curve": a.test_subset, **state["counters"], "seconds": round(state["seconds"], 1)}
+    rd.write_json(run / "summary.json", summary)
+    rd.plot_curve(run, state["evals"], f"{a.method} on {a.domain} (seed {a.seed})")
+    print(f"\n{a.method} on {a.domain}, seed {a.seed}: {state['rollouts']} target rollouts in "
+          f"{state['seconds'] / 60:.1f} min")
+    print(f"  test mean@{a.test_n} ({initial['examples']} questions)  initial {initial['mean']:.3f} "
+          f"+- {initial['se']:.3f}   final {final['mean']:.3f} +- {final['se']:.3f}")
+    if a.method != "eval":
+        print(f"  best-on-validation checkpoint: test {best_val_test['mean']:.3f} +- {best_val_test['se']:.3f}")
+    print(f"  files: {run}/ (summary.json, metrics.jsonl, harnesses/, checkpoint/, curve.png)")
+
+
+# -----------------------------------------------------------------------------
+# helpers of the loop
+
+def open_run(a: Args, rd):
+    """A new run directory with config.json, or the one --resume names (with its saved args)."""
+    if a.resume:
+        run = Path(a.resume)
+        if not (run / "config.json").exists():
+            raise UserError(f"{run} is not a run directory (no config.json)")
+        saved = rd.read_json(run / "config.json")
+        for k in ("domain", "method", "seed"):
+            if getattr(a, k) != getattr(Args(), k) and getattr(a, k) != saved.get(k):
+                raise UserError(f"--resume {run}: that is a {k}={saved.get(k)} run, not {k}={getattr(a, k)}")
+        a = Args(**{**saved, "resume": str(run)})
+        check_args(a)
+        rd.clean_partial(run)
+        return run, a
+    check_args(a)
+    run = Path(a.out or f"runs/{a.domain}-{a.method}-s{a.seed}")
+    if (run / "config.json").exists():
+        raise UserError(f"{run} already holds a run; pass --resume {run} or another --out")
+    run.mkdir(parents=True, exist_ok=True)
+    rd.write_json(run / "config.json", vars(a))
+    return run, a
+
+
+def weight_share(policy, steps_per_epoch, step_cost, iter_cost, incoming_cost) -> float:
+    """Stagewise spends the share of the budget on weights that one fixed WHALE cycle does."""
+    import switch
+    if not isinstance(policy, switch.Fixed):
+        return 0.5
+    a_cost = policy.weight_steps(steps_per_epoch) * step_cost
+    b_cost = incoming_cost + (policy.I - 1) * iter_cost
+    return a_cost / (a_cost + b_cost)
+
+
+def make_proposer(a: Args, domain, engine):
+    import meta_harness
+    import rollout
+
+    def llm_text(prompt, max_tokens):  # the `self` proposer: the policy model writes harness code
+        req = {"prompt_ids": engine.chat_ids([{"role": "user", "content": prompt}]), "max_tokens": max_tokens,
+               "temperature": a.temperature, "top_k": a.top_k, "top_p": a.top_p, "stop": [],
+               "seed": rollout.stable_seed(a.seed, "proposer", prompt)}
+        out = engine.sample([req])[0]
+        return {"text": out["text"], "prompt_tokens": len(req["prompt_ids"]),
+                "completion_tokens": len(out["completion_ids"])}
+    return meta_harness.make_proposer(a.proposer, domain, llm_text=llm_text, base_url=a.proposer_url or None,
+                                      model=a.proposer_model or None, command=a.proposer_command or None,
+                                      rng_seed=a.seed, max_tokens=min(1024, 4 * a.max_tokens))
+
+
+def cache_key(a: Args, harness: str, examples, n: int, split: str):
+    ids = ",".join(e["id"] for e in examples)
+    parts = [a.domain, a.model, a.engine, harness, ids, n, split, a.seed, a.temperature, a.top_k, a.top_p, a.max_tokens]
+    return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:24]
+
+
+def load_cached_eval(key):
+    from engine import cache_dir
+    path = cache_dir() / "evals" / f"{key}.json"
+    if key and path.exists():
+        return {**json.loads(path.read_text()), "cached": True}
+    return None
+
+
+def store_cached_eval(key, res):
+    from engine import cache_dir
+    import run_dir as rd
+    if key and not res.get("cached"):
+        (cache_dir() / "evals").mkdir(parents=True, exist_ok=True)
+        rd.write_json(cache_dir() / "evals" / f"{key}.json", res)
+
+
+if __name__ == "__main__":
+    try:
+        main(parse_args())
+    except UserError as e:
+        print(f"whale: error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        print("\nwhale: interrupted; continue with --resume <run dir>", file=sys.stderr)
+        sys.exit(130)
