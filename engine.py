@@ -24,6 +24,7 @@ Left out: speculative decoding, paged attention, continuous batching of newly
 arriving requests into a running decode (the sandbox hands us whole batches),
 and quantised weights (fp32 on CPU: bf16 is ~20x slower on AVX2 machines).
 """
+import inspect
 import os
 import shutil
 import subprocess
@@ -175,6 +176,9 @@ class HFEngine:
         self.eos_ids = {i for i in gen_eos + [tokenizer.eos_token_id] if i is not None}
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.eos_ids)
         self.device = next(model.parameters()).device
+        # transformers renamed forward's `past_key_values` to `cache` (5.2x); older versions
+        # silently ignore an unknown `cache=` kwarg, so ask the signature which one it takes
+        self.cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
     def chat_ids(self, messages) -> list[int]:
         out = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
@@ -223,7 +227,7 @@ class HFEngine:
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache(config=model.config)
         out = model(input_ids=ids.to(dev), attention_mask=mask.to(dev), position_ids=pos.to(dev),
-                    past_key_values=cache, use_cache=True, logits_to_keep=1)
+                    use_cache=True, logits_to_keep=1, **{self.cache_kw: cache})
         # 2) one row per request: copy each prompt's cache and last logits to its members
         order = [i for _, members in chunk for i in members]
         src = torch.tensor([j for j, (_, members) in enumerate(chunk) for _ in members], dtype=torch.long)
@@ -271,7 +275,7 @@ class HFEngine:
             last = torch.tensor([[generated[k][-1]] for k in live], dtype=torch.long, device=dev)
             mask = torch.cat([mask, torch.ones((len(live), 1), dtype=mask.dtype, device=dev)], dim=1)
             out = model(input_ids=last, attention_mask=mask, position_ids=next_pos.unsqueeze(1),
-                        past_key_values=cache, use_cache=True)
+                        use_cache=True, **{self.cache_kw: cache})
             logits = out.logits[:, -1, :].float()
             next_pos = next_pos + 1
             step += 1

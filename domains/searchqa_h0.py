@@ -4,9 +4,12 @@ It searches once with the question as the query, shows the model only the top-1 
 to 200 characters, and gives it at most two turns to answer inside <answer></answer>. Instead
 of answering, the model may ask for one more search with <search>query</search>; the result
 comes back followed by NUDGE. No tag in the last turn means no answer (None).
+One worked example comes first as an earlier chat turn: without it a 135M model never writes
+the tag at all, so every reward would be 0 and weight training would have nothing to learn from.
 
 Axes: the top-level names the harness search replaces, one at a time:
   SYSTEM_PROMPT, USER_TEMPLATE   prompt text; the template gets {question} and {passages}
+  EXAMPLES                       worked examples shown before the real question
   make_query(question)           query rewriting
   RETRIEVAL                      search parameters: k passages, max_chars of each
   NUDGE                          the message after tool output or a reply without an answer
@@ -24,6 +27,11 @@ USER_TEMPLATE = (
     "If you need more information, write <search>query</search>. "
     "Otherwise give your final answer inside <answer></answer>."
 )
+EXAMPLES = [
+    dict(question="How many people live in Paris?",
+         passages="[1] Paris: Paris is the capital and most populous city of France, with 2.1 million residents.",
+         answer="2.1 million"),
+]
 RETRIEVAL = dict(k=1, max_chars=200)
 NUDGE = "Give your final answer inside <answer></answer>."
 MAX_TURNS = 2
@@ -41,9 +49,12 @@ def extract_answer(reply):
 
 def run(task, llm, tools):
     question = task["question"]
+    messages = [{"role": "system", "content": SYSTEM_PROMPT}]
+    for ex in EXAMPLES:
+        messages += [{"role": "user", "content": USER_TEMPLATE.format(question=ex["question"], passages=ex["passages"])},
+                     {"role": "assistant", "content": f"<answer>{ex['answer']}</answer>"}]
     passages = tools.search(make_query(question), **RETRIEVAL)
-    messages = [{"role": "system", "content": SYSTEM_PROMPT},
-                {"role": "user", "content": USER_TEMPLATE.format(question=question, passages=passages)}]
+    messages.append({"role": "user", "content": USER_TEMPLATE.format(question=question, passages=passages)})
     for _ in range(MAX_TURNS):
         reply = llm(messages, max_tokens=MAX_TOKENS)
         answer = extract_answer(reply)

@@ -1,0 +1,187 @@
+"""
+Benchmark: where WHALE's time goes, measured side by side in one run.
+
+Prints one `name: value` line per measurement:
+  - matmul peak: torch fp32 GFLOP/s of a 2048^3 matmul on this machine;
+  - rollout workload: 32 SQuAD prompts of ~250 tokens x 8 samples x 32 new tokens,
+    the engine's sampler vs model.generate(num_return_sequences=8) (tokens/s, ratio);
+  - pure decode: 64 short prompts x 64 new tokens, sampler vs generate, sampled and
+    greedy, with a token-identity check under greedy;
+  - sandbox overhead: a one-call harness run through the sandbox vs the same prompts
+    sampled in-process as one batch;
+  - SFT: tokens/s of rs_sft.sft_update and its fraction of the matmul peak
+    (6N FLOPs per token for full fine-tuning; the reduced count with --train-layers).
+
+    python bench.py            # everything (~15 min on a 2-core CPU)
+    python bench.py --quick    # smaller shapes, for a smoke run
+
+Ratios are what to trust on a shared machine; absolute numbers move with load.
+"""
+import argparse
+import os
+import time
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+import torch
+
+import engine as eng
+import rollout
+import rs_sft
+
+
+def matmul_gflops(n=2048, reps=5):
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b
+    t = time.time()
+    for _ in range(reps):
+        a @ b
+    return 2 * n ** 3 * reps / (time.time() - t) / 1e9
+
+
+def squad_prompts(e, n, target_tokens=250):
+    """n chat prompts of ~target_tokens: a real SQuAD passage + its question."""
+    from domains import searchqa
+    passages = {p["id"]: p for p in searchqa._index()[1]}
+    out = []
+    for ex in searchqa.load_split("test"):
+        p = passages[ex["answer"]["passage_id"]]["text"]
+        words = p.split()
+        text = " ".join(words[:int(target_tokens * 0.62)])
+        ids = e.chat_ids([{"role": "user", "content": f"{text}\n\nQuestion: {ex['task']['question']}\nAnswer briefly."}])
+        out.append(ids)
+        if len(out) == n:
+            return out
+    return out
+
+
+def left_pad(prompts, pad_id):
+    width = max(map(len, prompts))
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p):], mask[i, width - len(p):] = torch.tensor(p), 1
+    return ids, mask
+
+
+def hf_generate(model, prompts, pad_id, new_tokens, n=1, greedy=False):
+    """model.generate on the same prompts; returns (seconds, generated tokens, rows of new ids).
+    Sampled runs are forced to new_tokens (min_new_tokens) so both sides make the same count;
+    greedy runs stop at EOS, as the sampler does, for the identity check."""
+    ids, mask = left_pad(prompts, pad_id)
+    kw = dict(do_sample=False) if greedy else dict(do_sample=True, temperature=1.0, top_k=20,
+                                                   min_new_tokens=new_tokens)
+    t = time.time()
+    with torch.no_grad():
+        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens,
+                             num_return_sequences=n, pad_token_id=pad_id, **kw)
+    return time.time() - t, (out.shape[1] - ids.shape[1]) * out.shape[0], out[:, ids.shape[1]:]
+
+
+def engine_sample(e, prompts, new_tokens, n=1, greedy=False, ignore_eos=True):
+    reqs = [{"prompt_ids": p, "max_tokens": new_tokens, "temperature": 0.0 if greedy else 1.0, "top_k": 20,
+             "top_p": 1.0, "stop": [], "seed": rollout.stable_seed("bench", i, j)}
+            for i, p in enumerate(prompts) for j in range(n)]
+    saved = e.eos_ids
+    if ignore_eos:  # same token count as generate(min_new_tokens=...)
+        e.eos_ids = set()
+    t = time.time()
+    outs = e.sample(reqs)
+    e.eos_ids = saved
+    return time.time() - t, sum(len(o["completion_ids"]) for o in outs), outs
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="smaller shapes (smoke run)")
+    ap.add_argument("--model", default="embedded")
+    args = ap.parse_args()
+    q = args.quick
+    torch.manual_seed(0)
+    peak = matmul_gflops()
+    print(f"matmul_fp32_gflops: {peak:.1f}")
+    model, tok = eng.load_model(args.model)
+    e = eng.HFEngine(model, tok)
+    n_params = sum(p.numel() for n_, p in model.named_parameters() if "embed_tokens" not in n_)
+    n_params += model.lm_head.weight.numel() if model.config.tie_word_embeddings else 0
+
+    # 1) the rollout workload: shared prefill + one batch, vs generate(num_return_sequences)
+    P, G, NEW = (8, 8, 16) if q else (32, 8, 32)
+    prompts = squad_prompts(e, P)
+    print(f"rollout_prompt_tokens_mean: {sum(map(len, prompts)) / len(prompts):.0f}")
+    ts, ns, _ = engine_sample(e, prompts, NEW, n=G)
+    tg, ng, _ = hf_generate(model, prompts, e.pad_id, NEW, n=G)
+    print(f"rollout_sampler_tokens_per_s: {ns / ts:.1f}")
+    print(f"rollout_generate_tokens_per_s: {ng / tg:.1f}")
+    print(f"rollout_sampler_seconds: {ts:.1f}")
+    print(f"rollout_generate_seconds: {tg:.1f}")
+    print(f"rollout_speedup: {tg / ts:.2f}")
+    # compute limit: each generated token costs ~2N FLOPs (+ the shared prefill, counted too)
+    flops = 2 * n_params * (ns + sum(map(len, prompts)))
+    print(f"rollout_sampler_fraction_of_peak: {flops / ts / 1e9 / peak:.2f}")
+
+    # 2) pure decode at batch 64: sampled and greedy, with a token-identity check
+    B, NEW = (16, 32) if q else (64, 64)
+    short = [e.chat_ids([{"role": "user", "content": f"Write one sentence about the number {i}."}]) for i in range(B)]
+    ts, ns, _ = engine_sample(e, short, NEW)
+    tg, ng, _ = hf_generate(model, short, e.pad_id, NEW)
+    print(f"decode_sampler_tokens_per_s: {ns / ts:.1f}")
+    print(f"decode_generate_tokens_per_s: {ng / tg:.1f}")
+    print(f"decode_speedup: {tg / ts * ns / ng:.2f}")
+    ts, ns, outs = engine_sample(e, short, NEW, greedy=True, ignore_eos=False)
+    tg, ng, gen = hf_generate_greedy_until_eos(model, short, e, NEW)
+    same = sum(o["completion_ids"] == g for o, g in zip(outs, gen))
+    print(f"decode_greedy_sampler_tokens_per_s: {ns / ts:.1f}")
+    print(f"decode_greedy_generate_tokens_per_s: {ng / tg:.1f}")
+    print(f"decode_greedy_speedup: {tg / ts:.2f}")
+    print(f"decode_greedy_identical_rows: {same}/{len(outs)}")
+
+    # 3) sandbox overhead: the same prompts through a one-call harness vs in-process
+    from domains import searchqa
+    examples = searchqa.load_split("test")[:P]
+    harness = ("def run(task, llm, tools):\n"
+               "    return llm([{'role': 'user', 'content': 'Question: ' + task['question'] + '\\nAnswer briefly.'}],"
+               " max_tokens=%d)\n" % NEW)
+    msgs = [[{"role": "user", "content": "Question: " + ex["task"]["question"] + "\nAnswer briefly."}] for ex in examples]
+    sampling = {"temperature": 1.0, "top_k": 20, "top_p": 1.0}
+    t = time.time()
+    reqs = [{"prompt_ids": e.chat_ids(m), "max_tokens": NEW, "stop": [], "seed": rollout.stable_seed(0, ex["id"], j),
+             **sampling} for m, ex in zip(msgs, examples) for j in range(G)]
+    e.sample(reqs)
+    t_in = time.time() - t
+    t = time.time()
+    rollout.run(e, searchqa, harness, examples, G, seed=0, sampling=sampling, max_tokens=NEW)
+    t_sb = time.time() - t
+    print(f"sandbox_seconds: {t_sb:.1f}")
+    print(f"inprocess_seconds: {t_in:.1f}")
+    print(f"sandbox_overhead_ratio: {t_sb / t_in:.3f}")
+
+    # 4) SFT throughput and fraction of peak
+    for layers in (0, 4):
+        trainable = rs_sft.set_trainable(model, layers)
+        opt = rs_sft.make_optimizer(trainable, 1e-6)
+        seqs = [(p + [5] * 16, [-100] * len(p) + [5] * 16) for p in prompts[:16 if not q else 8]]
+        rs_sft.sft_update(model, opt, seqs[:4], minibatch=4, micro_batch=4)  # warm-up
+        st = rs_sft.sft_update(model, opt, seqs, minibatch=8, micro_batch=8)
+        frac = rs_sft.mfu(model, st["tokens_per_s"], peak * 1e9, layers)
+        tag = "full" if layers == 0 else f"top{layers}"
+        print(f"sft_{tag}_tokens_per_s: {st['tokens_per_s']:.1f}")
+        print(f"sft_{tag}_fraction_of_peak: {frac:.2f}")
+    print(f"matmul_fp32_gflops_after: {matmul_gflops():.1f}")
+
+
+def hf_generate_greedy_until_eos(model, prompts, e, new_tokens):
+    """generate greedy; rows cut after their first EOS (what the sampler returns)."""
+    t, _, rows = hf_generate(model, prompts, e.pad_id, new_tokens, greedy=True)
+    out = []
+    for r in rows.tolist():
+        cut = []
+        for x in r:
+            cut.append(x)
+            if x in e.eos_ids:
+                break
+        out.append(cut)
+    return t, sum(map(len, out)), out
+
+
+if __name__ == "__main__":
+    main()

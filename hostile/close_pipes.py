@@ -1,0 +1,13 @@
+"""Attack: close every inherited descriptor, the RPC pipes included, so the child can no longer talk.
+EXPECT: {"status": "crash", "error": "sandbox process", "answer": null}
+"""
+import os
+
+
+def run(task, llm, tools):
+    for fd in range(3, 64):
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    return llm("still there?")

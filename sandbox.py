@@ -1,0 +1,897 @@
+"""
+sandbox.py: run one harness file over many rollouts in one locked-down child process.
+
+A harness is model- or agent-written Python. The parent process owns the model, the data,
+the tools and the verifier; the child process gets only the harness's control flow. Every
+llm() and tools.<name>() call in the harness is a JSON message over a pipe to the parent,
+which validates it, runs the real thing and answers. So the parent can batch llm() calls of
+all concurrent rollouts into one model call and record the exact prompt/completion token
+ids, and a harness cannot see the reference answers, change the sampling or skip the model.
+
+    run_rollouts(source, jobs, llm_batch, make_tools_for, ...) -> one record per job
+    run_python(code, ...) -> {"stdout", "error"}   # model-written code, e.g. a math tool
+
+What it protects against (a harness that cheats or wrecks the run, on purpose or by bug):
+- Hangs and waste: per-rollout and per-batch timeouts on the harness's own time (time spent
+  waiting for the parent's model or tools is not charged), a cap on llm()/tool calls per
+  rollout, RLIMIT_CPU, RLIMIT_AS (memory), RLIMIT_FSIZE, RLIMIT_NOFILE, no core dumps.
+  The child is killed (SIGKILL to its process group) when the batch ends, and dies with
+  the parent (PR_SET_PDEATHSIG). A dead, hung or garbling child costs that batch its
+  results ("crash" / "timeout" / "protocol" per unfinished rollout), never the parent.
+- New processes: RLIMIT_NPROC=0 once the rollout threads exist (binds in the kernel because
+  the child never runs as root, see below), and the audit hook blocks fork/exec/spawn/
+  subprocess/os.system/posix_spawn/kill.
+- Reading what it must not: an audit hook (sys.addaudithook) allows file opens and
+  directory listings only inside a scratch directory (read-write) and the standard library
+  (read-only; no site-packages); it blocks sockets, ctypes, sub-interpreters, sqlite
+  extensions, symlinks and chmod. The environment is scrubbed, stdin/stdout/stderr are
+  /dev/null (print() goes to a capped per-rollout buffer), cwd is a fresh scratch dir.
+- Kernel layer, as root (the usual case in a container or on a GPU box): the child gets
+  new network and mount namespaces (no network at all; the repo directory, the parent's
+  cwd and any non-world-searchable parent of the interpreter such as /root are covered
+  by empty tmpfs mounts, the interpreter re-bound read-only; scratch is a 64 MB tmpfs),
+  then drops to uid/gid 65534 (nobody) so file permissions and RLIMIT_NPROC bind.
+  As a normal user: a new user+network namespace where the kernel allows it (no network),
+  and RLIMIT_NPROC binds anyway; files readable by that user stay readable if the audit
+  hook is bypassed. As root without CAP_SYS_ADMIN (some containers): nobody if nobody can
+  reach the interpreter, else the child stays root with the hook and rlimits only (then
+  RLIMIT_NPROC does not bind; RLIMIT_AS still bounds threads). Linux only.
+
+What it does NOT protect against (it is not a security boundary for hostile humans):
+- The audit hook is Python code in the same interpreter as the harness. It binds what it
+  uses at install time and blocks gc introspection and sys.settrace (the ways to reach its
+  closure), but deliberate in-process attacks can still defeat it: monkeypatching the
+  helpers of posixpath.realpath, crafted bytecode (marshal), other CPython bugs. What holds
+  then is the kernel layer above: no network, no new processes, nobody's file permissions,
+  and (as root) the covered directories; world-readable files elsewhere are readable.
+- File metadata (os.stat of any path) is not hidden; pathlib objects are refused as open()
+  arguments (pass str) because their __fspath__ could answer the hook and open() differently.
+- CPU contention with the parent and other processes, side channels, disk use outside the
+  64 MB tmpfs scratch when namespaces are unavailable (RLIMIT_FSIZE caps single files only).
+- Rollouts of one batch share the harness module and the scratch dir (they are threads in
+  one interpreter): module-level state is shared, and one rollout that kills the process
+  (os._exit, a crafted code object) takes the whole batch with it.
+- A rollout can forge protocol messages for other rollouts of its own batch (it can write
+  to the pipe). The parent validates everything and samples the model itself, so this can
+  only change that batch's (same harness's) own answers, never the recorded token ids.
+
+Deliberately left out: seccomp filters, cgroups, a pid namespace, per-rollout processes
+(one process per batch is what makes one big llm batch cheap).
+
+The child is this same file run with --child; keep its module-level imports light and
+never import subprocess/ctypes at module level (a harness could reach them via sys.modules).
+"""
+import json
+import os
+import resource
+import signal
+import stat
+import sys
+import threading
+import time
+import traceback
+import types
+
+MAX_MSG = 4 << 20            # bytes per pipe message, either direction
+MAX_PROMPT_CHARS = 262_144   # all message contents of one llm() call
+MAX_TOOL_ARGS = 65_536       # bytes of JSON arguments of one tool call
+ANSWER_CHARS = 10_000
+STDOUT_CHARS = 2_000
+ERROR_CHARS = 2_000
+RESULT_CHARS = 2_000         # of a tool result, as recorded (the harness gets all of it)
+FLUSH_S = 0.05               # pending llm() calls go out once no new one came for this long ...
+MAX_GATHER_S = 0.5           # ... or the oldest has waited this long (a rollout busy with tools)
+STARTUP_S = 30.0             # for the interpreter to start and say hello
+STACK_MB = 4                 # per rollout thread (C stack); RLIMIT_AS grows by this per thread
+RECURSION_CAP = 2000         # sys.setrecursionlimit is capped so deep recursion through C code
+                             # (__getattr__, __str__ ...) raises RecursionError instead of overflowing
+                             # a thread's stack (measured: ~700 bytes of C stack per level)
+OVERHEAD_MB = 128            # address space of the interpreter itself, on top of mem_mb
+SCRATCH_MB = 64              # tmpfs scratch size (when mount namespaces are available)
+FSIZE_MB = 16                # largest file the child may write
+NOFILE = 64
+NOBODY = 65534
+ROLES = ("system", "user", "assistant")
+
+
+class ToolError(Exception):
+    """Raised inside a harness when the parent refuses or fails an llm() or tools.<name>() call."""
+
+
+def _last_line(e):
+    """'TypeError: ...' for an exception: the last line of its traceback, capped."""
+    try:
+        line = traceback.format_exception_only(type(e), e)[-1].strip()
+    except Exception:
+        line = type(e).__name__
+    return line[:ERROR_CHARS]
+
+
+def _frame(msg):
+    data = json.dumps(msg).encode()
+    return len(data).to_bytes(4, "big") + data
+
+
+# ----------------------------------------------------------------------------------------
+# Parent side: spawning the child, the message pump, run_rollouts, run_python.
+
+class _Gone(Exception):
+    """The child died or closed its pipe."""
+
+
+class _Bad(Exception):
+    """The child broke the protocol (bad length, bad JSON, unknown rollout ...)."""
+
+
+_PLAN = {}  # what isolation this machine allows, filled on first spawn
+
+
+def _unsearchable_ancestor(path):
+    """First directory on the way to path that 'nobody' cannot enter (e.g. /root, mode 700)."""
+    parts = path.split("/")
+    for k in range(2, len(parts)):
+        d = "/".join(parts[:k])
+        try:
+            if not os.stat(d).st_mode & stat.S_IXOTH:
+                return d
+        except OSError:
+            return d
+    return None
+
+
+def _plan():
+    if not _PLAN:
+        import ctypes  # parent only
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong,
+                               ctypes.c_char_p]
+        exe = os.path.realpath(sys.executable)
+        stdlib = os.path.realpath(os.path.dirname(os.__file__))
+        _PLAN.update(
+            libc=libc, get_errno=ctypes.get_errno, exe=exe,
+            base=os.path.commonpath([exe, stdlib]),  # holds the interpreter, libpython, stdlib
+            hidden=_unsearchable_ancestor(exe) or _unsearchable_ancestor(stdlib),
+            root=os.geteuid() == 0,
+            namespaces=os.geteuid() == 0,  # set to False if mounting fails once
+            repo=os.path.dirname(os.path.realpath(__file__)))
+    return _PLAN
+
+
+# Linux constants (not exposed by the stdlib)
+CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWNET = 0x00020000, 0x10000000, 0x40000000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 32, 4096, 16384, 1 << 18
+PR_SET_PDEATHSIG = 1
+_SYSTEM_DIRS = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/etc", "/proc", "/dev", "/sys",
+                "/tmp", "/var", "/run")
+
+
+def _under(path, root):
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def _mounts(p):
+    """In a fresh mount namespace (as root, before exec): cover secret directories with empty
+    tmpfs, re-bind the interpreter read-only if it was under one, give scratch its own tmpfs."""
+    libc = p["libc"]
+
+    def mount(src, dst, fstype, flags, data=None):
+        if libc.mount(src, dst.encode() if isinstance(dst, str) else dst, fstype, flags, data) != 0:
+            e = p["get_errno"]()
+            raise OSError(e, f"mount {dst}: {os.strerror(e)}")
+
+    mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing we mount leaks back to the host
+    rebind = any(_under(p["base"], d) for d in p["covers"])
+    fd = os.open(p["base"], os.O_PATH) if rebind else None
+    for d in p["covers"]:
+        mount(b"tmpfs", d, b"tmpfs", MS_NOSUID | MS_NODEV, b"size=1m,nr_inodes=256,mode=755")
+    if fd is not None:
+        os.makedirs(p["base"], exist_ok=True)
+        mount(f"/proc/self/fd/{fd}".encode(), p["base"], None, MS_BIND | MS_REC)
+        mount(None, p["base"], None, MS_REMOUNT | MS_BIND | MS_RDONLY)
+        os.close(fd)
+    os.makedirs(p["scratch"], exist_ok=True)
+    mount(b"tmpfs", p["scratch"], b"tmpfs", MS_NOSUID | MS_NODEV,
+          f"size={SCRATCH_MB}m,nr_inodes=4096,mode=700,uid={NOBODY},gid={NOBODY}".encode())
+    os.chdir(p["scratch"])  # Popen chdir'ed before the mount, into the directory now covered
+
+
+def _preexec(p):
+    """Runs in the forked child just before exec, so still our own trusted code."""
+    libc = p["libc"]
+    os.umask(0o022)
+    namespaces = False
+    if p["root"] and p["namespaces"]:
+        namespaces = libc.unshare(CLONE_NEWNS | CLONE_NEWNET) == 0
+        if namespaces:
+            _mounts(p)  # an error here fails the spawn; the parent retries without namespaces
+    elif not p["root"]:
+        libc.unshare(CLONE_NEWUSER | CLONE_NEWNET)  # best effort: no network; EPERM is fine
+    # Root ignores RLIMIT_NPROC and file permissions: become nobody. Without namespaces that
+    # only works when nobody can reach the interpreter; otherwise we stay root (hook only).
+    if p["root"] and (namespaces or not p["hidden"]):
+        os.setgroups([])
+        os.setgid(NOBODY)
+        os.setuid(NOBODY)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # after setuid, which clears it
+    if os.getppid() != p["ppid"]:  # the parent died before prctl
+        os._exit(1)
+    # Limits last: this forked copy of the parent may already be over RLIMIT_AS (exec resets it).
+    for res, lim in p["limits"]:
+        resource.setrlimit(res, (lim, lim))
+
+
+class _Child:
+    """The parent's handle on one sandbox process: spawn, framed JSON both ways, kill."""
+
+    def __init__(self, init, *, mem_mb, cpu_s):
+        import subprocess, tempfile  # parent only
+        first = _frame(init)  # before spawning: a task that is not JSON fails here, leaving nothing behind
+        plan = _plan()
+        self.scratch = os.path.realpath(tempfile.mkdtemp(prefix="whale_sbx_"))
+        covers = {d for d in (plan["repo"], os.path.realpath(os.getcwd()), plan["hidden"])
+                  if d and d != "/" and not any(_under(s, d) for s in _SYSTEM_DIRS)
+                  and not _under(self.scratch, d)}
+        covers = sorted(d for d in covers if not any(c != d and _under(d, c) for c in covers))
+        limits = [(resource.RLIMIT_CPU, max(1, int(cpu_s))),
+                  (resource.RLIMIT_FSIZE, FSIZE_MB << 20),
+                  (resource.RLIMIT_NOFILE, NOFILE),
+                  (resource.RLIMIT_CORE, 0),
+                  (resource.RLIMIT_AS, int(mem_mb + OVERHEAD_MB) << 20)]
+        if plan["root"]:
+            os.chown(self.scratch, NOBODY, NOBODY)  # used when there is no tmpfs scratch
+        c2p_r, c2p_w = os.pipe()
+        p2c_r, p2c_w = os.pipe()
+        script = os.open(os.path.realpath(__file__), os.O_RDONLY)  # readable even once covered
+        env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONHASHSEED": "0",
+               "MALLOC_ARENA_MAX": "2", "HOME": self.scratch, "TMPDIR": self.scratch}
+        # -s -S: no site-packages; -B: no .pyc writes; -P: no script dir on sys.path.
+        # (Not -I: it would also ignore PYTHONHASHSEED, and set iteration order should not
+        # differ between runs of the same harness.)
+        argv = [plan["exe"], "-s", "-S", "-B", "-P", f"/proc/self/fd/{script}", "--child",
+                str(p2c_r), str(c2p_w)]
+        stderr = None if os.environ.get("WHALE_SANDBOX_STDERR") else subprocess.DEVNULL
+        try:
+            for attempt in (0, 1):
+                p = dict(plan, limits=limits, covers=covers, scratch=self.scratch, ppid=os.getpid())
+                try:
+                    self.proc = subprocess.Popen(
+                        argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr,
+                        cwd=self.scratch, env=env, pass_fds=(p2c_r, c2p_w, script),
+                        start_new_session=True, preexec_fn=lambda: _preexec(p))
+                    break
+                except (OSError, subprocess.SubprocessError):
+                    if attempt or not plan["namespaces"]:
+                        raise
+                    plan["namespaces"] = False  # e.g. a container without CAP_SYS_ADMIN
+        except BaseException:
+            for fd in (c2p_r, c2p_w, p2c_r, p2c_w, script):
+                os.close(fd)
+            os.rmdir(self.scratch)
+            raise
+        for fd in (c2p_w, p2c_r, script):
+            os.close(fd)
+        self.rfd, self.wfd = c2p_r, p2c_w
+        os.set_blocking(self.rfd, False)
+        os.set_blocking(self.wfd, False)  # a child that stops reading must not block us
+        self.inbuf, self.outbuf, self.broken = bytearray(), bytearray(first), None
+
+    def send(self, msg):
+        self.outbuf += _frame(msg)
+
+    def write_out(self):
+        """Write as much of the queued output as the pipe takes now, without blocking."""
+        try:
+            del self.outbuf[:os.write(self.wfd, self.outbuf)]
+        except BlockingIOError:
+            pass
+        except OSError as e:  # EPIPE: it stopped reading; first take what it already sent
+            self.broken, self.outbuf = f"closed its end of the pipe ({e.strerror})", bytearray()
+
+    def pump(self, timeout):
+        """Write what we can, wait up to timeout for input, return the complete messages."""
+        import select  # parent only
+        poller = select.poll()
+        poller.register(self.rfd, select.POLLIN)
+        if self.outbuf:
+            poller.register(self.wfd, select.POLLOUT)
+        events = dict(poller.poll(max(0.0, timeout) * 1000))
+        if events.get(self.wfd):
+            self.write_out()
+        if self.rfd in events:
+            try:
+                data = os.read(self.rfd, 1 << 20)
+            except BlockingIOError:
+                data = None
+            if data == b"":
+                raise _Gone(self._describe_exit("closed its pipe"))
+            if data:
+                self.inbuf += data
+        msgs = []
+        while len(self.inbuf) >= 4:
+            n = int.from_bytes(self.inbuf[:4], "big")
+            if n > MAX_MSG:
+                raise _Bad(f"message length {n} over the {MAX_MSG} byte cap")
+            if len(self.inbuf) < 4 + n:
+                break
+            body = bytes(self.inbuf[4:4 + n])
+            del self.inbuf[:4 + n]
+            try:
+                msg = json.loads(body)
+            except Exception as e:  # includes RecursionError from absurd nesting
+                raise _Bad(f"undecodable message ({type(e).__name__})")
+            if not isinstance(msg, dict):
+                raise _Bad("message is not a JSON object")
+            msgs.append(msg)
+        if self.broken and not msgs:
+            raise _Gone(self._describe_exit(self.broken))
+        return msgs
+
+    def _describe_exit(self, what):
+        try:
+            rc = self.proc.wait(timeout=1.0)
+        except Exception:
+            return f"sandbox process {what} but is still running"
+        if rc < 0:
+            return f"sandbox process killed by {signal.Signals(-rc).name}"
+        return f"sandbox process exited with code {rc}"
+
+    def close(self):
+        import shutil  # parent only
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        self.proc.wait()
+        for fd in (self.rfd, self.wfd):
+            os.close(fd)
+        shutil.rmtree(self.scratch, ignore_errors=True)
+
+
+def _call_seed(seed, k):
+    """Seed of the k-th llm() call of a rollout whose job seed is `seed`: stable across runs."""
+    import hashlib  # parent only
+    return int.from_bytes(hashlib.sha256(f"{seed}:{k}".encode()).digest()[:4], "big")
+
+
+def _llm_request(msg, max_llm_tokens):
+    """Validate one llm() call from the child -> (messages, max_tokens, stop); ValueError if bad."""
+    messages = msg.get("messages")
+    if isinstance(messages, str):
+        messages = [{"role": "user", "content": messages}]
+    if not (isinstance(messages, list) and messages and all(
+            isinstance(m, dict) and set(m) == {"role", "content"} and m["role"] in ROLES
+            and isinstance(m["content"], str) for m in messages)):
+        raise ValueError("messages must be a str or a non-empty list of "
+                         "{'role': 'system'|'user'|'assistant', 'content': str}")
+    if sum(len(m["content"]) for m in messages) > MAX_PROMPT_CHARS:
+        raise ValueError(f"prompt longer than {MAX_PROMPT_CHARS} characters")
+    max_tokens = msg.get("max_tokens")
+    if type(max_tokens) is not int or max_tokens < 1:
+        raise ValueError("max_tokens must be a positive int")
+    stop = msg.get("stop")
+    stop = [] if stop is None else [stop] if isinstance(stop, str) else stop
+    if not (isinstance(stop, list) and len(stop) <= 16
+            and all(isinstance(s, str) and 0 < len(s) <= 256 for s in stop)):
+        raise ValueError("stop must be None, a str or a list of at most 16 non-empty str")
+    return messages, min(max_tokens, max_llm_tokens), stop
+
+
+def run_rollouts(source, jobs, llm_batch, make_tools_for, *, rollout_timeout=60.0, batch_timeout=900.0,
+                 mem_mb=2048, max_llm_tokens=512, concurrency=None, cpu_s=None,
+                 max_llm_calls=64, max_tool_calls=256):
+    """Run harness `source` once per job in one sandbox process; see the module docstring.
+
+    jobs: [{"rid", "task", "seed"}]. llm_batch(calls) -> [{"text", "prompt_ids",
+    "completion_ids", "finish"}] for calls [{"rid", "messages", "max_tokens", "stop", "seed"}];
+    all pending llm() calls of the live rollouts go out as one batch. make_tools_for(rid) ->
+    {name: fn} runs in this process. Timeouts count the harness's own time only (not time in
+    llm_batch or tools); max_llm_calls / max_tool_calls per rollout bound the parent's time.
+    concurrency: rollout threads in the child (None: all jobs at once). cpu_s: RLIMIT_CPU of
+    the child (None: batch_timeout + 10). Returns one record per job, in order.
+
+    In the harness, a refused or failed llm()/tools.<name>() call raises ToolError (the
+    sandbox defines that name in the harness module); llm() takes exactly (messages,
+    max_tokens=256, stop=None): sampling settings belong to the parent.
+    """
+    n = len(jobs)
+    recs = [{"rid": j["rid"], "answer": None, "status": None, "error": None, "calls": [],
+             "tool_calls": [], "stdout": "", "wall_s": 0.0} for j in jobs]
+    if n == 0:
+        return recs
+    tools = [make_tools_for(j["rid"]) for j in jobs]
+    threads = max(1, min(n, concurrency or n))
+    init = {"t": "init", "mode": "rollouts", "source": source, "threads": threads,
+            "jobs": [{"task": j["task"], "tools": sorted(k for k in t if not k.startswith("_"))}
+                     for j, t in zip(jobs, tools)]}
+
+    # The harness clock: wall time minus the time this process spent in llm_batch and tools.
+    busy, t_start = 0.0, time.monotonic()
+    clock = lambda: time.monotonic() - t_start - busy
+    # Per rollout: used = harness seconds charged so far; run_since = clock when it last
+    # started running (None while it waits for a reply or is not running).
+    st = [{"used": 0.0, "run_since": None, "t0": None, "n_llm": 0, "n_tool": 0, "call": None,
+           "freed": False} for _ in range(n)]
+    live, waiting, queued = set(), {}, list(range(n))[::-1]  # waiting: i -> clock at request
+    last_llm = [0.0]  # clock of the newest llm() call
+    unfinished = n
+
+    def start(i):
+        live.add(i)
+        st[i]["run_since"], st[i]["t0"] = clock(), time.monotonic()
+
+    def finish(i, status, error=None, answer=None, stdout=""):
+        nonlocal unfinished
+        live.discard(i)
+        waiting.pop(i, None)
+        r = recs[i]
+        r["status"], r["error"], r["answer"], r["stdout"] = status, error, answer, stdout
+        r["wall_s"] = time.monotonic() - st[i]["t0"] if st[i]["t0"] else 0.0
+        unfinished -= 1
+
+    def finish_all(status, error):
+        for i in range(n):
+            if recs[i]["status"] is None:
+                finish(i, status, error)
+
+    def reply(i, ok, value):
+        child.send({"t": "reply", "rid": i, "ok": ok, ("value" if ok else "error"): value})
+        st[i]["run_since"] = clock()
+
+    def on_tool(i, msg):
+        nonlocal busy
+        name, args, kwargs = msg.get("name"), msg.get("args"), msg.get("kwargs")
+        if not (isinstance(name, str) and isinstance(args, list) and isinstance(kwargs, dict)):
+            raise _Bad("malformed tool call")
+        st[i]["n_tool"] += 1  # every attempt counts, so a loop of bad calls ends too
+        if st[i]["n_tool"] > max_tool_calls:
+            return reply(i, False, f"tool call budget ({max_tool_calls}) exhausted")  # not recorded
+        rec = {"name": name, "args": args, "kwargs": kwargs, "result": None, "error": None}
+        fn = None if name.startswith("_") else tools[i].get(name)
+        value = None
+        if len(json.dumps([name, args, kwargs])) > MAX_TOOL_ARGS:
+            rec.update(name=name[:100], args=None, kwargs=None, error=f"tool call over {MAX_TOOL_ARGS} bytes")
+        elif fn is None:
+            rec["error"] = f"unknown tool {name!r}"
+        else:
+            t = time.monotonic()
+            try:
+                value = fn(*args, **kwargs)
+            except Exception as e:
+                rec["error"] = _last_line(e)
+            busy += time.monotonic() - t
+        if rec["error"] is None:
+            try:
+                try:
+                    text = value if isinstance(value, str) else json.dumps(value)
+                except (TypeError, ValueError):
+                    value = text = str(value)
+                if len(text) > MAX_MSG // 2:
+                    rec["error"] = "tool result too large"
+                rec["result"] = text[:RESULT_CHARS]
+            except Exception as e:  # e.g. RecursionError on absurdly nested data
+                rec["error"] = f"tool result not serialisable: {type(e).__name__}"
+        recs[i]["tool_calls"].append(rec)
+        reply(i, rec["error"] is None, value if rec["error"] is None else rec["error"])
+
+    def on_llm(i, msg):
+        st[i]["n_llm"] += 1  # every attempt counts, valid or not
+        try:
+            if st[i]["n_llm"] > max_llm_calls:
+                raise ValueError(f"llm call budget ({max_llm_calls}) exhausted")
+            st[i]["call"] = _llm_request(msg, max_llm_tokens)
+        except ValueError as e:
+            return reply(i, False, f"llm: {e}")
+        waiting[i] = clock()
+        last_llm[0] = waiting[i]
+
+    def flush():
+        nonlocal busy
+        order = sorted(waiting)
+        calls = []
+        for i in order:
+            messages, max_tokens, stop = st[i]["call"]
+            calls.append({"rid": jobs[i]["rid"], "messages": messages, "max_tokens": max_tokens,
+                          "stop": stop, "seed": _call_seed(jobs[i].get("seed", 0), len(recs[i]["calls"]))})
+        t = time.monotonic()
+        outs = llm_batch(calls)
+        busy += time.monotonic() - t
+        assert len(outs) == len(calls), "llm_batch must answer every call"
+        for i, call, out in zip(order, calls, outs):
+            recs[i]["calls"].append({"messages": call["messages"], "prompt_ids": out["prompt_ids"],
+                                     "completion_ids": out["completion_ids"], "text": out["text"],
+                                     "finish": out["finish"]})
+            del waiting[i]
+            reply(i, True, out["text"])
+
+    def on_message(msg):
+        nonlocal phase, t_phase
+        t = msg.get("t")
+        if t == "hello" and phase == "hello":
+            phase, t_phase = "load", clock()
+            return
+        if t == "ready" and phase == "load":
+            if msg.get("error") is not None:
+                return finish_all("error", str(msg["error"])[:ERROR_CHARS])
+            phase = "run"
+            for _ in range(threads):
+                start(queued.pop())
+            return
+        i = msg.get("rid")
+        if phase != "run" or type(i) is not int or not 0 <= i < n or t not in ("call", "done"):
+            raise _Bad(f"unexpected message {t[:40] if isinstance(t, str) else type(t).__name__!r}")
+        finished = recs[i]["status"] is not None  # e.g. timed out: what it says now is ignored
+        if not finished and (i not in live or i in waiting):
+            raise _Bad("message for a rollout that is not running")
+        if t == "done":
+            status, answer, error, stdout = (msg.get(k) for k in ("status", "answer", "error", "stdout"))
+            if status not in ("ok", "error") or not isinstance(stdout, str) or not all(
+                    x is None or isinstance(x, str) for x in (answer, error)):
+                raise _Bad("malformed done message")
+            if not finished:
+                finish(i, status, error if error is None else error[:ERROR_CHARS],
+                       answer if answer is None else answer[:ANSWER_CHARS], stdout[:STDOUT_CHARS])
+            if st[i]["t0"] is not None and not st[i]["freed"]:
+                st[i]["freed"] = True  # its worker thread is free again and takes the next job
+                if queued:
+                    start(queued.pop())
+            return
+        if finished:  # a call from a timed-out rollout: refuse it, so that its thread unwinds
+            return child.send({"t": "reply", "rid": i, "ok": False, "error": "rollout timed out"})
+        st[i]["used"] += clock() - st[i]["run_since"]
+        st[i]["run_since"] = None
+        kind = msg.get("kind")
+        if kind == "tool":
+            on_tool(i, msg)
+        elif kind == "llm":
+            on_llm(i, msg)
+        else:
+            raise _Bad("unknown call kind")
+
+    child = _Child(init, mem_mb=mem_mb + threads * STACK_MB,
+                   cpu_s=cpu_s if cpu_s is not None else batch_timeout + 10)
+    phase, t_phase = "hello", clock()
+    last_scan, stalled_since = 0.0, None
+    try:
+        while unfinished:
+            now = clock()
+            if phase == "hello" and now - t_phase > STARTUP_S:
+                finish_all("crash", f"sandbox did not start within {STARTUP_S:.0f} s")
+            if phase == "load" and now - t_phase > rollout_timeout:
+                finish_all("timeout", f"harness module took longer than {rollout_timeout} s to load")
+            if now > batch_timeout:
+                finish_all("timeout", f"batch timeout ({batch_timeout} s)")
+            if phase == "run" and now - last_scan > 0.02:
+                last_scan = now
+                for i in list(live):
+                    if i not in waiting and st[i]["used"] + now - st[i]["run_since"] > rollout_timeout:
+                        finish(i, "timeout", f"rollout timeout ({rollout_timeout} s)")
+                # Every worker thread is stuck in a timed-out rollout: the queue waits for one
+                # of them to come back for at most rollout_timeout.
+                stalled_since = (stalled_since or now) if not live and queued else None
+                if stalled_since and now - stalled_since > rollout_timeout:
+                    while queued:
+                        finish(queued.pop(), "timeout", "not started: every worker thread hung")
+            if not unfinished:
+                break
+            # One batch when every running rollout waits for the model; a rollout that is slow,
+            # hung or busy with tools holds the others back by FLUSH_S (at most MAX_GATHER_S).
+            if waiting and (len(waiting) == len(live) or now - last_llm[0] >= FLUSH_S
+                            or now - next(iter(waiting.values())) >= MAX_GATHER_S):
+                if child.outbuf:
+                    child.write_out()  # let queued tool replies out before a long model call
+                flush()
+                continue
+            try:
+                wait = 0.05 if phase == "run" else 0.25
+                if waiting:
+                    wait = min(wait, FLUSH_S - (now - last_llm[0]),
+                               MAX_GATHER_S - (now - next(iter(waiting.values()))))
+                for msg in child.pump(wait):
+                    try:
+                        on_message(msg)
+                    except _Bad:
+                        raise
+                    except Exception as e:  # whatever the child sent, it must not raise in here
+                        raise _Bad(f"{type(e).__name__} while handling a message")
+                    if not unfinished:
+                        break
+            except _Gone as e:
+                finish_all("crash", str(e))
+            except _Bad as e:
+                finish_all("protocol", f"protocol violation: {e}")
+    finally:
+        child.close()
+    return recs
+
+
+def run_python(code, timeout_s=5.0, mem_mb=512, max_output=4000):
+    """Run model-written Python (e.g. a math domain's python tool) in a fresh sandbox process
+    with the same limits and audit hook. Returns {"stdout": str, "error": str | None}."""
+    child = _Child({"t": "init", "mode": "python", "code": code, "max_output": max_output},
+                   mem_mb=mem_mb, cpu_s=int(timeout_s) + 1)
+    t0, started = time.monotonic(), None
+    try:
+        while True:
+            now = time.monotonic()
+            if started is None and now - t0 > STARTUP_S:
+                return {"stdout": "", "error": "crash: sandbox did not start"}
+            if started is not None and now - started > timeout_s:
+                return {"stdout": "", "error": f"TimeoutError: ran longer than {timeout_s} s"}
+            try:
+                for msg in child.pump(0.05):
+                    if msg.get("t") == "hello":
+                        started = time.monotonic()
+                    elif msg.get("t") == "done" and started is not None:
+                        error = msg.get("error")
+                        return {"stdout": str(msg.get("stdout", ""))[:max_output],
+                                "error": None if error is None else str(error)[:ERROR_CHARS]}
+                    else:
+                        raise _Bad("unexpected message")
+            except _Gone as e:
+                return {"stdout": "", "error": f"crash: {e}"}
+            except _Bad as e:
+                return {"stdout": "", "error": f"protocol violation: {e}"}
+    finally:
+        child.close()
+
+
+# ----------------------------------------------------------------------------------------
+# Child side: everything below runs inside the sandbox process.
+
+_BLOCKED_EVENTS = frozenset({
+    "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork", "os.forkpty", "os.kill",
+    "os.killpg", "subprocess.Popen", "pty.spawn", "resource.setrlimit", "resource.prlimit",
+    "os.link", "os.symlink", "os.chmod", "os.chown", "os.chflags", "os.lchflags",
+    "os.setxattr", "os.removexattr", "os.getxattr", "os.listxattr",
+    "cpython.PyInterpreterState_New",  # a sub-interpreter would run without our hook
+    # the ways to reach this hook's closure cells from Python (the function object is referenced
+    # only by the interpreter; frames do not expose it) or to rewrite its frame's variables:
+    "gc.get_objects", "gc.get_referrers", "gc.get_referents", "sys.settrace", "sys.setprofile",
+    "sqlite3.enable_load_extension", "sqlite3.load_extension",
+})
+_BLOCKED_PREFIXES = ("socket.", "ctypes.")
+_BLOCKED_MODULES = frozenset({
+    "ctypes", "_ctypes", "_posixsubprocess", "_xxsubinterpreters", "_testcapi", "_testinternalcapi",
+    "_testbuffer", "_testmultiphase", "_testimportmultiple", "_ctypes_test", "_xxtestfuzz",
+    "_gdbm", "_dbm", "readline", "syslog", "_posixshmem",  # open files/sockets in C, unaudited
+})
+# event -> (index of a path argument, needs write access)
+_PATH_EVENTS = {
+    "os.listdir": ((0, False),), "os.scandir": ((0, False),), "os.chdir": ((0, False),),
+    "os.mkdir": ((0, True),), "os.rmdir": ((0, True),), "os.remove": ((0, True),),
+    "os.rename": ((0, True), (1, True)), "os.truncate": ((0, True),), "os.utime": ((0, True),),
+    "sqlite3.connect": ((0, True),),
+}
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
+
+
+def _make_audit_hook(scratch, read_roots, deny_roots):
+    """The policy, as a closure over values bound now (so rebinding os.path.realpath or the
+    module constants later does not change it); see the module docstring for its limits."""
+    realpath, fsdecode, os_stat, isdir = os.path.realpath, os.fsdecode, os.stat, stat.S_ISDIR
+    blocked, prefixes, modules, path_events = _BLOCKED_EVENTS, _BLOCKED_PREFIXES, _BLOCKED_MODULES, _PATH_EVENTS
+    write_flags = _WRITE_FLAGS
+
+    def inside(p, roots):
+        for r in roots:
+            if p == r or p.startswith(r + "/"):
+                return True
+        return False
+
+    def check(path, write):
+        if type(path) is int:
+            return  # an already-open descriptor: its path was checked when it was opened
+        if type(path) not in (str, bytes):
+            raise PermissionError("sandbox: paths must be str or bytes")
+        p = realpath(fsdecode(path))
+        if inside(p, (scratch,)):
+            return
+        if write or not inside(p, read_roots) or inside(p, deny_roots):
+            raise PermissionError(f"sandbox: access to {p!r} is blocked")
+
+    def hook(event, args):
+        if event in blocked or event.startswith(prefixes):
+            raise PermissionError(f"sandbox: {event} is blocked")
+        if event == "open":
+            path, mode, flags = args
+            check(path, bool(flags & write_flags) or any(c in (mode or "") for c in "wax+"))
+            if type(path) is not int:
+                try:
+                    is_dir = isdir(os_stat(path).st_mode)
+                except OSError:
+                    is_dir = False
+                if is_dir:  # a directory fd would let dir_fd= calls escape the path check
+                    raise PermissionError("sandbox: opening directories is blocked")
+        elif event == "import":
+            if args[0].partition(".")[0] in modules:
+                raise PermissionError(f"sandbox: import of {args[0]} is blocked")
+            if args[1] is not None:  # an extension module: only the stdlib's own
+                check(args[1], False)
+        elif event in path_events:
+            for k, write in path_events[event]:
+                check(args[k] if args[k] is not None else ".", write)
+
+    return hook
+
+
+class _Capture:
+    """sys.stdout / sys.stderr in the child: each thread writes into its own capped buffer."""
+
+    def __init__(self, local, cap):
+        self.local, self.cap = local, cap
+        self.encoding, self.errors = "utf-8", "replace"
+
+    def write(self, s):
+        if not isinstance(s, str):
+            raise TypeError(f"write() argument must be str, not {type(s).__name__}")
+        buf = getattr(self.local, "buf", None)
+        if buf is not None and buf[0] < self.cap:
+            buf.append(s[:self.cap - buf[0]])
+            buf[0] += len(buf[-1])
+        return len(s)
+
+    def flush(self):
+        pass
+
+    def isatty(self):
+        return False
+
+    def text(self):
+        buf = getattr(self.local, "buf", None) or [0]
+        return "".join(buf[1:])
+
+
+def _lock_down(scratch, max_output, recursion_cap):
+    """Last step before harness code runs: no new processes or threads, stdlib-only imports,
+    the audit hook, print() into per-thread buffers, a capped recursion limit."""
+    resource.setrlimit(resource.RLIMIT_NPROC, (0, 0))  # threads are processes to the kernel
+    import _thread
+
+    def no_threads(*args, **kwargs):
+        """Also refused in Python, for when the child had to stay root (root ignores NPROC)."""
+        raise RuntimeError("can't start new thread")
+    _thread.start_new_thread = _thread.start_new = threading._start_new_thread = no_threads
+    real_setrecursionlimit = sys.setrecursionlimit
+
+    def setrecursionlimit(limit):
+        """Capped in the sandbox: deeper recursion would overflow the C stack and kill the batch."""
+        real_setrecursionlimit(min(limit, recursion_cap))
+    sys.setrecursionlimit = setrecursionlimit
+    stdlib = os.path.realpath(os.path.dirname(os.__file__))
+    deny = (stdlib + "/site-packages", stdlib + "/dist-packages")
+    read_roots = (stdlib,) + tuple(os.path.realpath(p) for p in sys.path if p.endswith(".zip"))
+    sys.path[:] = [p for p in sys.path if _under(os.path.realpath(p), stdlib) or p.endswith(".zip")]
+    sys.path_importer_cache.clear()
+    sys.dont_write_bytecode = True
+    for name in _BLOCKED_MODULES | {"subprocess"}:
+        if name in sys.modules:  # a cached module is imported again without an "import" event
+            raise RuntimeError(f"sandbox child imported {name} before lock-down")
+    sys.addaudithook(_make_audit_hook(scratch, read_roots, deny))
+    sys.stdout = sys.stderr = capture = _Capture(threading.local(), max_output)
+    return capture
+
+
+def _child_main(rfd, wfd):
+    lock = threading.Lock()
+
+    def send(msg):
+        data = _frame(msg)
+        if len(data) > MAX_MSG:
+            raise ToolError(f"message of {len(data)} bytes is over the {MAX_MSG} byte cap")
+        with lock:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(wfd, view):]
+
+    def recv():
+        def read(k):
+            out = bytearray()
+            while len(out) < k:
+                chunk = os.read(rfd, k - len(out))
+                if not chunk:
+                    os._exit(0)  # the parent is gone
+                out += chunk
+            return out
+        return json.loads(read(int.from_bytes(read(4), "big")))
+
+    send({"t": "hello", "uid": os.getuid()})
+    init = recv()
+    scratch = os.path.realpath(os.getcwd())
+    if init["mode"] == "python":
+        capture = _lock_down(scratch, init["max_output"], 2 * RECURSION_CAP)  # main thread: 8 MB stack
+        capture.local.buf, error = [0], None
+        try:
+            exec(compile(init["code"], "<python>", "exec"), {"__name__": "__main__"})
+        except SystemExit as e:
+            error = None if e.code in (None, 0) else _last_line(e)
+        except BaseException as e:
+            error = _last_line(e)
+        send({"t": "done", "stdout": capture.text(), "error": error})
+        os._exit(0)
+
+    jobs = init["jobs"]
+    slots = [[threading.Event(), None] for _ in jobs]  # rollout i waits on slots[i] for its reply
+    order, order_lock, go = iter(range(len(jobs))), threading.Lock(), threading.Event()
+    harness = {}
+
+    def call(i, payload):
+        """Send one llm/tool call of rollout i to the parent and wait for its reply."""
+        slots[i][0].clear()
+        try:
+            send(dict(payload, t="call", rid=i))
+        except (TypeError, ValueError) as e:
+            raise ToolError(f"arguments must be JSON-serialisable: {e}") from None
+        slots[i][0].wait()
+        reply = slots[i][1]
+        if not reply["ok"]:
+            raise ToolError(reply["error"])
+        return reply["value"]
+
+    def make_llm(i):
+        def llm(messages, max_tokens=256, stop=None):
+            """One model call; the parent applies the chat template and samples."""
+            return call(i, {"kind": "llm", "messages": messages, "max_tokens": max_tokens, "stop": stop})
+        return llm
+
+    def make_tools(i, names):
+        def make(name):
+            def tool(*args, **kwargs):
+                return call(i, {"kind": "tool", "name": name, "args": list(args), "kwargs": kwargs})
+            tool.__name__ = name
+            return tool
+        return types.SimpleNamespace(**{name: make(name) for name in names})
+
+    def worker():
+        go.wait()
+        while True:
+            with order_lock:
+                i = next(order, None)
+            if i is None:
+                return
+            capture.local.buf = [0]
+            status, answer, error = "ok", None, None
+            try:
+                out = harness["run"](jobs[i]["task"], make_llm(i), make_tools(i, jobs[i]["tools"]))
+                if isinstance(out, (str, int, float)):  # anything else is no answer
+                    answer = str(out)[:ANSWER_CHARS]
+            except BaseException as e:  # SystemExit too: it must not end only this thread silently
+                status, error = "error", _last_line(e)
+            text = capture.text()
+            capture.local.buf = None
+            send({"t": "done", "rid": i, "status": status, "answer": answer, "error": error,
+                  "stdout": text[:STDOUT_CHARS]})
+
+    # All threads must exist before RLIMIT_NPROC=0 in _lock_down.
+    threading.stack_size(STACK_MB << 20)
+    for _ in range(init["threads"]):
+        threading.Thread(target=worker, daemon=True).start()
+    path = os.path.join(scratch, "harness.py")
+    with open(path, "w") as f:
+        f.write(init["source"])
+    capture = _lock_down(scratch, STDOUT_CHARS, RECURSION_CAP)
+    local = capture.local
+    local.buf = [0]  # module-level prints of the harness: captured and dropped
+    error = None
+    try:
+        module = types.ModuleType("harness")
+        module.__file__ = path
+        module.ToolError = ToolError  # so a harness can write `except ToolError:`
+        sys.modules["harness"] = module
+        exec(compile(init["source"], path, "exec"), module.__dict__)
+        harness["run"] = module.__dict__.get("run")
+        if not callable(harness["run"]):
+            error = "harness defines no run(task, llm, tools)"
+    except BaseException as e:
+        error = _last_line(e)
+    local.buf = None
+    send({"t": "ready", "error": error})
+    if error is None:
+        go.set()
+    while True:  # the main thread hands replies to the waiting rollout threads
+        msg = recv()
+        slots[msg["rid"]][1] = msg
+        slots[msg["rid"]][0].set()
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--child"]:
+    _child_main(int(sys.argv[2]), int(sys.argv[3]))

