@@ -164,6 +164,39 @@ def sample_from_logits(logits, temperature, top_k, top_p, u):
     return torch.where(temperature == 0, greedy, sampled)
 
 
+def preallocated_cache(model, capacity: int):
+    """A DynamicCache whose layers write each step's keys/values into a buffer sized
+    for the whole generation. The stock DynamicLayer torch.cat's the full cache every
+    step, which copies all of it (gigabytes per step at batch 512)."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    class PreallocatedLayer(DynamicLayer):
+        def update(self, key_states, value_states, *args, **kwargs):
+            if not self.is_initialized:
+                self.device, self.is_initialized, self.length = key_states.device, True, 0
+                B, H, _, D = key_states.shape
+                self.k_buf = key_states.new_empty((B, H, capacity, D))
+                self.v_buf = value_states.new_empty((B, value_states.shape[1], capacity, value_states.shape[-1]))
+            end = self.length + key_states.shape[-2]
+            if end > self.k_buf.shape[-2]:  # past the planned capacity: grow (rare)
+                self.k_buf = torch.cat([self.k_buf, torch.empty_like(self.k_buf)], dim=-2)
+                self.v_buf = torch.cat([self.v_buf, torch.empty_like(self.v_buf)], dim=-2)
+            self.k_buf[:, :, self.length:end] = key_states
+            self.v_buf[:, :, self.length:end] = value_states
+            self.length = end
+            self.keys, self.values = self.k_buf[:, :, :end], self.v_buf[:, :, :end]
+            return self.keys, self.values
+
+        def batch_select_indices(self, indices):
+            self.k_buf, self.v_buf = self.k_buf[indices], self.v_buf[indices]
+            self.keys, self.values = self.k_buf[:, :, :self.length], self.v_buf[:, :, :self.length]
+
+    cache = DynamicCache(config=model.config)
+    cache.layers = [PreallocatedLayer() for _ in cache.layers]
+    return cache
+
+
 class HFEngine:
     """Sampler over a transformers causal LM. `.model` is the module phase A trains,
     so a weight update is visible to the next sample() without any copy."""
@@ -212,7 +245,6 @@ class HFEngine:
 
     @torch.no_grad()
     def _sample_chunk(self, requests, chunk, results):
-        from transformers import DynamicCache
         model, dev = self.model, self.device
         was_training = model.training
         model.eval()
@@ -225,7 +257,7 @@ class HFEngine:
             ids[j, width - len(p):] = torch.tensor(p, dtype=torch.long)
             mask[j, width - len(p):] = 1
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
-        cache = DynamicCache(config=model.config)
+        cache = preallocated_cache(model, width + max(int(requests[i]["max_tokens"]) for _, m in chunk for i in m))
         out = model(input_ids=ids.to(dev), attention_mask=mask.to(dev), position_ids=pos.to(dev),
                     use_cache=True, logits_to_keep=1, **{self.cache_kw: cache})
         # 2) one row per request: copy each prompt's cache and last logits to its members

@@ -18,6 +18,7 @@ import time
 import numpy as np
 
 import sandbox
+from run_dir import crash_point
 
 WAVE = 512  # rollouts per sandbox child: bounds threads/memory per child and is the engine's batch
 
@@ -49,6 +50,7 @@ def run(engine, domain, source: str, examples: list[dict], n: int, *, seed, samp
         reqs = [{"prompt_ids": engine.chat_ids(c["messages"]), "max_tokens": min(int(c["max_tokens"]), max_tokens),
                  "stop": c.get("stop") or [], "seed": c["seed"], **sampling} for c in calls]
         outs = engine.sample(reqs)
+        crash_point("sampling")
         return [{"text": o["text"], "prompt_ids": r["prompt_ids"], "completion_ids": o["completion_ids"],
                  "finish": o["finish"]} for r, o in zip(reqs, outs)]
 

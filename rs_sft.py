@@ -22,8 +22,18 @@ why a better harness, which turns more rollouts into successes, helps it.
 CPU affordance: `train_layers=K` trains only the top K transformer blocks and
 the final norm; the blocks below run without autograd, so a step costs about
 one forward plus K/L of a backward.
+
+Data parallel (`torchrun --nproc_per_node N whale.py ...`): each rank rolls out
+its slice of the prompt batch, the records are gathered so that every rank holds
+the same global kept set in the same order, and each minibatch is split across
+ranks with gradients all-reduced by DistributedDataParallel. The loss
+trajectory is that of one process with the same global batch (up to float
+round-off): same minibatches, same normaliser, same clipped gradient.
 """
+import contextlib
+import datetime
 import math
+import os
 import random
 import time
 
@@ -31,6 +41,7 @@ import torch
 import torch.nn.functional as F
 
 import rollout
+from run_dir import crash_point
 
 IGNORE = -100  # label value that cross_entropy skips
 
@@ -98,6 +109,52 @@ def sequences(record) -> list[tuple[list[int], list[int]]]:
 
 
 # -----------------------------------------------------------------------------
+# data parallel plumbing (a no-op without torchrun)
+
+def ddp_setup(device: str = "cpu") -> tuple[int, int, str]:
+    """(rank, world, device) of this process. Under torchrun (WORLD_SIZE > 1) this
+    joins the process group: gloo on CPU, nccl on CUDA with one GPU per rank."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return 0, 1, device
+    import torch.distributed as dist
+    cuda = device.startswith("cuda")
+    if cuda:
+        device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
+        torch.cuda.set_device(device)
+    if not dist.is_initialized():
+        # rank 0 alone evaluates and searches harnesses while the other ranks wait in a
+        # broadcast; that can take hours on CPU, far past the default 10-30 min timeout
+        dist.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(hours=48))
+    return dist.get_rank(), dist.get_world_size(), device
+
+
+def ddp_wrap(model, find_unused: bool = False):
+    """The DDP wrapper phase A trains through (None in a single process). Call it
+    after set_trainable: DDP all-reduces exactly the parameters that require grad
+    at construction (frozen lower blocks are neither synced nor all-reduced).
+    Every trainable parameter here (top blocks + final norm, or all of them) is
+    used by every forward, so the graph walk of find_unused_parameters is not
+    needed; pass find_unused=True for a model whose forward skips some."""
+    import torch.distributed as dist
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() <= 1:
+        return None
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    dev = next(model.parameters()).device
+    return DDP(model, device_ids=[dev.index] if dev.type == "cuda" else None, find_unused_parameters=find_unused)
+
+
+def broadcast(obj, world: int):
+    """Rank 0's copy of a picklable object, on every rank (identity in one process)."""
+    if world <= 1:
+        return obj
+    import torch.distributed as dist
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+# -----------------------------------------------------------------------------
 # the update
 
 def set_trainable(model, train_layers: int = 0) -> list[torch.nn.Parameter]:
@@ -126,37 +183,66 @@ def sft_update(model, optimizer, seqs, *, minibatch: int = 16, micro_batch: int 
     """One epoch over `seqs` in shuffled minibatches of `minibatch` sequences;
     each minibatch is one optimizer step, accumulated over micro-batches of
     `micro_batch` sequences. The loss is the mean NLL per labelled token of the
-    minibatch. Returns loss, steps, tokens and speed."""
+    minibatch. Returns loss, mean pre-clip gradient norm, steps, tokens and speed.
+
+    Data parallel (ddp_model = ddp_wrap(model)): every rank passes the same GLOBAL
+    `seqs` and `seed`, so all ranks cut the same minibatches; each rank then
+    trains on its slice mb[rank::world] of every minibatch. Returned numbers are global."""
     if not seqs:
         return {"loss": None, "opt_steps": 0, "tokens": 0, "trained_tokens": 0, "seconds": 0.0, "skipped": True}
+    rank, world = 0, 1
+    if ddp_model is not None:
+        import torch.distributed as dist
+        rank, world = dist.get_rank(), dist.get_world_size()
     fwd = ddp_model or model
+    dev = next(model.parameters()).device
     model.train()
     order = list(range(len(seqs)))
     random.Random(seed).shuffle(order)
-    t0, total_loss, total_lab, tokens, steps = time.time(), 0.0, 0, 0, 0
+    t0, total_nll, total_lab, tokens, steps, norms = time.time(), 0.0, 0, 0, 0, []
     for m in range(0, len(order), minibatch):
         mb = [seqs[i] for i in order[m:m + minibatch]]
+        # the normaliser is the label count of the WHOLE minibatch (every rank knows it)
         n_lab = sum(sum(l != IGNORE for l in lab[1:max_len]) for _, lab in mb)
+        mine = mb[rank::world]
+        chunks = [mine[s:s + micro_batch] for s in range(0, len(mine), micro_batch)]
+        # DDP all-reduces in the backward of a forward made outside no_sync(), and every
+        # rank must join that all-reduce: a rank whose slice is empty (a minibatch smaller
+        # than the world) runs one sequence without labels, which adds a zero gradient
+        chunks = chunks or [[([pad_id, pad_id], [IGNORE, IGNORE])]]
         optimizer.zero_grad(set_to_none=True)
-        for s in range(0, len(mb), micro_batch):
-            ids, labels = pad([x[:max_len] for x, _ in mb[s:s + micro_batch]],
-                              [y[:max_len] for _, y in mb[s:s + micro_batch]], pad_id)
-            logits = fwd(input_ids=ids, attention_mask=(labels != -1).long()).logits
-            # token t predicts t+1; sum here, divide by the minibatch's label count
-            loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].masked_fill(labels[:, 1:] == -1, IGNORE).flatten(),
-                                   ignore_index=IGNORE, reduction="sum") / max(n_lab, 1)
-            loss.backward()
-            total_loss += loss.item() * max(n_lab, 1)
-            tokens += int((labels != -1).sum())
-        torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], clip)
+        for c, chunk in enumerate(chunks):
+            ids, labels = pad([x[:max_len] for x, _ in chunk], [y[:max_len] for _, y in chunk], pad_id)
+            ids, labels = ids.to(dev), labels.to(dev)
+            # micro-batches accumulate locally; only the last one of a rank syncs gradients
+            last = ddp_model is None or c == len(chunks) - 1
+            with contextlib.nullcontext() if last else ddp_model.no_sync():
+                logits = fwd(input_ids=ids, attention_mask=(labels != -1).long()).logits
+                # token t predicts t+1; sum here, divide by the minibatch's label count
+                nll = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(),
+                                      labels[:, 1:].masked_fill(labels[:, 1:] == -1, IGNORE).flatten(),
+                                      ignore_index=IGNORE, reduction="sum")
+                # DDP AVERAGES gradients over ranks; scaling by world turns that average into
+                # the sum over the whole minibatch, so the step's gradient is exactly one
+                # process's sum(NLL) / n_lab on the same minibatch (and so is the clip below)
+                (nll * (world / max(n_lab, 1))).backward()
+            total_nll += nll.item()
+            tokens += int((labels != -1).sum()) if mine else 0
+        norms.append(float(torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], clip)))
         optimizer.step()
+        crash_point("sft")
         total_lab += n_lab
         steps += 1
+    if world > 1:  # each rank summed the NLL and tokens of its own slices
+        import torch.distributed as dist
+        tot = torch.tensor([total_nll, float(tokens)], dtype=torch.float64, device=dev)
+        dist.all_reduce(tot)
+        total_nll, tokens = float(tot[0]), int(tot[1])
     model.eval()
     secs = time.time() - t0
-    return {"loss": total_loss / max(total_lab, 1), "opt_steps": steps, "tokens": tokens,
+    return {"loss": total_nll / max(total_lab, 1), "opt_steps": steps, "tokens": tokens,
             "trained_tokens": total_lab, "seconds": secs, "tokens_per_s": tokens / max(secs, 1e-9),
-            "skipped": False}
+            "grad_norm": sum(norms) / len(norms), "skipped": False}
 
 
 def pad(ids_list, labels_list, pad_id):
@@ -180,13 +266,18 @@ def rollout_step(engine, domain, harness: str, pool: list[dict], loader: dict, o
                  shard=(0, 1), progress=None) -> dict:
     """Phase A's unit of work. Returns the step's metrics (and nothing else: the
     model and optimizer are updated in place, the loader advances).
-    shard=(rank, world): under torchrun each rank rolls out its slice of the batch."""
+    shard=(rank, world): under torchrun each rank rolls out its slice of the batch
+    and passes ddp_model; the metrics returned are global, the same on every rank."""
     idx = next_batch(loader, batch)
     rank, world = shard
     examples = [pool[i] for i in idx][rank::world]
     t0 = time.time()
     records = rollout.run(engine, domain, harness, examples, group, seed=seed, sampling=sampling,
                           max_tokens=max_tokens, progress=progress)
+    if world > 1:
+        records = gather_records(records, rank, world, group)
+        if progress is not None:  # the bar has counted this rank's rollouts; add the others'
+            progress.update(len(records) - len(examples) * group)
     t_roll = time.time() - t0
     kept = keep(records, max_kept_per_prompt)
     seqs = [s for r in kept for s in sequences(r)]
@@ -195,12 +286,26 @@ def rollout_step(engine, domain, harness: str, pool: list[dict], loader: dict, o
     if not upd["skipped"]:
         engine.sync_weights()
     reward = sum(r["score"] for r in records) / max(len(records), 1)
-    return {"prompts": len(examples), "rollouts": len(records), "train_reward": reward,
+    return {"prompts": len(idx), "rollouts": len(records), "train_reward": reward,
             "kept": len(kept), "kept_frac": len(kept) / max(len(records), 1), "sequences": len(seqs),
-            "loss": upd["loss"], "opt_steps": upd["opt_steps"], "skipped_update": upd["skipped"],
+            "loss": upd["loss"], "grad_norm": upd.get("grad_norm"), "opt_steps": upd["opt_steps"],
+            "skipped_update": upd["skipped"],
             "sft_tokens": upd["tokens"], "sft_tokens_per_s": upd.get("tokens_per_s"),
             "sft_seconds": upd["seconds"], "rollout_seconds": t_roll, "epoch": loader["epoch"],
             **{k: v for k, v in rollout.totals(records).items() if k != "rollouts"}}
+
+
+def gather_records(records, rank: int, world: int, group: int) -> list[dict]:
+    """Every rank's rollout records, on every rank, in the order ONE process would
+    have produced them. Rank r rolled out batch positions r, r+world, ...; record
+    rid = i*group + j is sample j of its i-th example. Rollout seeds depend only on
+    (step seed, example id, j), so the global records equal one process's, and so do
+    keep(), the kept sequences, their shuffle into minibatches and the metrics."""
+    import torch.distributed as dist
+    mine = [((rank + (r["rid"] // group) * world, r["rid"] % group), r) for r in records]
+    parts = [None] * world
+    dist.all_gather_object(parts, mine)
+    return [r for _, r in sorted((x for part in parts for x in part), key=lambda x: x[0])]
 
 
 def sequence_logprob(model, seq) -> float:

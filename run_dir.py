@@ -22,10 +22,25 @@ Left out: keeping every checkpoint (only latest and best-on-validation stay).
 import json
 import os
 import shutil
+import signal
 import tempfile
 from pathlib import Path
 
 import torch
+
+
+_CRASH_COUNTS = {}
+
+
+def crash_point(name: str):
+    """Testing aid for crash-anywhere resume: with WHALE_CRASH_AT=name:N in the
+    environment, the N-th arrival at `name` kills this process with SIGKILL, as a
+    power cut would. Points: sampling, sft, harness_eval, checkpoint, checkpoint_swap."""
+    want, _, n = os.environ.get("WHALE_CRASH_AT", "").partition(":")
+    if want == name:
+        _CRASH_COUNTS[name] = _CRASH_COUNTS.get(name, 0) + 1
+        if _CRASH_COUNTS[name] == int(n or 1):
+            os.kill(os.getpid(), signal.SIGKILL)
 
 
 def write_json(path, obj):
@@ -75,10 +90,12 @@ def save_checkpoint(run: Path, engine, optimizer, state: dict, name: str = "chec
     if optimizer is not None:
         torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
     write_json(tmp / "state.json", state)
+    crash_point("checkpoint")
     old = run / f".{name}.old"
     shutil.rmtree(old, ignore_errors=True)
     if target.exists():
         os.rename(target, old)
+    crash_point("checkpoint_swap")
     os.rename(tmp, target)
     shutil.rmtree(old, ignore_errors=True)
 

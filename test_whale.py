@@ -211,11 +211,16 @@ def whale(*args, timeout=900, env=None):
                           timeout=timeout, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
 
 
-@pytest.mark.parametrize("method", ["whale", "weight-only", "harness-only", "fst", "stagewise"])
-def test_tiny_run_of_each_method_writes_a_valid_summary(tmp_path, method):
-    out = tmp_path / method
-    r = whale("--domain", "searchqa", "--method", method, "--out", str(out), *TINY)
+@pytest.fixture(scope="session")
+def tiny_reference(tmp_path_factory):
+    """One uninterrupted tiny whale run: the reference the crash tests compare against."""
+    out = tmp_path_factory.mktemp("ref") / "whale"
+    r = whale("--domain", "searchqa", "--method", "whale", "--out", str(out), *TINY)
     assert r.returncode == 0, r.stderr[-3000:]
+    return out
+
+
+def check_run(out, method):
     s = json.loads((out / "summary.json").read_text())
     for k in ("method", "domain", "seed", "rollouts", "test_mean8_initial", "test_mean8_final", "test_mean8_best_val",
               "test_mean8_best_test", "test_mean8_final_se", "seconds"):
@@ -231,35 +236,41 @@ def test_tiny_run_of_each_method_writes_a_valid_summary(tmp_path, method):
         assert "harness_iteration" in events and list((out / "harnesses").glob("*.py"))
     from transformers import AutoModelForCausalLM
     AutoModelForCausalLM.from_pretrained(out / "checkpoint")  # loadable HF checkpoint
+    return s
 
 
-def metric_lines(run):
-    path = run / "metrics.jsonl"
-    return len(path.read_text().splitlines()) if path.exists() else 0
+def test_tiny_whale_run_writes_a_valid_summary(tiny_reference):
+    s = check_run(tiny_reference, "whale")
+    assert s["cycles"] >= 1 and s["steps"] >= 2  # it alternated and ended after a weight phase
 
 
-def test_sigkill_mid_phase_resumes_to_the_same_result(tmp_path):
-    args = ["--domain", "searchqa", "--method", "whale", *TINY, "--budget", "48"]
-    ref = tmp_path / "ref"
-    r = whale(*args, "--out", str(ref))
+@pytest.mark.parametrize("method", ["weight-only", "harness-only", "fst", "stagewise"])
+def test_tiny_run_of_each_method_writes_a_valid_summary(tmp_path, method):
+    out = tmp_path / method
+    r = whale("--domain", "searchqa", "--method", method, "--out", str(out), *TINY)
     assert r.returncode == 0, r.stderr[-3000:]
+    check_run(out, method)
+
+
+@pytest.mark.parametrize("point", ["sampling:3", "sft:1", "harness_eval:2", "checkpoint:2", "checkpoint_swap:3"])
+def test_sigkill_anywhere_then_resume_matches_an_uninterrupted_run(tmp_path, tiny_reference, point):
+    """kill -9 during sampling, the SFT update, a harness evaluation, or while a checkpoint is
+    being written (before or between its renames); --resume must finish with the same rollout
+    count, steps, cycles and accepted harness sequence as the uninterrupted run."""
     run = tmp_path / "killed"
-    p = subprocess.Popen([sys.executable, str(ROOT / "whale.py"), *args, "--out", str(run)], cwd=ROOT,
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    # kill -9 once the first phase-A step is being written or later
-    deadline = time.time() + 600
-    while metric_lines(run) < 3:  # initial evals logged, phase A under way
-        assert time.time() < deadline and p.poll() is None
-        time.sleep(0.2)
-    os.killpg(p.pid, signal.SIGKILL)
-    p.wait()
+    r = whale("--domain", "searchqa", "--method", "whale", "--out", str(run), *TINY, env={"WHALE_CRASH_AT": point})
+    assert r.returncode == -signal.SIGKILL, (r.returncode, r.stderr[-2000:])
+    assert not (run / "summary.json").exists()
     r = whale("--resume", str(run))
     assert r.returncode == 0, r.stderr[-3000:]
-    a, b = json.loads((ref / "summary.json").read_text()), json.loads((run / "summary.json").read_text())
-    assert a["rollouts"] == b["rollouts"] and a["steps"] == b["steps"] and a["cycles"] == b["cycles"]
-    assert sorted(p.name for p in (ref / "harnesses").iterdir()) == sorted(p.name for p in (run / "harnesses").iterdir())
-    for f in (ref / "harnesses").iterdir():
+    a = json.loads((tiny_reference / "summary.json").read_text())
+    b = json.loads((run / "summary.json").read_text())
+    assert (a["rollouts"], a["steps"], a["cycles"]) == (b["rollouts"], b["steps"], b["cycles"])
+    ref = sorted((tiny_reference / "harnesses").iterdir())
+    assert [f.name for f in ref] == sorted(f.name for f in (run / "harnesses").iterdir())
+    for f in ref:
         assert f.read_text() == (run / "harnesses" / f.name).read_text()
+    assert not list(run.glob(".*tmp*"))  # no half-written checkpoint left behind
 
 
 @pytest.mark.parametrize("args, needle", [
@@ -607,6 +618,98 @@ def test_run_python():
     out = sandbox.run_python("while True:\n    pass", timeout_s=0.5)
     assert out["error"].startswith("TimeoutError") and time.monotonic() - t0 < 3
     assert our_children() == []
+
+
+# ==============================================================================================
+# data-parallel phase A under torchrun (rs_sft.ddp_*)
+# ==============================================================================================
+
+# torchrun with 2 gloo ranks gives one process's losses, gradient norms and weights.
+
+# 7 sequences in minibatches of 3 or 5: slices of unequal size, ranks with different numbers of
+# micro-batches (no_sync accumulation), and a last minibatch of 1 that leaves rank 1 empty
+DDP_SCRIPT = textwrap.dedent(r"""
+    import json, os, sys
+    import torch
+    import engine, rs_sft
+    rank, world, device = rs_sft.ddp_setup("cpu")
+    model, tok = engine.load_model("embedded")
+    texts = [("What is 2+3?", "2+3 = 5."), ("Name a colour.", "Blue."), ("Capital of France?", "Paris."),
+             ("Say hi.", "Hello there, friend!"), ("Largest planet?", "Jupiter is the largest planet."),
+             ("Spell cat.", "C-A-T."), ("Is ice cold?", "Yes, ice is cold.")]
+    seqs = []
+    for q, a in texts:
+        p = tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True)
+        p = list(p["input_ids"] if hasattr(p, "keys") else p)
+        c = tok(a)["input_ids"] + [tok.eos_token_id]
+        seqs.append((p + c, [rs_sft.IGNORE] * len(p) + c))
+    params = rs_sft.set_trainable(model, 2)
+    p0 = [p.detach().clone() for p in params]
+    opt = rs_sft.make_optimizer(params, 1e-4)
+    ddp = rs_sft.ddp_wrap(model)
+    losses, norms = [], []
+    for i, (mbs, micro) in enumerate([(3, 1), (5, 2), (3, 1)]):
+        st = rs_sft.sft_update(model, opt, seqs, minibatch=mbs, micro_batch=micro, seed=i, ddp_model=ddp,
+                               pad_id=tok.pad_token_id or 0)
+        losses.append(st["loss"])
+        norms.append(st["grad_norm"])  # Adam and clipping hide a wrong gradient SCALE; the norm does not
+    # checksums of the UPDATE (p - p0): the weights themselves would hide a wrong step in their bulk
+    g = torch.Generator().manual_seed(0)
+    delta = [(p.detach() - q).double() for p, q in zip(params, p0)]
+    abs_sum = sum(float(d.abs().sum()) for d in delta)
+    proj = sum(float((d * torch.randn(d.shape, generator=g, dtype=torch.float64)).sum()) for d in delta)
+    # one whole rollout step on an odd batch (ranks roll out 2 and 1 prompts): the gathered records must
+    # come back in one process's order, or keep(), the minibatches and so the loss would differ
+    import types
+    from domains import searchqa
+    dom = types.SimpleNamespace(make_tools=searchqa.make_tools,
+                                verify=lambda ex, answer, state=None: float(len(answer or "") % 2 == 0))
+    harness = "def run(task, llm, tools):\n    return llm('Answer briefly: ' + str(task)[:200], max_tokens=6)\n"
+    m = rs_sft.rollout_step(engine.HFEngine(model, tok), dom, harness, searchqa.load_split("weight")[:8],
+                            rs_sft.new_loader(8, 0), opt, batch=3, group=2, seed=0, minibatch=2, micro_batch=1,
+                            sampling={"temperature": 1.0, "top_k": 20, "top_p": 1.0}, max_tokens=6,
+                            ddp_model=ddp, shard=(rank, world))
+    step = {k: m[k] for k in ("prompts", "rollouts", "kept", "sequences", "loss", "grad_norm", "completion_tokens")}
+    print("RESULT " + json.dumps({"rank": rank, "world": world, "losses": losses, "norms": norms, "opt_steps": st["opt_steps"],
+                                  "trained_tokens": st["trained_tokens"], "abs": abs_sum, "proj": proj,
+                                  "step": step}), flush=True)
+""")
+
+
+def _run_ddp_script(tmp_path, nproc):
+    script = tmp_path / "ddp_sft.py"
+    script.write_text(DDP_SCRIPT)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE",
+           "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    cmd = [sys.executable, str(script)] if nproc == 1 else \
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", str(script)]
+    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    rows = [json.loads(line.split("RESULT ", 1)[1]) for line in r.stdout.splitlines() if "RESULT " in line]
+    assert len(rows) == nproc, r.stdout[-2000:]
+    return sorted(rows, key=lambda x: x["rank"])
+
+
+def _close(a, b, rel=1e-4):
+    return abs(a - b) <= rel * max(abs(a), abs(b), 1e-12)
+
+
+def test_ddp_two_gloo_ranks_match_one_process(tmp_path):
+    one, = _run_ddp_script(tmp_path, 1)
+    two = _run_ddp_script(tmp_path, 2)
+    assert one["world"] == 1 and [r["world"] for r in two] == [2, 2]
+    assert one["abs"] > 0 and len(one["losses"]) == 3 and all(l > 0 for l in one["losses"])
+    for r in two:
+        # every rank reports the global numbers and holds the same weights as one process
+        assert r["opt_steps"] == one["opt_steps"] and r["trained_tokens"] == one["trained_tokens"]
+        assert all(_close(a, b) for a, b in zip(r["losses"], one["losses"])), (r["losses"], one["losses"])
+        assert all(_close(a, b) for a, b in zip(r["norms"], one["norms"])), (r["norms"], one["norms"])
+        assert _close(r["abs"], one["abs"]) and _close(r["proj"], one["proj"]), (r, one)
+        # rollout_step: global metrics on every rank, the same as one process's
+        a, b = r["step"], one["step"]
+        assert b["rollouts"] == 6 and b["prompts"] == 3 and b["kept"] > 0, b
+        assert {k: a[k] for k in a if k not in ("loss", "grad_norm")} == {k: b[k] for k in b if k not in ("loss", "grad_norm")}
+        assert _close(a["loss"], b["loss"]) and _close(a["grad_norm"], b["grad_norm"]), (a, b)
 
 
 # ==============================================================================================

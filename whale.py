@@ -43,7 +43,7 @@ class Args:
     domain: str = arg("searchqa", "task family: a file domains/<name>.py (searchqa, math, chess)")
     method: str = arg("whale", "whale | fst | weight-only | harness-only | stagewise | eval")
     schedule: str = arg("fixed-steps:2,3", "switch policy: fixed:E,I (epochs) | fixed-steps:S,I | adaptive[:w=..]")
-    budget: int = arg(3584, "total target rollouts (phase A + phase B), the same for every method")
+    budget: int = arg(1440, "total target rollouts (phase A + phase B), the same for every method")
     seed: int = arg(0, "seed for data order, sampling and proposals")
     out: str = arg("", "run directory (default runs/<domain>-<method>-s<seed>)")
     resume: str = arg("", "continue the run in this directory from its last checkpoint")
@@ -52,7 +52,7 @@ class Args:
     device: str = arg("cpu", "cpu or cuda")
     harness: str = arg("", "start from this harness file instead of the domain's h0")
     # phase A
-    prompts_per_step: int = arg(32, "B: prompts per rollout step")
+    prompts_per_step: int = arg(16, "B: prompts per rollout step")
     group: int = arg(8, "G: rollouts per prompt")
     lr: float = arg(2e-5, "AdamW learning rate")
     minibatch: int = arg(16, "sequences per optimizer step")
@@ -66,18 +66,18 @@ class Args:
     proposer_model: str = arg("", "openai proposer: model name")
     proposer_command: str = arg("", "command proposer: the coding agent CLI, e.g. 'claude -p'")
     candidates: int = arg(3, "M: candidates per harness iteration")
-    harness_examples: int = arg(64, "examples of the harness search set used (0 = all)")
+    harness_examples: int = arg(32, "examples of the harness search set used (0 = all)")
     harness_n: int = arg(1, "rollouts per harness-search example")
     accept_alpha: float = arg(0.1, "a candidate replaces the incumbent only if the paired sign test p <= this")
     # sampling and evaluation
     temperature: float = arg(1.0, "sampling temperature (training, search and evaluation)")
     top_k: int = arg(20, "top-k of sampling")
     top_p: float = arg(1.0, "top-p of sampling")
-    max_tokens: int = arg(128, "cap on new tokens per llm() call")
+    max_tokens: int = arg(48, "cap on new tokens per llm() call (the parent enforces it)")
     test_n: int = arg(8, "samples per test question: mean@test_n")
-    test_limit: int = arg(0, "use the first N test questions (0 = all)")
+    test_limit: int = arg(200, "use the first N test questions (0 = all)")
     val_n: int = arg(2, "samples per validation question")
-    val_limit: int = arg(64, "validation questions evaluated after every phase (0 = all)")
+    val_limit: int = arg(48, "validation questions evaluated after every phase (0 = all)")
     test_subset: int = arg(0, "also evaluate this many test questions after every phase (curves)")
 
 
@@ -130,11 +130,16 @@ def main(a: Args):
     from engine import load_engine
     from tqdm import tqdm
 
+    # ---- under torchrun every rank rolls out and trains its shard of phase A (rs_sft.py);
+    # rank 0 alone writes files, logs, evaluates and runs phase B, and hands its state on
+    rank, world, device = rs_sft.ddp_setup(a.device)
+
     # ---- the run directory: new, or resumed from its last checkpoint
-    run, a = open_run(a, rd)
+    run, a = rs_sft.broadcast(open_run(a, rd) if rank == 0 else None, world)
     ckpt = run / "checkpoint"
     state = rd.read_json(ckpt / "state.json") if (ckpt / "state.json").exists() else None
-    rd.truncate_metrics(run, state["metrics_lines"] if state else 0)
+    if rank == 0:
+        rd.truncate_metrics(run, state["metrics_lines"] if state else 0)
 
     domain = importlib.import_module(f"domains.{a.domain}")
     try:
@@ -145,7 +150,7 @@ def main(a: Args):
     search_set = splits["harness"][:a.harness_examples or None]
     sampling = {"temperature": a.temperature, "top_k": a.top_k, "top_p": a.top_p}
     h0 = Path(a.harness or domain.H0).read_text()
-    engine = load_engine(str(ckpt) if state else a.model, engine=a.engine, device=a.device)
+    engine = load_engine(str(ckpt) if state else a.model, engine=a.engine, device=device)
     policy = switch.parse_schedule(a.schedule)
     steps_per_epoch = max(1, len(splits["weight"]) // a.prompts_per_step)
     step_cost = a.prompts_per_step * a.group                       # one phase-A rollout step
@@ -158,20 +163,25 @@ def main(a: Args):
                  "metrics_lines": 0, "counters": {"prompt_tokens": 0, "completion_tokens": 0, "proposer_calls": 0}}
     trainable = rs_sft.set_trainable(engine.model, a.train_layers)
     optimizer = rs_sft.make_optimizer(trainable, a.lr)
+    ddp_model = rs_sft.ddp_wrap(engine.model)  # None in one process
     if (ckpt / "optimizer.pt").exists():
         import torch
         optimizer.load_state_dict(torch.load(ckpt / "optimizer.pt"))
     t_start = time.time() - state["seconds"]
     bar = tqdm(total=a.budget, initial=state["rollouts"], unit="rollout", desc=f"{a.method} {a.domain}",
-               dynamic_ncols=True)
+               dynamic_ncols=True, disable=rank != 0)
 
     def log(row):
+        if rank != 0:
+            return
         row = {"t": round(time.time() - t_start, 1), "rollouts": state["rollouts"], **row}
         rd.log_metrics(run, row, state)
         bar.write(" ".join(f"{k}={round(v, 4) if isinstance(v, float) else v}" for k, v in row.items()
                            if not isinstance(v, (list, dict)) and v is not None))
 
     def checkpoint(model_changed: bool):
+        if rank != 0:
+            return
         state["seconds"] = time.time() - t_start
         rd.save_checkpoint(run, engine, optimizer, state, model_changed=model_changed)
 
@@ -180,8 +190,11 @@ def main(a: Args):
         is the same for every method of a domain and seed, so it is cached and reused."""
         harness = harness or state["harness"]
         key = cache_key(a, harness, examples, n, split) if tag == "initial" else None
-        res = load_cached_eval(key) or rollout.evaluate(engine, domain, harness, examples, n, seed=(a.seed, split),
-                                                        sampling=sampling, max_tokens=a.max_tokens)
+        res = load_cached_eval(key)
+        if res is None:
+            with tqdm(total=len(examples) * n, unit="rollout", desc=f"eval {split} mean@{n}", leave=False) as pb:
+                res = rollout.evaluate(engine, domain, harness, examples, n, seed=(a.seed, split), sampling=sampling,
+                                       max_tokens=a.max_tokens, progress=pb)
         res = {k: v for k, v in res.items() if k != "records"}
         store_cached_eval(key, res)
         point = {"split": split, "tag": tag, "cycle": state["cycle"], "rollouts": state["rollouts"],
@@ -210,8 +223,9 @@ def main(a: Args):
     # ---- the alternating loop: phase A and phase B until the rollout budget is spent
     stagewise_weight = weight_share(policy, steps_per_epoch, step_cost, iter_cost, len(search_set) * a.harness_n)
     while True:
-        if state["pending_eval"]:
+        if state["pending_eval"] and rank == 0:
             after_phase()
+        state = rs_sft.broadcast(state, world)  # the one sync point: all ranks take rank 0's decisions
         if state["done"] or a.method == "eval":
             break
         if state["phase"] == "A":
@@ -220,7 +234,8 @@ def main(a: Args):
                                     batch=a.prompts_per_step, group=a.group, seed=(a.seed, "A", state["steps"]),
                                     sampling=sampling, max_kept_per_prompt=a.max_kept_per_prompt,
                                     minibatch=a.minibatch, micro_batch=a.micro_batch, clip=a.clip,
-                                    max_tokens=a.max_tokens, progress=bar)
+                                    max_tokens=a.max_tokens, progress=bar, ddp_model=ddp_model,
+                                    shard=(rank, world))
             state["rollouts"] += m["rollouts"]
             state["steps"] += 1
             state["phase_rewards"].append(m["train_reward"])
@@ -240,7 +255,7 @@ def main(a: Args):
             if over:
                 state.update(phase="B", phase_rewards=[], pending_eval=f"A{state['cycle']}")
             checkpoint(model_changed=True)
-        else:
+        elif rank == 0:  # the other ranks wait in the broadcast above
             # phase B: Meta-Harness search from the current harness, in its own archive
             archive = run / "archive" / f"phase{state['cycle']:02d}"
             reserve = step_cost if a.method in ("whale", "fst") else 0  # leave room for the final weight phase
@@ -252,8 +267,10 @@ def main(a: Args):
                 return a.method in ("whale", "fst") and policy.harness_done(history)
 
             def eval_candidate(source, examples, tag):
-                return rollout.run(engine, domain, source, examples, a.harness_n, seed=(a.seed, "B", state["cycle"]),
-                                   sampling=sampling, max_tokens=a.max_tokens, progress=bar)
+                records = rollout.run(engine, domain, source, examples, a.harness_n, seed=(a.seed, "B", state["cycle"]),
+                                      sampling=sampling, max_tokens=a.max_tokens, progress=bar)
+                rd.crash_point("harness_eval")
+                return records
 
             def validate_run(source):
                 rec = rollout.run(engine, domain, source, search_set[:1], 1, seed=(a.seed, "validate"),
@@ -274,7 +291,8 @@ def main(a: Args):
             state.update(phase="A", cycle=state["cycle"] + 1, pending_eval=f"B{state['cycle']}",
                          done=a.method in ("harness-only", "stagewise"))
             checkpoint(model_changed=False)
-    finish(a, run, state, engine, evaluate, test, checkpoint, bar, t_start)
+    if rank == 0:
+        finish(a, run, state, engine, evaluate, test, checkpoint, bar, t_start)
 
 
 def finish(a, run, state, engine, evaluate, test, checkpoint, bar, t_start):

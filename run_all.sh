@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# The paper's comparison: every method x domain x seed at the same budget of target rollouts,
+# then the tables and curves (results.py). Finished cells are skipped and interrupted ones
+# resumed, so the grid can be completed over several sittings.
+#
+#   bash run_all.sh cpu                      # embedded 135M model on a CPU (one cell <= ~10 min)
+#   bash run_all.sh cpu searchqa             # one domain
+#   SEEDS="0" bash run_all.sh cpu            # fewer seeds
+#   bash run_all.sh paper                    # Qwen3.5-2B (chess 4B) on GPUs with vLLM, schedule (0.6, 6)
+set -euo pipefail
+cd "$(dirname "$0")"
+preset=${1:-cpu}
+shift || true
+domains=${*:-"searchqa math chess"}
+seeds=${SEEDS:-"0 1 2"}
+methods=${METHODS:-"whale whale-adaptive weight-only harness-only fst stagewise"}
+
+case "$preset" in
+  cpu)   common=(--budget 1024 --prompts-per-step 16 --group 8 --harness-examples 32 --candidates 3
+                 --schedule fixed-steps:2,3 --test-limit 200 --test-n 8 --val-limit 48 --val-n 2
+                 --test-subset 48 --max-tokens 48 --train-layers 4) ;;
+  paper) common=(--engine vllm --device cuda --budget 40960 --prompts-per-step 256 --group 8
+                 --harness-examples 256 --candidates 3 --schedule fixed:0.6,6 --lr 1e-7 --minibatch 64
+                 --micro-batch 8 --train-layers 0 --max-tokens 1024 --test-subset 0 --val-limit 0 --val-n 8) ;;
+  *) echo "usage: bash run_all.sh cpu|paper [domain ...]" >&2; exit 2 ;;
+esac
+
+for domain in $domains; do
+  model=()
+  if [ "$preset" = paper ]; then
+    if [ "$domain" = chess ]; then model=(--model Qwen/Qwen3.5-4B); else model=(--model Qwen/Qwen3.5-2B); fi
+  fi
+  for method in $methods; do
+    for seed in $seeds; do
+      out="results/runs/$preset/$domain-$method-s$seed"
+      if [ -f "$out/summary.json" ]; then echo "done: $out"; continue; fi
+      if [ -f "$out/config.json" ]; then
+        python whale.py --resume "$out"
+      else
+        flags=(--method "$method")
+        [ "$method" = whale-adaptive ] && flags=(--method whale --schedule adaptive)
+        python whale.py --domain "$domain" --seed "$seed" --out "$out" "${common[@]}" "${model[@]}" "${flags[@]}"
+      fi
+    done
+  done
+done
+python results.py "results/runs/$preset" --out results
