@@ -320,12 +320,13 @@ class HFEngine:
         model.train(was_training)
 
 
-def load_engine(model: str = EMBEDDED, engine: str = "hf", device: str = "cpu", dtype=None, **kw):
-    """The sampler phase A and B share. `engine="vllm"` imports vllm_engine lazily."""
+def load_engine(model: str = EMBEDDED, engine: str = "hf", device: str = "cpu", dtype=None, tp: int = 1, seed: int = 0):
+    """The sampler phase A and B share. `engine="vllm"` imports vllm_engine lazily;
+    tp = vLLM tensor-parallel size (GPUs per engine)."""
     hf_model, tokenizer = load_model(model, device=device, dtype=dtype)
     if engine == "hf":
-        return HFEngine(hf_model, tokenizer, **kw)
+        return HFEngine(hf_model, tokenizer)
     if engine == "vllm":
         from vllm_engine import VLLMEngine
-        return VLLMEngine(resolve_model_path(model), tokenizer, hf_model, **kw)
+        return VLLMEngine(resolve_model_path(model), tokenizer, hf_model, tp=tp, seed=seed)
     raise ValueError(f"unknown engine {engine!r} (choose hf or vllm)")

@@ -17,8 +17,13 @@ may hold lines written after the last checkpoint; on resume it is cut back to
 the line count the checkpoint recorded, and those steps run again (with the same
 seeds, so they produce the same lines).
 
+The first test evaluation of (base model, h0) is the same for every method of a domain
+and seed, so it is cached in ~/.cache/whale/evals and reused (eval_key says what it
+depends on).
+
 Left out: keeping every checkpoint (only latest and best-on-validation stay).
 """
+import hashlib
 import json
 import os
 import shutil
@@ -143,3 +148,26 @@ def plot_curve(run: Path, evals: list[dict], title: str):
     fig.savefig(run / "curve.png", dpi=100)
     plt.close(fig)
     return run / "curve.png"
+
+
+def eval_key(args: dict, harness: str, examples, n: int, split: str) -> str:
+    """Everything an evaluation's result depends on: model, engine, harness source, the
+    exact examples, samples per example, seed and sampling settings."""
+    ids = ",".join(e["id"] for e in examples)
+    parts = [args[k] for k in ("domain", "model", "engine", "seed", "temperature", "top_k", "top_p", "max_tokens")]
+    return hashlib.sha256(json.dumps([*parts, harness, ids, n, split], default=str).encode()).hexdigest()[:24]
+
+
+def load_cached_eval(key):
+    from engine import cache_dir
+    path = cache_dir() / "evals" / f"{key}.json"
+    if key and path.exists():
+        return {**read_json(path), "cached": True}
+    return None
+
+
+def store_cached_eval(key, res):
+    from engine import cache_dir
+    if key and not res.get("cached"):
+        (cache_dir() / "evals").mkdir(parents=True, exist_ok=True)
+        write_json(cache_dir() / "evals" / f"{key}.json", res)

@@ -201,9 +201,22 @@ def test_loader_never_repeats_within_an_epoch():
 
 
 # ---------------------------------------------------------------- the loop, end to end (subprocesses)
-TINY = ["--budget", "40", "--prompts-per-step", "2", "--group", "2", "--candidates", "2", "--harness-examples", "4",
-        "--test-limit", "4", "--test-n", "2", "--val-limit", "3", "--val-n", "1", "--max-tokens", "24",
-        "--schedule", "fixed-steps:1,2", "--train-layers", "1"]
+TINY = ["--budget", "32", "--prompts-per-step", "2", "--group", "4", "--candidates", "2", "--harness-examples", "4",
+        "--test-limit", "4", "--test-n", "2", "--val-limit", "2", "--val-n", "1", "--max-tokens", "32",
+        "--temperature", "0.3", "--schedule", "fixed-steps:1,2", "--train-layers", "1"]
+
+
+@pytest.fixture(scope="session")
+def tiny_harness(tmp_path_factory):
+    """A searchqa harness that the 135M model solves ~20% of the time at temperature 0.3 (h0 with
+    six primitives spliced in), so that a tiny run keeps rollouts and really trains."""
+    src = Path(searchqa.H0).read_text()
+    for axis, i in [("SYSTEM_PROMPT", 0), ("USER_TEMPLATE", 0), ("EXAMPLES", 0), ("RETRIEVAL", 0),
+                    ("format_passages", 0), ("extract_answer", 1)]:
+        src = mh.splice(src, axis, searchqa.PRIMITIVES[axis][i])
+    path = tmp_path_factory.mktemp("harness") / "searchqa_good.py"
+    path.write_text(src)
+    return str(path)
 
 
 def whale(*args, timeout=900, env=None):
@@ -212,10 +225,10 @@ def whale(*args, timeout=900, env=None):
 
 
 @pytest.fixture(scope="session")
-def tiny_reference(tmp_path_factory):
+def tiny_reference(tmp_path_factory, tiny_harness):
     """One uninterrupted tiny whale run: the reference the crash tests compare against."""
     out = tmp_path_factory.mktemp("ref") / "whale"
-    r = whale("--domain", "searchqa", "--method", "whale", "--out", str(out), *TINY)
+    r = whale("--domain", "searchqa", "--method", "whale", "--out", str(out), *TINY, "--harness", tiny_harness)
     assert r.returncode == 0, r.stderr[-3000:]
     return out
 
@@ -225,7 +238,7 @@ def check_run(out, method):
     for k in ("method", "domain", "seed", "rollouts", "test_mean8_initial", "test_mean8_final", "test_mean8_best_val",
               "test_mean8_best_test", "test_mean8_final_se", "seconds"):
         assert k in s
-    assert s["method"] == method and 0 < s["rollouts"] <= 40
+    assert s["method"] == method and 0 < s["rollouts"] <= 32
     assert json.loads((out / "config.json").read_text())["method"] == method
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     events = {x["event"] for x in lines}
@@ -242,23 +255,26 @@ def check_run(out, method):
 def test_tiny_whale_run_writes_a_valid_summary(tiny_reference):
     s = check_run(tiny_reference, "whale")
     assert s["cycles"] >= 1 and s["steps"] >= 2  # it alternated and ended after a weight phase
+    steps = [json.loads(x) for x in (tiny_reference / "metrics.jsonl").read_text().splitlines()]
+    assert any(x["event"] == "rollout_step" and x["opt_steps"] > 0 for x in steps)  # it really trained
 
 
 @pytest.mark.parametrize("method", ["weight-only", "harness-only", "fst", "stagewise"])
-def test_tiny_run_of_each_method_writes_a_valid_summary(tmp_path, method):
+def test_tiny_run_of_each_method_writes_a_valid_summary(tmp_path, method, tiny_harness):
     out = tmp_path / method
-    r = whale("--domain", "searchqa", "--method", method, "--out", str(out), *TINY)
+    r = whale("--domain", "searchqa", "--method", method, "--out", str(out), *TINY, "--harness", tiny_harness)
     assert r.returncode == 0, r.stderr[-3000:]
     check_run(out, method)
 
 
-@pytest.mark.parametrize("point", ["sampling:3", "sft:1", "harness_eval:2", "checkpoint:2", "checkpoint_swap:3"])
-def test_sigkill_anywhere_then_resume_matches_an_uninterrupted_run(tmp_path, tiny_reference, point):
+@pytest.mark.parametrize("point", ["sampling:3", "sft:1", "harness_eval:2", "checkpoint_swap:3"])
+def test_sigkill_anywhere_then_resume_matches_an_uninterrupted_run(tmp_path, tiny_reference, tiny_harness, point):
     """kill -9 during sampling, the SFT update, a harness evaluation, or while a checkpoint is
     being written (before or between its renames); --resume must finish with the same rollout
     count, steps, cycles and accepted harness sequence as the uninterrupted run."""
     run = tmp_path / "killed"
-    r = whale("--domain", "searchqa", "--method", "whale", "--out", str(run), *TINY, env={"WHALE_CRASH_AT": point})
+    r = whale("--domain", "searchqa", "--method", "whale", "--out", str(run), *TINY, "--harness", tiny_harness,
+              env={"WHALE_CRASH_AT": point})
     assert r.returncode == -signal.SIGKILL, (r.returncode, r.stderr[-2000:])
     assert not (run / "summary.json").exists()
     r = whale("--resume", str(run))
@@ -1472,7 +1488,9 @@ def test_searchqa_h0_and_primitives_splice():
                 answer = mod.run(ex["task"], _stub_llm(reply)[0], tools)
                 assert answer is None or isinstance(answer, str)
             if axis == "extract_answer":  # the forgiving parsers recover untagged answers
-                assert searchqa.verify(ex, mod.extract_answer(f"The answer is {gold}."), None) == 1.0
+                for reply in ("<answer>Leonardo da Vinci</answer>", "The answer is: Leonardo da Vinci.\nHe painted"):
+                    assert mod.extract_answer(reply, "Who painted the Mona Lisa?") == "Leonardo da Vinci"
+                assert mod.extract_answer("", "Who painted the Mona Lisa?") is None
 
 
 @pytest.fixture(scope="session")
@@ -2007,7 +2025,6 @@ def test_chess_build_reproducible(tmp_path, bigbench_sdist):
 # vllm_engine.py (skipped unless vllm is installed)
 # ==============================================================================================
 
-VLLM_HF_DIR = os.environ.get("WHALE_HF_DIR", "/tmp/smol_hf")  # the embedded model converted to an HF fp32 dir
 VLLM_QUESTIONS = ["What is the capital of France?", "Name three primary colors.",
              "Write one sentence about the sea.", "What is 12 plus 7?"]
 VLLM_N_NEW = 24
@@ -2038,10 +2055,9 @@ def vllm_eng():
         import vllm  # noqa: F401
     except Exception as e:  # noqa: BLE001 - ImportError, or missing CUDA libraries under a CUDA build
         pytest.skip(f"vllm not importable ({type(e).__name__}: {e}); see requirements-vllm.txt")
-    if not os.path.exists(os.path.join(VLLM_HF_DIR, "config.json")):
-        pytest.skip(f"no HF model dir at {VLLM_HF_DIR} (set WHALE_HF_DIR)")
+    import engine
     from vllm_engine import VLLMEngine
-    e = VLLMEngine(VLLM_HF_DIR, seed=0, max_model_len=2048)
+    e = VLLMEngine(engine.resolve_model_path("embedded"), seed=0, max_model_len=2048)
     yield e
     e.shutdown()
 

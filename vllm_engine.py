@@ -86,6 +86,7 @@ class VLLMEngine:
         gen_eos = getattr(self.model.generation_config, "eos_token_id", None)
         gen_eos = gen_eos if isinstance(gen_eos, list) else [gen_eos]
         self.eos_ids = sorted({i for i in gen_eos + [self.tokenizer.eos_token_id] if i is not None})
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_ids[0]
         inproc = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0" and tp == 1
         self.sync_mode = ("memory" if inproc else "disk") if sync == "auto" else sync
         self._tmp = tempfile.TemporaryDirectory(prefix="whale_vllm_")  # disk/restart sync checkpoints

@@ -12,8 +12,9 @@ Axes: the top-level names the harness search replaces, one at a time:
   EXAMPLES                       worked examples shown before the real question
   make_query(question)           query rewriting
   RETRIEVAL                      search parameters: k passages, max_chars of each
+  format_passages(question, p)   how the search result is shown to the model
   NUDGE                          the message after tool output or a reply without an answer
-  extract_answer(reply)          answer parsing: str, or None when there is no answer
+  extract_answer(reply, question)  answer parsing: str, or None when there is no answer
   MAX_TURNS                      llm calls per task
 Standard library only. Contract: run(task, llm, tools) -> str | None.
 """
@@ -42,26 +43,34 @@ def make_query(question):
     return question
 
 
-def extract_answer(reply):
+def format_passages(question, passages):
+    return passages
+
+
+def extract_answer(reply, question):
     m = re.search(r"<answer>(.*?)</answer>", reply, re.DOTALL)
     return m.group(1).strip() if m else None
 
 
 def run(task, llm, tools):
     question = task["question"]
+
+    def look_up(query):
+        return format_passages(question, tools.search(query, **RETRIEVAL))
+
     messages = [{"role": "system", "content": SYSTEM_PROMPT}]
-    for ex in EXAMPLES:
+    for ex in EXAMPLES:  # worked examples, as earlier turns of the chat
         messages += [{"role": "user", "content": USER_TEMPLATE.format(question=ex["question"], passages=ex["passages"])},
                      {"role": "assistant", "content": f"<answer>{ex['answer']}</answer>"}]
-    passages = tools.search(make_query(question), **RETRIEVAL)
+    passages = look_up(make_query(question))
     messages.append({"role": "user", "content": USER_TEMPLATE.format(question=question, passages=passages)})
     for _ in range(MAX_TURNS):
         reply = llm(messages, max_tokens=MAX_TOKENS)
-        answer = extract_answer(reply)
+        answer = extract_answer(reply, question)
         if answer is not None:
             return answer
         # no answer yet: run the search the model asked for, if any, then nudge it to answer
         m = re.search(r"<search>(.*?)</search>", reply, re.DOTALL)
-        result = f"Search result:\n{tools.search(m.group(1).strip(), **RETRIEVAL)}\n\n" if m else ""
+        result = f"Search result:\n{look_up(m.group(1).strip())}\n\n" if m else ""
         messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": result + NUDGE}]
     return None
