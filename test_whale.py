@@ -298,9 +298,19 @@ def test_sigkill_anywhere_then_resume_matches_an_uninterrupted_run(tmp_path, tin
     (["--proposer", "openai"], "proposer-url"),
     (["--budget", "0"], "must be > 0"),
     (["--resume", "/no/such/run"], "not a run directory"),
+    (["--harness", "{bad_harness}"], "does not parse"),
+    (["--resume", "{other_run}", "--domain", "math"], "domain=searchqa run"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, needle, tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("def run(task, llm, tools):\n    print 'python 2'\n")
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "config.json").write_text(json.dumps({"domain": "searchqa", "method": "whale", "seed": 0}))
+    before = (other / "config.json").read_text()
+    args = [x.format(bad_harness=bad, other_run=other) for x in args]
     r = whale(*args, "--out", str(tmp_path / "x"), timeout=120)
+    assert (other / "config.json").read_text() == before  # nothing already written is lost
     assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
     err = r.stderr.strip().splitlines()
     assert len(err) == 1 and needle in err[0] and "Traceback" not in r.stderr

@@ -42,7 +42,7 @@ class Args:
     domain: str = arg("searchqa", "task family: a file domains/<name>.py (searchqa, math, chess)")
     method: str = arg("whale", "whale | fst | weight-only | harness-only | stagewise | eval")
     schedule: str = arg("fixed-steps:2,3", "switch policy: fixed:E,I (epochs) | fixed-steps:S,I | adaptive[:w=..]")
-    budget: int = arg(1440, "total target rollouts (phase A + phase B), the same for every method")
+    budget: int = arg(960, "total target rollouts (phase A + phase B), the same for every method")
     seed: int = arg(0, "seed for data order, sampling and proposals")
     out: str = arg("", "run directory (default runs/<domain>-<method>-s<seed>)")
     resume: str = arg("", "continue the run in this directory from its last checkpoint")
@@ -76,7 +76,7 @@ class Args:
     top_p: float = arg(1.0, "top-p of sampling")
     max_tokens: int = arg(48, "cap on new tokens per llm() call (the parent enforces it)")
     test_n: int = arg(8, "samples per test question: mean@test_n")
-    test_limit: int = arg(200, "use the first N test questions (0 = all)")
+    test_limit: int = arg(100, "first N test questions (0 = all 250); 100 keeps the CPU default near 20 min")
     val_n: int = arg(2, "samples per validation question")
     val_limit: int = arg(48, "validation questions evaluated after every phase (0 = all)")
     test_subset: int = arg(0, "also evaluate this many test questions after every phase (curves)")
@@ -103,6 +103,13 @@ def check_args(a: Args):
         raise UserError(f"unknown engine {a.engine!r}; choose hf or vllm")
     if a.harness and not Path(a.harness).is_file():
         raise UserError(f"harness file {a.harness} does not exist")
+    if a.harness:
+        import ast
+        try:
+            ast.parse(Path(a.harness).read_text())
+        except (SyntaxError, ValueError, UnicodeDecodeError) as e:
+            raise UserError(f"harness file {a.harness} does not parse: {getattr(e, 'msg', e)} "
+                            f"(line {getattr(e, 'lineno', '?')})")
     if a.model != "embedded" and os.sep in a.model and not Path(a.model).exists():
         raise UserError(f"model path {a.model} does not exist")
     if a.proposer not in ("primitives", "self", "openai", "command"):

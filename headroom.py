@@ -1,0 +1,55 @@
+"""
+Harness headroom before any training: the base model with h0 vs with a hand-picked
+combination of the domain's primitives, scored by the same rollout path as everything else.
+
+    python headroom.py --domain searchqa --split val --limit 32 --n 4 --temperature 0.3
+    python headroom.py --domain math --combo SYSTEM_PROMPT=0,recover_answer=1 --split test --n 8
+
+--combo AXIS=i,... splices alternative i of each named axis (domain.PRIMITIVES) into h0;
+without it a domain's default combination below is used.
+"""
+import argparse
+import importlib
+import os
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+# the combination measured best by hand on searchqa (README, Results)
+DEFAULT_COMBO = {"searchqa": "SYSTEM_PROMPT=0,USER_TEMPLATE=0,EXAMPLES=0,RETRIEVAL=0,format_passages=0,extract_answer=1"}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--domain", default="searchqa")
+    ap.add_argument("--combo", default="", help="AXIS=index,... of domain.PRIMITIVES spliced into h0")
+    ap.add_argument("--split", default="test", choices=["harness", "val", "test"])
+    ap.add_argument("--limit", type=int, default=0, help="first N examples (0 = all)")
+    ap.add_argument("--n", type=int, default=8, help="samples per example: mean@n")
+    ap.add_argument("--temperature", type=float, default=0.5)
+    ap.add_argument("--max-tokens", type=int, default=48)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--model", default="embedded")
+    a = ap.parse_args()
+    import engine
+    import meta_harness
+    import rollout
+    domain = importlib.import_module(f"domains.{a.domain}")
+    h0 = open(domain.H0).read()
+    combo, spec = h0, a.combo or DEFAULT_COMBO.get(a.domain, "")
+    if not spec:
+        raise SystemExit(f"headroom.py: give --combo for {a.domain} (axes: {', '.join(domain.PRIMITIVES)})")
+    for part in spec.split(","):
+        axis, _, i = part.partition("=")
+        combo = meta_harness.splice(combo, axis, domain.PRIMITIVES[axis][int(i)])
+    e = engine.load_engine(a.model)
+    examples = domain.load_split(a.split)[:a.limit or None]
+    sampling = {"temperature": a.temperature, "top_k": 20, "top_p": 1.0}
+    for name, src in (("h0", h0), ("combo", combo)):
+        r = rollout.evaluate(e, domain, src, examples, a.n, seed=a.seed, sampling=sampling, max_tokens=a.max_tokens)
+        print(f"{a.domain} {a.split}[:{len(examples)}] T={a.temperature} {name}: mean@{a.n} = "
+              f"{100 * r['mean']:.1f} ± {100 * r['se']:.1f}  ({r['seconds']:.0f} s)", flush=True)
+    print(f"combo: {spec}")
+
+
+if __name__ == "__main__":
+    main()
