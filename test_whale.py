@@ -696,22 +696,25 @@ DDP_SCRIPT = textwrap.dedent(r"""
                             sampling={"temperature": 1.0, "top_k": 20, "top_p": 1.0}, max_tokens=6,
                             ddp_model=ddp, shard=(rank, world))
     step = {k: m[k] for k in ("prompts", "rollouts", "kept", "sequences", "loss", "grad_norm", "completion_tokens")}
-    print("RESULT " + json.dumps({"rank": rank, "world": world, "losses": losses, "norms": norms, "opt_steps": st["opt_steps"],
-                                  "trained_tokens": st["trained_tokens"], "abs": abs_sum, "proj": proj,
-                                  "step": step}), flush=True)
+    # one file per rank: torchrun interleaves the ranks' stdout, sometimes within a line
+    with open(os.path.join(os.environ["DDP_OUT"], f"rank{rank}.json"), "w") as f:
+        json.dump({"rank": rank, "world": world, "losses": losses, "norms": norms, "opt_steps": st["opt_steps"],
+                   "trained_tokens": st["trained_tokens"], "abs": abs_sum, "proj": proj, "step": step}, f)
 """)
 
 
 def _run_ddp_script(tmp_path, nproc):
     script = tmp_path / "ddp_sft.py"
     script.write_text(DDP_SCRIPT)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE",
+    out = tmp_path / f"out{nproc}"
+    out.mkdir()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE", "DDP_OUT": str(out),
            "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     cmd = [sys.executable, str(script)] if nproc == 1 else \
         [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", str(script)]
     r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
-    rows = [json.loads(line.split("RESULT ", 1)[1]) for line in r.stdout.splitlines() if "RESULT " in line]
+    rows = [json.loads(p.read_text()) for p in sorted(out.glob("rank*.json"))]
     assert len(rows) == nproc, r.stdout[-2000:]
     return sorted(rows, key=lambda x: x["rank"])
 
