@@ -928,6 +928,19 @@ def _command_proposer(domain, command, timeout, digest_chars):
 
 # -----------------------------------------------------------------------------
 
+def endpoint_error(base_url, timeout=5.0):
+    """None if an OpenAI-compatible endpoint answers at all, else why not (one line).
+    Any HTTP answer counts: not every server lists its models."""
+    url = base_url.rstrip("/") + "/models"
+    try:
+        urllib.request.urlopen(url, timeout=timeout).close()
+    except urllib.error.HTTPError:
+        return None
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        return f"proposer endpoint {url} is not reachable: {getattr(e, 'reason', e)}"
+    return None
+
+
 def make_proposer(name, domain, *, llm_text=None, base_url=None, model=None, api_key=None, command=None,
                   rng_seed=0, max_tokens=3000, timeout=None, digest_chars=12000):
     """propose(archive_dir, k) -> [dict(source, proposer, note, [parent, axis, raw])].

@@ -296,6 +296,7 @@ def test_sigkill_anywhere_then_resume_matches_an_uninterrupted_run(tmp_path, tin
     (["--harness", "/no/such/harness.py"], "does not exist"),
     (["--schedule", "fixed:abc"], "schedule"),
     (["--proposer", "openai"], "proposer-url"),
+    (["--proposer", "openai", "--proposer-url", "http://127.0.0.1:9/v1"], "not reachable"),
     (["--budget", "0"], "must be > 0"),
     (["--resume", "/no/such/run"], "not a run directory"),
     (["--harness", "{bad_harness}"], "does not parse"),

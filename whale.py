@@ -116,6 +116,11 @@ def check_args(a: Args):
         raise UserError(f"unknown proposer {a.proposer!r}; choose primitives, self, openai or command")
     if a.proposer == "openai" and not (a.proposer_url or os.environ.get("WHALE_PROPOSER_URL")):
         raise UserError("--proposer openai needs --proposer-url (or WHALE_PROPOSER_URL)")
+    if a.proposer == "openai":  # a down endpoint is a mistake to report now, not after the first weight phase
+        import meta_harness
+        why = meta_harness.endpoint_error(a.proposer_url or os.environ["WHALE_PROPOSER_URL"])
+        if why:
+            raise UserError(why)
     if a.proposer == "command" and not a.proposer_command:
         raise UserError("--proposer command needs --proposer-command")
     if min(a.budget, a.prompts_per_step, a.group, a.candidates, a.test_n, a.val_n) <= 0:
