@@ -138,8 +138,8 @@ def plot_curve(run: Path, evals: list[dict], title: str):
         pts = [(e["rollouts"], e["mean"], e["se"]) for e in evals if e["split"] == split]
         if pts:
             x, y, s = zip(*pts)
-            ax.errorbar(x, y, yerr=s, marker="o", capsize=3, label=f"{split} mean@{evals[0]['n']}" if split == "test"
-                        else f"{split}")
+            n = next(e["n"] for e in evals if e["split"] == split)
+            ax.errorbar(x, y, yerr=s, marker="o", capsize=3, label=f"{split} mean@{n}")
     ax.set_xlabel("target rollouts")
     ax.set_ylabel("mean@k")
     ax.set_title(title)
