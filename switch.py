@@ -153,3 +153,14 @@ def parse_schedule(text: str) -> Fixed | Patience:
         raise ValueError(f"unknown schedule kind {kind!r}")
     except ValueError as e:  # int("6.5") etc. land here too: say what was wrong and what works
         raise ValueError(f"bad schedule {text!r}: {e}; {USAGE}") from None
+
+
+def weight_share(policy, steps_per_epoch: int, step_cost: int, iter_cost: int, incoming_cost: int) -> float:
+    """The share of a rollout budget one fixed WHALE cycle spends on weights; the
+    stagewise baseline spends that share first, then the rest on harness search.
+    (Adaptive phases have no fixed length: half and half.)"""
+    if not isinstance(policy, Fixed):
+        return 0.5
+    a_cost = policy.weight_steps(steps_per_epoch) * step_cost
+    b_cost = incoming_cost + (policy.I - 1) * iter_cost
+    return a_cost / (a_cost + b_cost)

@@ -2211,3 +2211,10 @@ def test_vllm_sync_weights_restart_fallback(vllm_eng, vllm_prompts):
         vllm_eng.sync_weights()
         vllm_eng.sync_mode = mode
     assert vllm_eng.sample([_greedy_req(vllm_prompts[0])])[0]["completion_ids"] == before
+
+
+def test_stagewise_weight_share_matches_one_fixed_cycle():
+    import switch
+    # one cycle: 2 steps x 128 rollouts on weights; 32 incoming + 2 iterations x 96 on the harness
+    assert switch.weight_share(switch.Fixed(E_steps=2, I=3), 100, 128, 96, 32) == 256 / (256 + 32 + 192)
+    assert switch.weight_share(switch.Patience(), 100, 128, 96, 32) == 0.5

@@ -232,7 +232,7 @@ def main(a: Args):
             rd.copy_checkpoint(run, "checkpoint", "best_val")
 
     # ---- the alternating loop: phase A and phase B until the rollout budget is spent
-    stagewise_weight = weight_share(policy, steps_per_epoch, step_cost, iter_cost, len(search_set) * a.harness_n)
+    stagewise_weight = switch.weight_share(policy, steps_per_epoch, step_cost, iter_cost, len(search_set) * a.harness_n)
     while True:
         if state["pending_eval"] and rank == 0:
             after_phase()
@@ -375,16 +375,6 @@ def open_run(a: Args, rd):
     run.mkdir(parents=True, exist_ok=True)
     rd.write_json(run / "config.json", vars(a))
     return run, a
-
-
-def weight_share(policy, steps_per_epoch, step_cost, iter_cost, incoming_cost) -> float:
-    """Stagewise spends the share of the budget on weights that one fixed WHALE cycle does."""
-    import switch
-    if not isinstance(policy, switch.Fixed):
-        return 0.5
-    a_cost = policy.weight_steps(steps_per_epoch) * step_cost
-    b_cost = incoming_cost + (policy.I - 1) * iter_cost
-    return a_cost / (a_cost + b_cost)
 
 
 def make_proposer(a: Args, domain, engine):
