@@ -12,13 +12,14 @@ Prints one `name: value` line per measurement:
   - SFT: tokens/s of rs_sft.sft_update and its fraction of the matmul peak
     (6N FLOPs per token for full fine-tuning; the reduced count with --train-layers).
 
-    python bench.py            # everything (~15 min on a 2-core CPU)
+    python bench.py            # everything (~10 min on a 2-core CPU)
     python bench.py --quick    # smaller shapes, for a smoke run
 
 Ratios are what to trust on a shared machine; absolute numbers move with load.
 """
 import argparse
 import os
+import sys
 import time
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -95,6 +96,7 @@ def main():
     ap.add_argument("--quick", action="store_true", help="smaller shapes (smoke run)")
     ap.add_argument("--model", default="embedded")
     args = ap.parse_args()
+    sys.stdout.reconfigure(line_buffering=True)  # each line as it is measured, also into a file
     q = args.quick
     torch.manual_seed(0)
     peak = matmul_gflops()

@@ -7,6 +7,13 @@ combination of the domain's primitives, scored by the same rollout path as every
 
 --combo AXIS=i,... splices alternative i of each named axis (domain.PRIMITIVES) into h0;
 without it a domain's default combination below is used.
+
+    python headroom.py --domain math --screen --split harness --limit 64 --n 2
+
+--screen scores h0 and every single-axis alternative on the same examples and seeds, prints
+each one's gain over h0 with its paired SE, then splices the best alternative of every axis
+whose gain is positive into one combination and scores that (greedy, not a search over all
+combinations: axes interact, so the combination is measured, never assumed).
 """
 import argparse
 import importlib
@@ -29,12 +36,15 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--model", default="embedded")
+    ap.add_argument("--screen", action="store_true", help="score every single-axis alternative, then the greedy combo")
     a = ap.parse_args()
     import engine
     import meta_harness
     import rollout
     domain = importlib.import_module(f"domains.{a.domain}")
     h0 = open(domain.H0).read()
+    if a.screen:
+        return screen(a, domain, h0)
     combo, spec = h0, a.combo or DEFAULT_COMBO.get(a.domain, "")
     if not spec:
         raise SystemExit(f"headroom.py: give --combo for {a.domain} (axes: {', '.join(domain.PRIMITIVES)})")
@@ -44,11 +54,48 @@ def main():
     e = engine.load_engine(a.model)
     examples = domain.load_split(a.split)[:a.limit or None]
     sampling = {"temperature": a.temperature, "top_k": 20, "top_p": 1.0}
+    runs = {}
     for name, src in (("h0", h0), ("combo", combo)):
-        r = rollout.evaluate(e, domain, src, examples, a.n, seed=a.seed, sampling=sampling, max_tokens=a.max_tokens)
+        r = runs[name] = rollout.evaluate(e, domain, src, examples, a.n, seed=a.seed, sampling=sampling,
+                                          max_tokens=a.max_tokens)
         print(f"{a.domain} {a.split}[:{len(examples)}] T={a.temperature} {name}: mean@{a.n} = "
               f"{100 * r['mean']:.1f} ± {100 * r['se']:.1f}  ({r['seconds']:.0f} s)", flush=True)
+    gain, se = rollout.paired_gain(*(rollout.per_example_means(runs[k]["records"]) for k in ("h0", "combo")))
+    print(f"gain: {100 * gain:+.1f} ± {100 * se:.1f} (paired SE)")
     print(f"combo: {spec}")
+
+
+def screen(a, domain, h0):
+    import engine
+    import meta_harness
+    import rollout
+    e = engine.load_engine(a.model)
+    examples = domain.load_split(a.split)[:a.limit or None]
+    sampling = {"temperature": a.temperature, "top_k": 20, "top_p": 1.0}
+
+    def score(src):
+        return rollout.evaluate(e, domain, src, examples, a.n, seed=a.seed, sampling=sampling,
+                                max_tokens=a.max_tokens)
+    base = score(h0)
+    print(f"{a.domain} {a.split}[:{len(examples)}] T={a.temperature} h0: mean@{a.n} = "
+          f"{100 * base['mean']:.1f} ± {100 * base['se']:.1f}", flush=True)
+    best = {}  # axis -> (gain, index)
+    for axis, alts in domain.PRIMITIVES.items():
+        for i, alt in enumerate(alts):
+            r = score(meta_harness.splice(h0, axis, alt))
+            gain, se = rollout.paired_gain(*(rollout.per_example_means(x["records"]) for x in (base, r)))
+            print(f"  {axis}={i}: mean@{a.n} = {100 * r['mean']:.1f}  gain {100 * gain:+.1f} ± {100 * se:.1f}  "
+                  f"({r['seconds']:.0f} s)", flush=True)
+            if gain > 0 and gain > best.get(axis, (0.0, -1))[0]:
+                best[axis] = (gain, i)
+    spec = ",".join(f"{axis}={i}" for axis, (_, i) in best.items())
+    combo = h0
+    for axis, (_, i) in best.items():
+        combo = meta_harness.splice(combo, axis, domain.PRIMITIVES[axis][i])
+    r = score(combo)
+    gain, se = rollout.paired_gain(*(rollout.per_example_means(x["records"]) for x in (base, r)))
+    print(f"greedy combo {spec or '(none)'}: mean@{a.n} = {100 * r['mean']:.1f} ± {100 * r['se']:.1f}  "
+          f"gain {100 * gain:+.1f} ± {100 * se:.1f}")
 
 
 if __name__ == "__main__":

@@ -86,17 +86,31 @@ def score(domain, example, record, state) -> float:
         return 0.0
 
 
+def per_example_means(records) -> dict:
+    out = {}
+    for r in records:
+        out.setdefault(r["example_id"], []).append(r["score"])
+    return {k: float(np.mean(v)) for k, v in out.items()}
+
+
 def mean_at_k(records) -> tuple[float, float]:
     """mean@k: per example the mean score over its k samples, then the mean over
     examples (not pass@k), with its standard error over examples."""
-    per_example = {}
-    for r in records:
-        per_example.setdefault(r["example_id"], []).append(r["score"])
-    means = np.array([np.mean(v) for v in per_example.values()], dtype=float)
+    means = np.array(list(per_example_means(records).values()), dtype=float)
     if len(means) == 0:
         return 0.0, 0.0
     se = float(means.std(ddof=1) / np.sqrt(len(means))) if len(means) > 1 else 0.0
     return float(means.mean()), se
+
+
+def paired_gain(a, b) -> tuple[float, float]:
+    """mean@k of b - mean@k of a ({example_id: mean score} each, from per_example_means) on the
+    examples both scored, with the standard error of the per-example differences: the same
+    questions on both sides, so the question-to-question spread cancels out of the SE."""
+    d = np.array([b[k] - a[k] for k in a if k in b], dtype=float)
+    if len(d) < 2:
+        return float(d.mean()) if len(d) else 0.0, 0.0
+    return float(d.mean()), float(d.std(ddof=1) / np.sqrt(len(d)))
 
 
 def totals(records) -> dict:

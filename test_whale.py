@@ -200,6 +200,19 @@ def test_loader_never_repeats_within_an_epoch():
     assert sorted(nxt) == list(range(10)) and nxt != seen
 
 
+def test_mean_at_k_and_paired_gain_on_hand_made_scores():
+    import rollout
+    before = [dict(example_id=i, score=float(j < i % 4)) for i in range(40) for j in range(4)]  # 0, .25, .5, .75
+    after = [dict(example_id=i, score=float(j <= i % 4)) for i in range(40) for j in range(4)]  # each +.25
+    assert rollout.mean_at_k(before)[0] == 0.375 and rollout.mean_at_k(after)[0] == 0.625
+    a, b = rollout.per_example_means(before), rollout.per_example_means(after)
+    gain, se = rollout.paired_gain(a, b)
+    assert gain == 0.25 and se == 0.0                 # the same shift on every question: no paired noise
+    assert rollout.mean_at_k(before)[1] > 0.04        # while each side alone has a sizeable SE
+    del b[0]
+    assert rollout.paired_gain(a, b)[0] == 0.25       # only questions scored on both sides count
+
+
 # ---------------------------------------------------------------- the loop, end to end (subprocesses)
 TINY = ["--budget", "32", "--prompts-per-step", "2", "--group", "4", "--candidates", "2", "--harness-examples", "4",
         "--test-limit", "4", "--test-n", "2", "--val-limit", "2", "--val-n", "1", "--max-tokens", "32",
@@ -236,8 +249,9 @@ def tiny_reference(tmp_path_factory, tiny_harness):
 def check_run(out, method):
     s = json.loads((out / "summary.json").read_text())
     for k in ("method", "domain", "seed", "rollouts", "test_mean8_initial", "test_mean8_final", "test_mean8_best_val",
-              "test_mean8_best_test", "test_mean8_final_se", "seconds"):
+              "test_mean8_best_test", "test_mean8_final_se", "test_gain", "test_gain_se", "seconds"):
         assert k in s
+    assert abs(s["test_gain"] - (s["test_mean8_final"] - s["test_mean8_initial"])) < 1e-9  # same questions
     assert s["method"] == method and 0 < s["rollouts"] <= 32
     assert json.loads((out / "config.json").read_text())["method"] == method
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
@@ -301,6 +315,15 @@ def test_sigkill_anywhere_then_resume_matches_an_uninterrupted_run(tmp_path, tin
     (["--resume", "/no/such/run"], "not a run directory"),
     (["--harness", "{bad_harness}"], "does not parse"),
     (["--resume", "{other_run}", "--domain", "math"], "domain=searchqa run"),
+    # contradictory flags
+    (["--resume", "{other_run}", "--lr", "1e-3"], "cannot change on resume"),
+    (["--tp", "2"], "needs --engine vllm"),
+    (["--micro-batch", "32", "--minibatch", "16"], "larger than --minibatch"),
+    (["--proposer-url", "http://127.0.0.1:9/v1"], "only used by --proposer openai"),
+    (["--proposer", "self", "--proposer-command", "claude -p"], "only used by --proposer command"),
+    (["--budget", "100"], "buys no rollout step"),
+    (["--top-p", "0"], "--top-p in (0, 1]"),
+    (["--test-limit", "50", "--test-subset", "60"], "larger than --test-limit"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, needle, tmp_path):
     bad = tmp_path / "bad.py"
@@ -315,6 +338,24 @@ def test_bad_input_is_one_line_and_exit_2(args, needle, tmp_path):
     assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
     err = r.stderr.strip().splitlines()
     assert len(err) == 1 and needle in err[0] and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("domain, corrupt", [
+    ("searchqa", lambda b: b[:len(b) // 2]),                                        # a truncated copy
+    ("math", lambda b: gzip.compress(gzip.decompress(b) + b"{not json\n", mtime=0)),  # a garbage line
+    ("chess", lambda b: b"\x00" * 64),                                              # not gzip at all
+])
+def test_corrupt_data_file_is_one_line_and_exit_2(domain, corrupt, tmp_path):
+    import shutil
+    data = tmp_path / "data"
+    shutil.copytree(ROOT / "data" / domain, data / domain)
+    f = data / domain / "val.jsonl.gz"
+    f.write_bytes(corrupt(f.read_bytes()))
+    r = whale("--domain", domain, "--out", str(tmp_path / "x"), env={"WHALE_DATA": str(data)}, timeout=120)
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    err = r.stderr.strip().splitlines()
+    assert len(err) == 1 and f"{domain} val split" in err[0] and "Traceback" not in r.stderr, r.stderr
+    assert not (tmp_path / "x").exists()  # checked before a run directory is made
 
 
 # ==============================================================================================

@@ -130,6 +130,28 @@ def check_args(a: Args):
         switch.parse_schedule(a.schedule)
     except ValueError as e:
         raise UserError(str(e))
+    # contradictory flags: each would otherwise be silently ignored or run nothing
+    if a.tp > 1 and a.engine != "vllm":
+        raise UserError(f"--tp {a.tp} shards a vLLM engine; it needs --engine vllm")
+    if a.micro_batch > a.minibatch:
+        raise UserError(f"--micro-batch {a.micro_batch} is larger than --minibatch {a.minibatch}")
+    for flag, value, needs in (("--proposer-url", a.proposer_url, "openai"), ("--proposer-model", a.proposer_model,
+                               "openai"), ("--proposer-command", a.proposer_command, "command")):
+        if value and a.proposer != needs:
+            raise UserError(f"{flag} is only used by --proposer {needs}, not --proposer {a.proposer}")
+    step = a.prompts_per_step * a.group
+    if a.method in ("whale", "fst", "weight-only", "stagewise") and a.budget < step:
+        raise UserError(f"--budget {a.budget} buys no rollout step ({a.prompts_per_step} prompts x {a.group} = {step})")
+    if a.temperature < 0 or not 0 < a.top_p <= 1:
+        raise UserError("--temperature must be >= 0 and --top-p in (0, 1]")
+    if a.test_limit and a.test_subset > a.test_limit:
+        raise UserError(f"--test-subset {a.test_subset} is larger than --test-limit {a.test_limit}")
+    domain = importlib.import_module(f"domains.{a.domain}")
+    for split in ("weight", "harness", "val", "test"):  # a corrupt file fails here, before a run directory exists
+        try:
+            domain.load_split(split)
+        except Exception as e:
+            raise UserError(f"cannot load the {a.domain} {split} split from {domain.DATA}: {type(e).__name__}: {e}")
 
 
 def main(a: Args):
@@ -153,10 +175,7 @@ def main(a: Args):
         rd.truncate_metrics(run, state["metrics_lines"] if state else 0)
 
     domain = importlib.import_module(f"domains.{a.domain}")
-    try:
-        splits = {s: domain.load_split(s) for s in ("weight", "harness", "val", "test")}
-    except Exception as e:
-        raise UserError(f"cannot load the {a.domain} data: {type(e).__name__}: {e}")
+    splits = {s: domain.load_split(s) for s in ("weight", "harness", "val", "test")}  # checked in check_args
     test, val = splits["test"][:a.test_limit or None], splits["val"][:a.val_limit or None]
     search_set = splits["harness"][:a.harness_examples or None]
     sampling = {"temperature": a.temperature, "top_k": a.top_k, "top_p": a.top_p}
@@ -202,14 +221,16 @@ def main(a: Args):
         harness = harness or state["harness"]
         key = rd.eval_key(vars(a), harness, examples, n, split) if tag == "initial" else None
         res = rd.load_cached_eval(key)
-        if res is None:
+        if res is None or "per_example" not in res:  # (entries from before per-example scores were kept)
             with tqdm(total=len(examples) * n, unit="rollout", desc=f"eval {split} mean@{n}", leave=False) as pb:
                 res = rollout.evaluate(engine, domain, harness, examples, n, seed=(a.seed, split), sampling=sampling,
                                        max_tokens=a.max_tokens, progress=pb)
-        res = {k: v for k, v in res.items() if k != "records"}
+            res["per_example"] = rollout.per_example_means(res.pop("records"))  # for paired test gains
         rd.store_cached_eval(key, res)
         point = {"split": split, "tag": tag, "cycle": state["cycle"], "rollouts": state["rollouts"],
                  **{k: res[k] for k in ("mean", "se", "n", "examples")}}
+        if split == "test":
+            point["per_example"] = res["per_example"]
         state["evals"].append(point)
         log({"event": "eval", **point, "seconds": round(res["seconds"], 1)})
         return point
@@ -309,6 +330,7 @@ def main(a: Args):
 
 def finish(a, run, state, engine, evaluate, test, checkpoint, bar, t_start):
     """Final test mean@k, the best-on-validation checkpoint on test, summary.json, curve.png."""
+    import rollout
     import run_dir as rd
     bar.close()
     tests = {e["tag"]: e for e in state["evals"] if e["split"] == "test"}
@@ -329,11 +351,13 @@ def finish(a, run, state, engine, evaluate, test, checkpoint, bar, t_start):
         best_val_test = evaluate("test", test, a.test_n, "best_val", harness=best["harness"])
         tests["best_val"] = best_val_test
     best_test = max(tests.values(), key=lambda e: e["mean"])
+    gain, gain_se = rollout.paired_gain(initial["per_example"], final["per_example"])
     state["seconds"] = time.time() - t_start
     summary = {"method": a.method, "domain": a.domain, "seed": a.seed, "model": a.model,
                "rollouts": state["rollouts"], "budget": a.budget, "cycles": state["cycle"], "steps": state["steps"],
                "test_mean8_initial": initial["mean"], "test_mean8_initial_se": initial["se"],
                "test_mean8_final": final["mean"], "test_mean8_final_se": final["se"],
+               "test_gain": gain, "test_gain_se": gain_se,  # final - initial, SE paired over the same questions
                "test_mean8_best_val": best_val_test["mean"], "test_mean8_best_val_se": best_val_test["se"],
                "test_mean8_best_test": best_test["mean"], "test_mean8_best_test_se": best_test["se"],
                "best_test_note": "selected on the test split (the paper's metric), over the full-test evaluations "
@@ -346,6 +370,7 @@ def finish(a, run, state, engine, evaluate, test, checkpoint, bar, t_start):
           f"{state['seconds'] / 60:.1f} min")
     print(f"  test mean@{a.test_n} ({initial['examples']} questions)  initial {initial['mean']:.3f} "
           f"+- {initial['se']:.3f}   final {final['mean']:.3f} +- {final['se']:.3f}")
+    print(f"  gain {gain:+.3f} +- {gain_se:.3f} (SE of the per-question differences)")
     if a.method != "eval":
         print(f"  best-on-validation checkpoint: test {best_val_test['mean']:.3f} +- {best_val_test['se']:.3f}")
     print(f"  files: {run}/ (summary.json, metrics.jsonl, harnesses/, checkpoint/, curve.png)")
@@ -364,7 +389,13 @@ def open_run(a: Args, rd):
         for k in ("domain", "method", "seed"):
             if getattr(a, k) != getattr(Args(), k) and getattr(a, k) != saved.get(k):
                 raise UserError(f"--resume {run}: that is a {k}={saved.get(k)} run, not {k}={getattr(a, k)}")
-        a = Args(**{**saved, "resume": str(run)})
+        hardware = {k: getattr(a, k) for k in ("device", "engine", "tp") if getattr(a, k) != getattr(Args(), k)}
+        for k, v in vars(a).items():  # a resumed run keeps its settings (the hardware it runs on may change)
+            if k not in ("resume", "out", "domain", "method", "seed", *hardware) and v != getattr(Args(), k) \
+                    and v != saved.get(k):
+                raise UserError(f"--resume {run}: --{k.replace('_', '-')} cannot change on resume "
+                                f"(the run has {saved.get(k)!r})")
+        a = Args(**{**saved, **hardware, "resume": str(run)})
         check_args(a)
         rd.clean_partial(run)
         return run, a

@@ -43,7 +43,8 @@ import chess
 
 NAME = "chess"
 HERE = os.path.dirname(os.path.abspath(__file__))
-DATA = os.path.join(os.path.dirname(HERE), "data", "chess")
+# $WHALE_DATA points at another data root holding chess/; default: the repo's data/
+DATA = os.path.join(os.environ.get("WHALE_DATA") or os.path.join(os.path.dirname(HERE), "data"), "chess")
 H0 = os.path.join(HERE, "chess_h0.py")
 SPLITS = ("weight", "harness", "val", "test")
 

@@ -22,12 +22,14 @@ default model), symbolic answers, partial credit.
 """
 import gzip
 import json
+import os
 import re
 from fractions import Fraction
 from pathlib import Path
 
 NAME = "math"
-DATA = Path(__file__).resolve().parent.parent / "data" / "math"
+# $WHALE_DATA points at another data root holding math/; default: the repo's data/
+DATA = Path(os.environ.get("WHALE_DATA") or Path(__file__).resolve().parent.parent / "data") / "math"
 SPLITS = ("weight", "harness", "val", "test")
 H0 = str(Path(__file__).resolve().with_name("math_h0.py"))
 TOOL_OUTPUT_CHARS = 2000

@@ -21,7 +21,8 @@ import threading
 
 NAME = "searchqa"
 HERE = os.path.dirname(os.path.abspath(__file__))
-DATA = os.path.join(os.path.dirname(HERE), "data", "searchqa")
+# $WHALE_DATA points at another data root holding searchqa/ (a fork's own splits); default: the repo's data/
+DATA = os.path.join(os.environ.get("WHALE_DATA") or os.path.join(os.path.dirname(HERE), "data"), "searchqa")
 H0 = os.path.join(HERE, "searchqa_h0.py")
 SPLITS = ("weight", "harness", "val", "test")
 MAX_K, MAX_CHARS, MAX_QUERY_CHARS = 10, 2000, 1000
