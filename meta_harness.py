@@ -928,16 +928,20 @@ def _command_proposer(domain, command, timeout, digest_chars):
 
 # -----------------------------------------------------------------------------
 
-def endpoint_error(base_url, timeout=5.0):
-    """None if an OpenAI-compatible endpoint answers at all, else why not (one line).
-    Any HTTP answer counts: not every server lists its models."""
-    url = base_url.rstrip("/") + "/models"
+def endpoint_error(base_url, model=None, api_key=None, timeout=10.0):
+    """None if an OpenAI-compatible endpoint answers a one-token chat request with a reply
+    that has text, else why not (one line). It costs one tiny request, so a down or garbage
+    endpoint is reported when the run starts, not after its first weight phase."""
+    ask = _openai_ask(base_url, model, api_key, max_tokens=1, timeout=timeout)
     try:
-        urllib.request.urlopen(url, timeout=timeout).close()
-    except urllib.error.HTTPError:
-        return None
-    except (urllib.error.URLError, OSError, ValueError) as e:
-        return f"proposer endpoint {url} is not reachable: {getattr(e, 'reason', e)}"
+        ask("Say OK.")
+    except urllib.error.HTTPError as e:
+        hint = " (give --proposer-model if it lists no models)" if model is None and e.code == 404 else ""
+        return f"proposer endpoint {base_url} answered HTTP {e.code} {e.reason}{hint}"
+    except (urllib.error.URLError, OSError) as e:
+        return f"proposer endpoint {base_url} is not reachable: {getattr(e, 'reason', e)}"
+    except (ValueError, KeyError, IndexError, TypeError) as e:  # JSONDecodeError is a ValueError
+        return f"proposer endpoint {base_url} answers garbage, not an OpenAI chat completion ({type(e).__name__})"
     return None
 
 

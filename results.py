@@ -48,11 +48,16 @@ def table(runs):
     cells = {}
     for r in runs:
         cells.setdefault((r["cfg"]["domain"], label(r["cfg"])), []).append(r)
-    rows = ["| domain | method | seeds | test mean@8 final (%) | best-on-val (%) | initial (%) | rollouts | "
-            "proposer calls | minutes | best-on-test (%, selected on test) |", "|" + "---|" * 10]
+    rows = ["| domain | method | seeds | test questions | test mean@8 final (%) | gain over initial (%) | "
+            "best-on-val (%) | initial (%) | rollouts | proposer calls | minutes | best-on-test (%, selected on test) |",
+            "|" + "---|" * 12]
     for (d, m), rs in sorted(cells.items()):
         g = lambda k: [x["sum"][k] for x in rs]
-        rows.append(f"| {d} | {m} | {len(rs)} | {fmt(g('test_mean8_final'))} | {fmt(g('test_mean8_best_val'))} | "
+        gains = g("test_gain")
+        # one seed: the gain with the SE of its per-question differences; several: mean ± 95% CI
+        gain = fmt(gains) if len(rs) > 1 else f"{100 * gains[0]:+.1f} ± {100 * rs[0]['sum']['test_gain_se']:.1f} (SE)"
+        rows.append(f"| {d} | {m} | {len(rs)} | {rs[0]['sum']['test_examples']} | {fmt(g('test_mean8_final'))} | "
+                    f"{gain} | {fmt(g('test_mean8_best_val'))} | "
                     f"{fmt(g('test_mean8_initial'))} | {sum(g('rollouts')) / len(rs):.0f} | "
                     f"{sum(g('proposer_calls')) / len(rs):.0f} | {sum(g('seconds')) / len(rs) / 60:.1f} | "
                     f"{fmt(g('test_mean8_best_test'))} |")

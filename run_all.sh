@@ -3,7 +3,8 @@
 # then the tables and curves (results.py). Finished cells are skipped and interrupted ones
 # resumed, so the grid can be completed over several sittings.
 #
-#   bash run_all.sh cpu                      # embedded 135M model on a CPU (one cell <= ~10 min)
+#   bash run_all.sh cpu                      # embedded 135M model on a CPU (~25-30 min a cell here:
+#                                            # the 200-question test evaluations alone are ~8 min each)
 #   bash run_all.sh cpu searchqa             # one domain
 #   SEEDS="0" bash run_all.sh cpu            # fewer seeds
 #   bash run_all.sh paper                    # Qwen3.5-2B (chess 4B) on GPUs with vLLM, schedule (0.6, 6)
@@ -16,9 +17,9 @@ seeds=${SEEDS:-"0 1 2"}
 methods=${METHODS:-"whale whale-adaptive weight-only harness-only fst stagewise"}
 
 case "$preset" in
-  cpu)   common=(--budget 1024 --prompts-per-step 16 --group 8 --harness-examples 32 --candidates 3
-                 --schedule fixed-steps:2,3 --test-limit 200 --test-n 8 --val-limit 48 --val-n 2
-                 --test-subset 48 --max-tokens 48 --train-layers 4) ;;
+  cpu)   common=(--budget 1280 --prompts-per-step 16 --group 8 --harness-examples 64 --harness-n 2
+                 --candidates 3 --schedule fixed-steps:4,2 --test-limit 200 --test-n 8 --val-limit 32
+                 --val-n 2 --test-subset 32 --max-tokens 48 --train-layers 4 --temperature 0.3 --lr 3e-4) ;;
   paper) common=(--engine vllm --device cuda --budget 40960 --prompts-per-step 256 --group 8
                  --harness-examples 256 --candidates 3 --schedule fixed:0.6,6 --lr 1e-7 --minibatch 64
                  --micro-batch 8 --train-layers 0 --max-tokens 1024 --test-subset 0 --val-limit 0 --val-n 8) ;;

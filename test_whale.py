@@ -215,7 +215,7 @@ def test_mean_at_k_and_paired_gain_on_hand_made_scores():
 
 # ---------------------------------------------------------------- the loop, end to end (subprocesses)
 TINY = ["--budget", "32", "--prompts-per-step", "2", "--group", "4", "--candidates", "2", "--harness-examples", "4",
-        "--test-limit", "4", "--test-n", "2", "--val-limit", "2", "--val-n", "1", "--max-tokens", "32",
+        "--harness-n", "1", "--test-limit", "4", "--test-n", "2", "--val-limit", "2", "--val-n", "1", "--max-tokens", "32",
         "--temperature", "0.3", "--schedule", "fixed-steps:1,2", "--train-layers", "1"]
 
 
@@ -273,6 +273,18 @@ def test_tiny_whale_run_writes_a_valid_summary(tiny_reference):
     assert any(x["event"] == "rollout_step" and x["opt_steps"] > 0 for x in steps)  # it really trained
 
 
+def test_results_tables_come_from_the_summaries(tiny_reference, tmp_path):
+    s = json.loads((tiny_reference / "summary.json").read_text())
+    r = subprocess.run([sys.executable, str(ROOT / "results.py"), str(tiny_reference.parent), "--out", str(tmp_path)],
+                       capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    row = next(x for x in (tmp_path / "RESULTS.md").read_text().splitlines() if x.startswith("| searchqa | whale |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[2:5] == ["1", str(s["test_examples"]), f"{100 * s['test_mean8_final']:.1f}"]
+    assert cells[5] == f"{100 * s['test_gain']:+.1f} ± {100 * s['test_gain_se']:.1f} (SE)"
+    assert (tmp_path / "curve_searchqa.png").stat().st_size > 0
+
+
 @pytest.mark.parametrize("method", ["weight-only", "harness-only", "fst", "stagewise"])
 def test_tiny_run_of_each_method_writes_a_valid_summary(tmp_path, method, tiny_harness):
     out = tmp_path / method
@@ -311,6 +323,7 @@ def test_sigkill_anywhere_then_resume_matches_an_uninterrupted_run(tmp_path, tin
     (["--schedule", "fixed:abc"], "schedule"),
     (["--proposer", "openai"], "proposer-url"),
     (["--proposer", "openai", "--proposer-url", "http://127.0.0.1:9/v1"], "not reachable"),
+    (["--proposer", "openai", "--proposer-url", "{garbage_url}"], "answers garbage"),
     (["--budget", "0"], "must be > 0"),
     (["--resume", "/no/such/run"], "not a run directory"),
     (["--harness", "{bad_harness}"], "does not parse"),
@@ -332,8 +345,13 @@ def test_bad_input_is_one_line_and_exit_2(args, needle, tmp_path):
     other.mkdir()
     (other / "config.json").write_text(json.dumps({"domain": "searchqa", "method": "whale", "seed": 0}))
     before = (other / "config.json").read_text()
-    args = [x.format(bad_harness=bad, other_run=other) for x in args]
-    r = whale(*args, "--out", str(tmp_path / "x"), timeout=120)
+    server = serve("garbage", [])  # an OpenAI-style endpoint whose chat replies are not JSON
+    garbage_url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+    args = [x.format(bad_harness=bad, other_run=other, garbage_url=garbage_url) for x in args]
+    try:
+        r = whale(*args, "--out", str(tmp_path / "x"), timeout=120)
+    finally:
+        server.shutdown()
     assert (other / "config.json").read_text() == before  # nothing already written is lost
     assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
     err = r.stderr.strip().splitlines()
@@ -1258,6 +1276,8 @@ def test_openai_proposer_against_local_server(tmp_path):
     server = serve("ok", requests)
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+        assert mh.endpoint_error(url) is None  # the start-up probe: a one-token chat request
+        requests.clear()
         prop = mh.make_proposer("openai", DOMAIN, base_url=url, api_key="k", timeout=10)
         res = mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate, prop, archive_dir=d, k=2,
                               should_stop=stop_after(2), log=quiet)

@@ -41,8 +41,8 @@ def arg(default, help):
 class Args:
     domain: str = arg("searchqa", "task family: a file domains/<name>.py (searchqa, math, chess)")
     method: str = arg("whale", "whale | fst | weight-only | harness-only | stagewise | eval")
-    schedule: str = arg("fixed-steps:2,3", "switch policy: fixed:E,I (epochs) | fixed-steps:S,I | adaptive[:w=..]")
-    budget: int = arg(960, "total target rollouts (phase A + phase B), the same for every method")
+    schedule: str = arg("fixed-steps:4,2", "switch policy: fixed:E,I (epochs) | fixed-steps:S,I | adaptive[:w=..]")
+    budget: int = arg(1280, "total target rollouts (phase A + phase B), the same for every method")
     seed: int = arg(0, "seed for data order, sampling and proposals")
     out: str = arg("", "run directory (default runs/<domain>-<method>-s<seed>)")
     resume: str = arg("", "continue the run in this directory from its last checkpoint")
@@ -54,7 +54,7 @@ class Args:
     # phase A
     prompts_per_step: int = arg(16, "B: prompts per rollout step")
     group: int = arg(8, "G: rollouts per prompt")
-    lr: float = arg(2e-5, "AdamW learning rate")
+    lr: float = arg(3e-4, "AdamW learning rate (top-K-layer training on CPU; the paper's full 2B runs use ~1e-7)")
     minibatch: int = arg(16, "sequences per optimizer step")
     micro_batch: int = arg(8, "sequences per forward/backward (gradient accumulation)")
     clip: float = arg(1.0, "gradient-norm clip")
@@ -66,19 +66,19 @@ class Args:
     proposer_model: str = arg("", "openai proposer: model name")
     proposer_command: str = arg("", "command proposer: the coding agent CLI, e.g. 'claude -p'")
     candidates: int = arg(3, "M: candidates per harness iteration")
-    harness_examples: int = arg(32, "examples of the harness search set used (0 = all)")
-    harness_n: int = arg(1, "rollouts per harness-search example")
-    accept_alpha: float = arg(0.1, "a candidate replaces the incumbent only if the paired sign test p <= this")
+    harness_examples: int = arg(64, "examples of the harness search set used (0 = all)")
+    harness_n: int = arg(2, "rollouts per harness-search example (the prefill is shared, so n=2 costs little)")
+    accept_alpha: float = arg(0.2, "a candidate replaces the incumbent only if the paired sign test p <= this")
     # sampling and evaluation
-    temperature: float = arg(0.5, "sampling temperature (training, search, evaluation); the paper uses 1.0 "
-                                            "with 2B models, the 135M default scores ~0 exact match there")
+    temperature: float = arg(0.3, "sampling temperature (training, search, evaluation); the paper uses 1.0 "
+                                            "with 2B models, where the 135M default scores ~0 exact match")
     top_k: int = arg(20, "top-k of sampling")
     top_p: float = arg(1.0, "top-p of sampling")
     max_tokens: int = arg(48, "cap on new tokens per llm() call (the parent enforces it)")
     test_n: int = arg(8, "samples per test question: mean@test_n")
     test_limit: int = arg(100, "first N test questions (0 = all 250); 100 keeps the CPU default near 20 min")
     val_n: int = arg(2, "samples per validation question")
-    val_limit: int = arg(48, "validation questions evaluated after every phase (0 = all)")
+    val_limit: int = arg(32, "validation questions evaluated after every phase (0 = all)")
     test_subset: int = arg(0, "also evaluate this many test questions after every phase (curves)")
 
 
@@ -118,7 +118,8 @@ def check_args(a: Args):
         raise UserError("--proposer openai needs --proposer-url (or WHALE_PROPOSER_URL)")
     if a.proposer == "openai":  # a down endpoint is a mistake to report now, not after the first weight phase
         import meta_harness
-        why = meta_harness.endpoint_error(a.proposer_url or os.environ["WHALE_PROPOSER_URL"])
+        why = meta_harness.endpoint_error(a.proposer_url or os.environ["WHALE_PROPOSER_URL"], a.proposer_model or None,
+                                          os.environ.get("OPENAI_API_KEY"))
         if why:
             raise UserError(why)
     if a.proposer == "command" and not a.proposer_command:
