@@ -261,6 +261,7 @@ def check_run(out, method):
         assert "rollout_step" in events
     if method != "weight-only":
         assert "harness_iteration" in events and list((out / "harnesses").glob("*.py"))
+        assert s["proposer_calls"] >= 1  # the primitives proposer was asked at least once
     from transformers import AutoModelForCausalLM
     AutoModelForCausalLM.from_pretrained(out / "checkpoint")  # loadable HF checkpoint
     return s

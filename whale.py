@@ -191,7 +191,8 @@ def main(a: Args):
         state = {"phase": "B" if a.method == "harness-only" else "A", "cycle": 0, "steps": 0, "rollouts": 0,
                  "harness": h0, "loader": rs_sft.new_loader(len(splits["weight"]), a.seed), "phase_rewards": [],
                  "evals": [], "best_val": None, "pending_eval": "initial", "done": False, "seconds": 0.0,
-                 "metrics_lines": 0, "counters": {"prompt_tokens": 0, "completion_tokens": 0, "proposer_calls": 0}}
+                 "metrics_lines": 0, "counters": {"prompt_tokens": 0, "completion_tokens": 0, "proposer_calls": 0,
+                              "proposer_prompt_tokens": 0, "proposer_completion_tokens": 0}}
     trainable = rs_sft.set_trainable(engine.model, a.train_layers)
     optimizer = rs_sft.make_optimizer(trainable, a.lr)
     ddp_model = rs_sft.ddp_wrap(engine.model)  # None in one process
@@ -316,7 +317,8 @@ def main(a: Args):
                 archive_dir=str(archive), k=a.candidates, should_stop=should_stop, accept_alpha=a.accept_alpha,
                 prompt_only_base=h0 if a.method == "fst" else None, log=lambda e: None)
             state["rollouts"] += res["counters"].get("rollouts", 0)
-            state["counters"]["proposer_calls"] += res["counters"].get("calls", 0)
+            for k in ("proposer_calls", "proposer_prompt_tokens", "proposer_completion_tokens"):
+                state["counters"][k] = state["counters"].get(k, 0) + res["counters"].get(k, 0)
             for line in (archive / "iterations.jsonl").read_text().splitlines():
                 log({"event": "harness_iteration", "cycle": state["cycle"], **json.loads(line)})
             state["harness"] = res["best_source"]
