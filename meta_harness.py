@@ -331,7 +331,7 @@ def sign_test(cand_scores, inc_scores):
 
 def accept(cand_scores, inc_scores, alpha=0.1):
     """(accepted, b, c, p). Why not the paper's plain argmax: every candidate is scored with
-    ONE rollout per example, so with 3 candidates per iteration the argmax is often a lucky
+    one or two rollouts per example, so with 3 candidates per iteration the argmax is often a lucky
     draw of a harness no better than the incumbent. The candidate must win the discordant
     pairs and the exact test must reject "no better" at level alpha. Pairing on the same
     examples removes the example-difficulty variance an unpaired comparison would carry.

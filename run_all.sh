@@ -21,8 +21,9 @@ case "$preset" in
                  --candidates 3 --schedule fixed-steps:4,2 --test-limit 200 --test-n 8 --val-limit 32
                  --val-n 2 --test-subset 32 --max-tokens 48 --train-layers 4 --temperature 0.3 --lr 3e-4) ;;
   paper) common=(--engine vllm --device cuda --budget 40960 --prompts-per-step 256 --group 8
-                 --harness-examples 256 --candidates 3 --schedule fixed:0.6,6 --lr 1e-7 --minibatch 64
-                 --micro-batch 8 --train-layers 0 --max-tokens 1024 --test-subset 0 --val-limit 0 --val-n 8) ;;
+                 --harness-examples 256 --harness-n 1 --candidates 3 --schedule fixed:0.6,6 --lr 1e-7 --minibatch 64
+                 --micro-batch 8 --train-layers 0 --max-tokens 1024 --test-subset 0 --val-limit 0 --val-n 8
+                 --temperature 1.0 --test-limit 0) ;;
   *) echo "usage: bash run_all.sh cpu|paper [domain ...]" >&2; exit 2 ;;
 esac
 
