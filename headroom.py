@@ -39,7 +39,7 @@ def main():
     ap.add_argument("--split", default="test", choices=["harness", "val", "test"])
     ap.add_argument("--limit", type=int, default=0, help="first N examples (0 = all)")
     ap.add_argument("--n", type=int, default=8, help="samples per example: mean@n")
-    ap.add_argument("--temperature", type=float, default=0.5)
+    ap.add_argument("--temperature", type=float, default=0.3)  # whale.py's CPU default
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--model", default="embedded")
@@ -67,9 +67,15 @@ def main():
                                           max_tokens=a.max_tokens)
         print(f"{a.domain} {a.split}[:{len(examples)}] T={a.temperature} {name}: mean@{a.n} = "
               f"{100 * r['mean']:.1f} ± {100 * r['se']:.1f}  ({r['seconds']:.0f} s)", flush=True)
-    gain, se = rollout.paired_gain(*(rollout.per_example_means(runs[k]["records"]) for k in ("h0", "combo")))
+    gain, se = gain_over(runs["h0"], runs["combo"])
     print(f"gain: {100 * gain:+.1f} ± {100 * se:.1f} (paired SE)")
     print(f"combo: {spec}")
+
+
+def gain_over(base, r):
+    """Paired gain of evaluation r over base (same examples and seeds), with its SE."""
+    import rollout
+    return rollout.paired_gain(*(rollout.per_example_means(x["records"]) for x in (base, r)))
 
 
 def screen(a, domain, h0):
@@ -90,7 +96,7 @@ def screen(a, domain, h0):
     for axis, alts in domain.PRIMITIVES.items():
         for i, alt in enumerate(alts):
             r = score(meta_harness.splice(h0, axis, alt))
-            gain, se = rollout.paired_gain(*(rollout.per_example_means(x["records"]) for x in (base, r)))
+            gain, se = gain_over(base, r)
             print(f"  {axis}={i}: mean@{a.n} = {100 * r['mean']:.1f}  gain {100 * gain:+.1f} ± {100 * se:.1f}  "
                   f"({r['seconds']:.0f} s)", flush=True)
             if gain > 0 and gain > best.get(axis, (0.0, -1))[0]:
@@ -100,7 +106,7 @@ def screen(a, domain, h0):
     for axis, (_, i) in best.items():
         combo = meta_harness.splice(combo, axis, domain.PRIMITIVES[axis][i])
     r = score(combo)
-    gain, se = rollout.paired_gain(*(rollout.per_example_means(x["records"]) for x in (base, r)))
+    gain, se = gain_over(base, r)
     print(f"greedy combo {spec or '(none)'}: mean@{a.n} = {100 * r['mean']:.1f} ± {100 * r['se']:.1f}  "
           f"gain {100 * gain:+.1f} ± {100 * se:.1f}")
 
