@@ -32,6 +32,7 @@ from pathlib import Path
 
 import chess as pychess
 import meta_harness as mh
+import proposers
 import numpy as np
 import pytest
 import sandbox
@@ -66,21 +67,38 @@ def chat(e, text):
     return e.chat_ids([{"role": "user", "content": text}])
 
 
-def test_greedy_matches_generate(hf):
-    prompts = [chat(hf, q) for q in ("What is the capital of France?", "Name three colors.",
-                                     "Write a short sentence about rain, please.", "2+2=?", "Who wrote Hamlet?")]
+def assert_greedy_matches_generate(hf, prompts, new_tokens=24):
     width = max(map(len, prompts))
     ids = torch.full((len(prompts), width), hf.pad_id)
     mask = torch.zeros_like(ids)
     for i, p in enumerate(prompts):
         ids[i, width - len(p):], mask[i, width - len(p):] = torch.tensor(p), 1
     with torch.no_grad():
-        gen = hf.model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=24, do_sample=False,
+        gen = hf.model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens, do_sample=False,
                                 pad_token_id=hf.pad_id)[:, width:].tolist()
-    outs = hf.sample([{"prompt_ids": p, "max_tokens": 24, "temperature": 0.0, "seed": 0} for p in prompts])
+    outs = hf.sample([{"prompt_ids": p, "max_tokens": new_tokens, "temperature": 0.0, "seed": 0} for p in prompts])
     for o, g in zip(outs, gen):
         want = g[:next((i + 1 for i, t in enumerate(g) if t in hf.eos_ids), len(g))]
         assert o["completion_ids"] == want
+    return [o["completion_ids"] for o in outs]
+
+
+def test_greedy_matches_generate(hf):
+    prompts = [chat(hf, q) for q in ("What is the capital of France?", "Name three colors.",
+                                     "Write a short sentence about rain, please.", "2+2=?", "Who wrote Hamlet?")]
+    before = assert_greedy_matches_generate(hf, prompts)
+    # the sampler's stacked gate/up weights follow an in-place weight update (as phase A's
+    # optimizer makes one): still the same tokens as generate, which reads the weights directly
+    mlp = hf.model.model.layers[-1].mlp
+    saved = mlp.up_proj.weight.detach().clone()
+    try:
+        with torch.no_grad():
+            mlp.up_proj.weight.mul_(-3.0)
+        assert assert_greedy_matches_generate(hf, prompts) != before
+    finally:
+        with torch.no_grad():
+            mlp.up_proj.weight.copy_(saved)
+    assert assert_greedy_matches_generate(hf, prompts) == before
 
 
 def test_seeded_sampling_is_reproducible_and_batch_independent(hf):
@@ -1011,7 +1029,7 @@ def test_parse_schedule_error_says_what_is_accepted():
 
 
 # ==============================================================================================
-# meta_harness.py: archive, proposers, validation, acceptance, resume
+# meta_harness.py and proposers.py: archive, proposers, validation, acceptance, resume
 # ==============================================================================================
 
 H0 = '''"""Toy harness."""
@@ -1148,7 +1166,7 @@ def test_differs_only_in_prompt_axes():
 
 def test_search_archives_everything_and_primitives_never_repeats(tmp_path):
     d = str(tmp_path / "arch")
-    prop = mh.make_proposer("primitives", DOMAIN, rng_seed=1)
+    prop = proposers.make_proposer("primitives", DOMAIN, rng_seed=1)
     res = mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate, prop, archive_dir=d, k=3,
                           should_stop=stop_after(8), log=quiet)
     arch = mh.load_archive(d)
@@ -1182,16 +1200,23 @@ def test_primitives_axis_follows_failure_signature(tmp_path):
             return [record(ex, i < 5, answer=answer, tool_result=tool_result) for i, ex in enumerate(examples)]
         mh.search_phase(H0, DOMAIN, EXAMPLES, evaluate, ok_validate, None, archive_dir=d,
                         should_stop=stop_after(1), log=quiet)
-        return mh.make_proposer("primitives", DOMAIN)(d, 1)[0]["axis"]
+        return proposers.make_proposer("primitives", DOMAIN)(d, 1)[0]["axis"]
     # no answer extracted -> the answer-extraction axis
     assert run_iter0(str(tmp_path / "a"), None, "") == "extract_answer"
     # an answer the tool output does not contain -> a retrieval axis
     assert run_iter0(str(tmp_path / "b"), "made up", "unrelated passage") == "TOP_K"
+    # a wrong answer after a tool output that was cut short -> a retrieval axis, even when the
+    # answer is a word of the output (which alone would point at the prompts)
+    assert run_iter0(str(tmp_path / "c"), "passage", "a passage cut ...\n[2] more") == "TOP_K"
+    assert run_iter0(str(tmp_path / "c2"), "passage", "a whole passage.") != "TOP_K"
     # deterministic given rng_seed
-    p1 = mh.make_proposer("primitives", DOMAIN, rng_seed=3)(str(tmp_path / "a"), 3)
-    p2 = mh.make_proposer("primitives", DOMAIN, rng_seed=3)(str(tmp_path / "a"), 3)
+    p1 = proposers.make_proposer("primitives", DOMAIN, rng_seed=3)(str(tmp_path / "a"), 3)
+    p2 = proposers.make_proposer("primitives", DOMAIN, rng_seed=3)(str(tmp_path / "a"), 3)
     assert [c["source"] for c in p1] == [c["source"] for c in p2]
-    assert len({c["axis"] for c in p1}) == 3                # k different axes first
+    assert len({c["axis"] for c in p1}) == 3    # k different axes first (extract_answer has one alternative)
+    # an axis that explains over half the failures gets two of the k candidates, then the others
+    p3 = proposers.make_proposer("primitives", DOMAIN)(str(tmp_path / "c"), 3)
+    assert [c["axis"] for c in p3][:2] == ["TOP_K", "TOP_K"] and p3[2]["axis"] != "TOP_K"
 
 
 def test_invalid_candidates_are_archived_and_search_continues(tmp_path):
@@ -1222,7 +1247,7 @@ def test_invalid_candidates_are_archived_and_search_continues(tmp_path):
 
 def test_prompt_only_search_rejects_other_changes(tmp_path):
     d = str(tmp_path / "fst")
-    prim = mh.make_proposer("primitives", DOMAIN)
+    prim = proposers.make_proposer("primitives", DOMAIN)
     mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate, prim, archive_dir=d, k=3,
                     should_stop=stop_after(2), prompt_only_base=H0, log=quiet)
     arch = mh.load_archive(d)
@@ -1277,9 +1302,9 @@ def test_openai_proposer_against_local_server(tmp_path):
     server = serve("ok", requests)
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}/v1"
-        assert mh.endpoint_error(url) is None  # the start-up probe: a one-token chat request
+        assert proposers.endpoint_error(url) is None  # the start-up probe: a one-token chat request
         requests.clear()
-        prop = mh.make_proposer("openai", DOMAIN, base_url=url, api_key="k", timeout=10)
+        prop = proposers.make_proposer("openai", DOMAIN, base_url=url, api_key="k", timeout=10)
         res = mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate, prop, archive_dir=d, k=2,
                               should_stop=stop_after(2), log=quiet)
     finally:
@@ -1300,15 +1325,15 @@ def test_openai_proposer_survives_garbage_and_down_endpoint(tmp_path):
     requests = []
     server = serve("garbage", requests)
     try:
-        prop = mh.make_proposer("openai", DOMAIN, base_url=f"http://127.0.0.1:{server.server_address[1]}/v1",
-                                model="m", timeout=5)
+        prop = proposers.make_proposer("openai", DOMAIN, base_url=f"http://127.0.0.1:{server.server_address[1]}/v1",
+                                       model="m", timeout=5)
         assert prop(d, 3) == [] and len(prop.errors) == 3 and len(requests) == 3
     finally:
         server.shutdown()
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    prop = mh.make_proposer("openai", DOMAIN, base_url=f"http://127.0.0.1:{port}/v1", model="m", timeout=5)
+    prop = proposers.make_proposer("openai", DOMAIN, base_url=f"http://127.0.0.1:{port}/v1", model="m", timeout=5)
     assert prop(d, 3) == [] and len(prop.errors) == 1  # gives up after the first refused connection
     # and inside a search: an iteration with zero candidates, logged, no crash
     events = []
@@ -1325,7 +1350,7 @@ def test_self_proposer_prompt_and_bad_replies(tmp_path):
     def llm_text(prompt, max_tokens):
         prompts.append(prompt)
         return replies.pop(0)
-    prop = mh.make_proposer("self", DOMAIN, llm_text=llm_text)
+    prop = proposers.make_proposer("self", DOMAIN, llm_text=llm_text)
     mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate, prop, archive_dir=d, k=3,
                     should_stop=stop_after(2), log=quiet)
     assert DOMAIN.SKILL in prompts[0] and "No pure parameter tweaks" in prompts[0]
@@ -1349,11 +1374,11 @@ def test_command_proposer_collects_files_and_survives_timeout(tmp_path):
         open("new/cand_1.py", "w").write({body!r})
         open("new/cand_2.py", "w").write("broken(")
         '''))
-    prop = mh.make_proposer("command", DOMAIN, command=f"{sys.executable} {script}", timeout=30)
+    prop = proposers.make_proposer("command", DOMAIN, command=f"{sys.executable} {script}", timeout=30)
     cands = prop(d, 2)
     assert [c["note"] for c in cands][0] == "Higher quality." and len(cands) == 2
     assert prop.stats["calls"] == 1 and prop.stats["prompt_chars"] > 0
-    slow = mh.make_proposer("command", DOMAIN, command="sleep 30", timeout=0.5)
+    slow = proposers.make_proposer("command", DOMAIN, command="sleep 30", timeout=0.5)
     assert slow(d, 2) == [] and any("timed out" in e for e in slow.errors)
 
 
@@ -1383,7 +1408,7 @@ def test_search_logs_paper_choice_but_keeps_incumbent_on_noise(tmp_path):
         rng = random.Random(seed)
         return [record(ex, rng.random() < 0.3) for ex in examples]
     d = str(tmp_path / "arch")
-    mh.search_phase(H0, DOMAIN, EXAMPLES, evaluate, ok_validate, mh.make_proposer("primitives", DOMAIN),
+    mh.search_phase(H0, DOMAIN, EXAMPLES, evaluate, ok_validate, proposers.make_proposer("primitives", DOMAIN),
                     archive_dir=d, k=3, should_stop=stop_after(4), log=quiet)
     its = [json.loads(x) for x in open(os.path.join(d, "iterations.jsonl"))]
     assert any(x["paper_choice"] != x["incumbent"] for x in its)  # the argmax chased a lucky draw
@@ -1396,17 +1421,17 @@ def test_search_logs_paper_choice_but_keeps_incumbent_on_noise(tmp_path):
 def test_resume_after_crash_reuses_archive(tmp_path, fail_at):
     ref_calls = []
     ref = mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(ref_calls), ok_validate,
-                          mh.make_proposer("primitives", DOMAIN), archive_dir=str(tmp_path / "ref"), k=3,
+                          proposers.make_proposer("primitives", DOMAIN), archive_dir=str(tmp_path / "ref"), k=3,
                           should_stop=stop_after(5), log=quiet)
     d = str(tmp_path / "crashy")
     first_calls = []
     with pytest.raises(RuntimeError):
         mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(first_calls, fail_at=fail_at), ok_validate,
-                        mh.make_proposer("primitives", DOMAIN), archive_dir=d, k=3,
+                        proposers.make_proposer("primitives", DOMAIN), archive_dir=d, k=3,
                         should_stop=stop_after(5), log=quiet)
     assert len(first_calls) == fail_at - 1
     proposer_calls = []
-    prim = mh.make_proposer("primitives", DOMAIN)
+    prim = proposers.make_proposer("primitives", DOMAIN)
 
     def counting(archive_dir, k):
         proposer_calls.append(1)

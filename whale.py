@@ -5,8 +5,8 @@ An LLM agent is its weights plus its harness (the code that builds prompts,
 calls tools, parses answers and decides when to stop). WHALE improves both:
   phase A (rs_sft.py)        roll out under the current harness, keep verified
                              rollouts, fine-tune on the model's own tokens;
-  phase B (meta_harness.py)  a proposer writes new harness files from an archive
-                             of candidates, scores and traces; the best carries on;
+  phase B (meta_harness.py)  a proposer (proposers.py) writes new harness files from
+                             an archive of candidates, scores and traces; the best carries on;
   switch.py                  decides when to change phase (fixed or adaptive).
 Methods (all at the same budget of target rollouts): whale, fst (harness search
 may change prompt text only), weight-only, harness-only, stagewise (all weight
@@ -117,9 +117,9 @@ def check_args(a: Args):
     if a.proposer == "openai" and not (a.proposer_url or os.environ.get("WHALE_PROPOSER_URL")):
         raise UserError("--proposer openai needs --proposer-url (or WHALE_PROPOSER_URL)")
     if a.proposer == "openai":  # a down endpoint is a mistake to report now, not after the first weight phase
-        import meta_harness
-        why = meta_harness.endpoint_error(a.proposer_url or os.environ["WHALE_PROPOSER_URL"], a.proposer_model or None,
-                                          os.environ.get("OPENAI_API_KEY"))
+        import proposers
+        why = proposers.endpoint_error(a.proposer_url or os.environ["WHALE_PROPOSER_URL"], a.proposer_model or None,
+                                       os.environ.get("OPENAI_API_KEY"))
         if why:
             raise UserError(why)
     if a.proposer == "command" and not a.proposer_command:
@@ -412,7 +412,7 @@ def open_run(a: Args, rd):
 
 
 def make_proposer(a: Args, domain, engine):
-    import meta_harness
+    import proposers
     import rollout
 
     def llm_text(prompt, max_tokens):  # the `self` proposer: the policy model writes harness code
@@ -422,9 +422,9 @@ def make_proposer(a: Args, domain, engine):
         out = engine.sample([req])[0]
         return {"text": out["text"], "prompt_tokens": len(req["prompt_ids"]),
                 "completion_tokens": len(out["completion_ids"])}
-    return meta_harness.make_proposer(a.proposer, domain, llm_text=llm_text, base_url=a.proposer_url or None,
-                                      model=a.proposer_model or None, command=a.proposer_command or None,
-                                      rng_seed=a.seed, max_tokens=min(1024, 4 * a.max_tokens))
+    return proposers.make_proposer(a.proposer, domain, llm_text=llm_text, base_url=a.proposer_url or None,
+                                   model=a.proposer_model or None, command=a.proposer_command or None,
+                                   rng_seed=a.seed, max_tokens=min(1024, 4 * a.max_tokens))
 
 
 if __name__ == "__main__":
