@@ -45,9 +45,9 @@ SIGNATURE_KEYWORDS = {
     "no_answer": ("extract", "parse", "answer", "recover", "final", "stop", "turn", "budget", "format"),
     # answered without using any tool: the prompts must ask for the tool
     "no_tool": ("system", "prompt", "template", "user", "instruction", "nudge", "tool"),
-    # answered wrong while the tool output the model saw was cut short ("... " at a line end,
+    # answered wrong while the tool output the model saw was cut short ("..." at a line end,
     # the mark the domains' tools put on a cut): the answer may sit in the part it never saw
-    "truncated": ("retriev", "chars", "length", "context", "top", "k", "observation"),
+    "truncated": ("retriev", "chars", "length", "context", "top", "k", "observation", "feedback"),
     # answered, but the answer is nowhere in the tool output: retrieval / tool use missed it
     "unsupported": ("search", "query", "retriev", "rewrite", "top", "k", "passage", "chars",
                     "context", "code", "python", "observation", "feedback"),
