@@ -11,6 +11,9 @@ Everything in WHALE is rollouts, so this file is where the time goes. It holds
     rollouts of one task) are prefilled ONCE and their cache is copied, prefill
     computes logits for the last position only, every pending request of every
     running rollout decodes in one batch, and finished rows leave the batch;
+    distinct prompts that share a long head (a multi-turn harness's later calls:
+    the same first prompt, then each sample's own reply and feedback) prefill
+    that head once and only their own tails after it;
   - `load_engine`: picks HF (default) or vLLM (`vllm_engine.py`, imported only
     when asked for).
 
@@ -199,6 +202,40 @@ def preallocated_cache(model, capacity: int):
     return cache
 
 
+def left_padded(seqs, width, pad_id):
+    """ids and attention mask [len(seqs), width], each sequence right-aligned."""
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for j, p in enumerate(seqs):
+        if p:
+            ids[j, width - len(p):] = torch.tensor(p, dtype=torch.long)
+            mask[j, width - len(p):] = 1
+    return ids, mask
+
+
+def shared_head_groups(prompts, min_shared):
+    """Distinct prompts -> [(head_len, [j, ...])]: groups whose members share their first
+    head_len tokens, head_len >= min_shared. Multi-turn harnesses make these: the 8 samples
+    of one task send the same first prompt plus their own reply and feedback. A head stops
+    at least one token before each member's end, so every member has a tail to prefill (and
+    logits to sample from). A prompt sharing no head is a group of one (head = all but its
+    last token). Sorting puts prompts with a common head next to each other."""
+    groups = []
+    for j in sorted(range(len(prompts)), key=lambda j: prompts[j]):
+        p = prompts[j]
+        if groups:
+            h, js = groups[-1]
+            q = prompts[js[0]]
+            n, limit = 0, min(h, len(p) - 1)
+            while n < limit and q[n] == p[n]:
+                n += 1
+            if n >= min_shared:
+                groups[-1] = (n, js + [j])
+                continue
+        groups.append((len(p) - 1, [j]))
+    return groups
+
+
 def _gate_up_forward(mlp, gate_up, x):
     gate, up = torch.nn.functional.linear(x, gate_up).chunk(2, dim=-1)
     return mlp.down_proj(mlp.act_fn(gate) * up)
@@ -237,6 +274,9 @@ class HFEngine:
         self.model, self.tokenizer = model, tokenizer
         self.max_batch_rows = max_batch_rows
         self.fused = {}  # stacked gate/up weights per MLP module, see fused_gate_up
+        # distinct prompts sharing a head of at least this many tokens prefill it once
+        self.min_shared_head = 64
+        self.prefill_tokens = 0  # tokens run through prefill so far (what the sharing saves shows here)
         gen_eos = model.generation_config.eos_token_id
         gen_eos = gen_eos if isinstance(gen_eos, list) else [gen_eos]
         self.eos_ids = {i for i in gen_eos + [tokenizer.eos_token_id] if i is not None}
@@ -261,12 +301,13 @@ class HFEngine:
         -> {"completion_ids", "text", "finish"} in the same order.
 
         Requests are cut into chunks of at most max_batch_rows rows; the copies of
-        one prompt always share a chunk so that their prefill is shared."""
+        one prompt always share a chunk so that their prefill is shared, and prompts are
+        taken in sorted order so that prompts with a common head tend to share one too."""
         groups = {}
         for i, r in enumerate(requests):
             groups.setdefault(tuple(r["prompt_ids"]), []).append(i)
         results, chunk, rows = [None] * len(requests), [], 0
-        for prompt, members in groups.items():
+        for prompt, members in sorted(groups.items()):
             if chunk and rows + len(members) > self.max_batch_rows:
                 self._sample_chunk(requests, chunk, results)
                 chunk, rows = [], 0
@@ -285,18 +326,41 @@ class HFEngine:
         model, dev = self.model, self.device
         was_training = model.training
         model.eval()
-        # 1) prefill each distinct prompt once (left-padded), logits of the last position only
-        lens = [len(p) for p, _ in chunk]
-        width = max(lens)
-        ids = torch.full((len(chunk), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(chunk), width), dtype=torch.long)
-        for j, (p, _) in enumerate(chunk):
-            ids[j, width - len(p):] = torch.tensor(p, dtype=torch.long)
-            mask[j, width - len(p):] = 1
+        prompts = [p for p, _ in chunk]
+        lens = [len(p) for p in prompts]
+        max_new_all = max(int(requests[i]["max_tokens"]) for _, m in chunk for i in m)
+        # 1) prefill: each group's shared head ONCE (left-padded), logits of the last position only.
+        #    Without shared heads every distinct prompt is its own group and its head is all of it.
+        groups = shared_head_groups(prompts, self.min_shared_head)
+        if all(len(js) == 1 for _, js in groups):
+            groups = [(len(prompts[js[0]]), js) for _, js in groups]
+        heads = [prompts[js[0]][:h] for h, js in groups]
+        width = max(map(len, heads))
+        tail_width = max(lens[j] - h for h, js in groups for j in js)
+        ids, mask = left_padded(heads, width, self.pad_id)
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
-        cache = preallocated_cache(model, width + max(int(requests[i]["max_tokens"]) for _, m in chunk for i in m))
+        cache = preallocated_cache(model, width + tail_width + max_new_all)
         out = model(input_ids=ids.to(dev), attention_mask=mask.to(dev), position_ids=pos.to(dev),
                     use_cache=True, logits_to_keep=1, **{self.cache_kw: cache})
+        self.prefill_tokens += sum(map(len, heads))
+        if tail_width:
+            # 1b) copy each head's cache to the prompts of its group, then prefill every prompt's
+            #     own tail in one batch. Tails are left-padded too, so all rows end at the last
+            #     column (logits_to_keep=1 still works); the gap between a head and a short tail
+            #     is masked out, and positions continue from the head.
+            group_of, head_len = [0] * len(prompts), [0] * len(prompts)
+            for g, (h, js) in enumerate(groups):
+                for j in js:
+                    group_of[j], head_len[j] = g, h
+            sel = torch.tensor(group_of, dtype=torch.long)
+            cache.batch_select_indices(sel.to(dev))
+            tails = [p[h:] for p, h in zip(prompts, head_len)]
+            tail_ids, tail_mask = left_padded(tails, tail_width, self.pad_id)
+            tail_pos = torch.tensor(head_len).unsqueeze(1) + (tail_mask.cumsum(-1) - 1).clamp(min=0)
+            mask = torch.cat([mask[sel], tail_mask], dim=1)
+            out = model(input_ids=tail_ids.to(dev), attention_mask=mask.to(dev), position_ids=tail_pos.to(dev),
+                        use_cache=True, logits_to_keep=1, **{self.cache_kw: cache})
+            self.prefill_tokens += sum(map(len, tails))
         # 2) one row per request: copy each prompt's cache and last logits to its members
         order = [i for _, members in chunk for i in members]
         src = torch.tensor([j for j, (_, members) in enumerate(chunk) for _ in members], dtype=torch.long)

@@ -101,6 +101,27 @@ def test_greedy_matches_generate(hf):
     assert assert_greedy_matches_generate(hf, prompts) == before
 
 
+def test_prompts_sharing_a_head_prefill_it_once(hf):
+    # a multi-turn harness's second calls: one first prompt, then each sample's own reply
+    first = [{"role": "system", "content": "You are a chess player."},
+             {"role": "user", "content": "FEN: 6k1/5ppp/8/8/8/8/5PPP/3R2K1 w - - 0 1\nLegal moves: " +
+              " ".join(f"d1d{i}" for i in range(2, 9)) + " g1f1 g1h1 f2f3 g2g3 h2h3\nWhat is the best move?"}]
+    replies = ["<move>d1d8</move>", "I think g2g3.", "<move>h2h4</move>", "Rook to d8."]
+    import engine
+    prompts = [hf.chat_ids(first + [{"role": "assistant", "content": r},
+                                           {"role": "user", "content": "Invalid move. Answer with <move>uci</move>."}])
+               for r in replies] + [chat(hf, "Name three colors.")]
+    groups = engine.shared_head_groups(prompts, hf.min_shared_head)
+    assert sorted(len(js) for _, js in groups) == [1, 4]        # the four retries share a head
+    reqs = [{"prompt_ids": p, "max_tokens": 12, "temperature": 0.0, "seed": 0} for p in prompts]
+    before = hf.prefill_tokens
+    together = hf.sample(reqs)
+    shared = hf.prefill_tokens - before
+    alone = [hf.sample([r])[0] for r in reqs]                   # one prompt: the one-stage prefill
+    assert shared < sum(map(len, prompts)) - 3 * 64             # the head was prefilled once, not 4 times
+    assert [o["completion_ids"] for o in together] == [o["completion_ids"] for o in alone]
+
+
 def test_seeded_sampling_is_reproducible_and_batch_independent(hf):
     p = chat(hf, "Tell me a fact about the ocean.")
     other = chat(hf, "Write a word.")
