@@ -9,11 +9,15 @@ Prints one `name: value` line per measurement:
     greedy, with a token-identity check under greedy;
   - sandbox overhead: a one-call harness run through the sandbox vs the same prompts
     sampled in-process as one batch;
+  - multi-turn: the chess h0 harness (a retry after every unparsed move: later calls
+    repeat the first prompt plus each sample's own reply) on 16 puzzles x 8 through the
+    sandbox, with shared-head prefill vs without (seconds, tokens prefilled, ratio);
   - SFT: tokens/s of rs_sft.sft_update and its fraction of the matmul peak
     (6N FLOPs per token for full fine-tuning; the reduced count with --train-layers).
 
-    python bench.py            # everything (~10 min on a 2-core CPU)
-    python bench.py --quick    # smaller shapes, for a smoke run
+    python bench.py                         # everything (~12 min on a 2-core CPU)
+    python bench.py --quick                 # smaller shapes, for a smoke run
+    python bench.py --only decode,multiturn # some sections (rollout, decode, sandbox, multiturn, sft)
 
 Ratios are what to trust on a shared machine; absolute numbers move with load.
 """
@@ -95,7 +99,12 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="smaller shapes (smoke run)")
     ap.add_argument("--model", default="embedded")
+    ap.add_argument("--only", default="rollout,decode,sandbox,multiturn,sft", help="comma-separated sections")
     args = ap.parse_args()
+    only = set(args.only.split(","))
+    if only - {"rollout", "decode", "sandbox", "multiturn", "sft"}:
+        raise SystemExit(f"bench.py: unknown section(s) {', '.join(sorted(only))}; "
+                         "choose from rollout, decode, sandbox, multiturn, sft")
     sys.stdout.reconfigure(line_buffering=True)  # each line as it is measured, also into a file
     q = args.quick
     torch.manual_seed(0)
@@ -106,9 +115,23 @@ def main():
     n_params = sum(p.numel() for n_, p in model.named_parameters() if "embed_tokens" not in n_)
     n_params += model.lm_head.weight.numel() if model.config.tie_word_embeddings else 0
 
-    # 1) the rollout workload: shared prefill + one batch, vs generate(num_return_sequences)
     P, G, NEW = (8, 8, 16) if q else (32, 8, 32)
     prompts = squad_prompts(e, P)
+    if "rollout" in only:
+        rollout_workload(e, model, prompts, G, NEW, n_params, peak)
+    if "decode" in only:
+        decode(e, model, q)
+    if "sandbox" in only:
+        sandbox_overhead(e, P, G, NEW)
+    if "multiturn" in only:
+        multiturn(e, 4 if q else 16)
+    if "sft" in only:  # last: it changes the weights
+        sft(model, prompts, q, peak)
+    print(f"matmul_fp32_gflops_after: {matmul_gflops():.1f}")
+
+
+def rollout_workload(e, model, prompts, G, NEW, n_params, peak):
+    """Shared prefill + one batch for all rollouts, vs generate(num_return_sequences)."""
     print(f"rollout_prompt_tokens_mean: {sum(map(len, prompts)) / len(prompts):.0f}")
     ts, ns, _ = engine_sample(e, prompts, NEW, n=G)
     tg, ng, _ = hf_generate(model, prompts, e.pad_id, NEW, n=G)
@@ -121,7 +144,10 @@ def main():
     flops = 2 * n_params * (ns + sum(map(len, prompts)))
     print(f"rollout_sampler_fraction_of_peak: {flops / ts / 1e9 / peak:.2f}")
 
-    # 2) pure decode at batch 64: sampled and greedy, with a token-identity check
+
+
+def decode(e, model, q):
+    """Pure decode at batch 64: sampled and greedy, with a token-identity check."""
     B, NEW = (16, 32) if q else (64, 64)
     short = [e.chat_ids([{"role": "user", "content": f"Write one sentence about the number {i}."}]) for i in range(B)]
     ts, ns, _ = engine_sample(e, short, NEW)
@@ -137,7 +163,10 @@ def main():
     print(f"decode_greedy_speedup: {tg / ts:.2f}")
     print(f"decode_greedy_identical_rows: {same}/{len(outs)}")
 
-    # 3) sandbox overhead: the same prompts through a one-call harness vs in-process
+
+
+def sandbox_overhead(e, P, G, NEW):
+    """The same prompts through a one-call harness vs in-process."""
     from domains import searchqa
     examples = searchqa.load_split("test")[:P]
     harness = ("def run(task, llm, tools):\n"
@@ -157,7 +186,29 @@ def main():
     print(f"inprocess_seconds: {t_in:.1f}")
     print(f"sandbox_overhead_ratio: {t_sb / t_in:.3f}")
 
-    # 4) SFT throughput and fraction of peak
+
+
+def multiturn(e, n_puzzles):
+    """The chess h0 harness through the sandbox, shared-head prefill on vs off (same seeds)."""
+    from domains import chess
+    examples, h0 = chess.load_split("test")[:n_puzzles], open(chess.H0).read()
+    sampling = {"temperature": 0.3, "top_k": 20, "top_p": 1.0}
+    out = {}
+    for name, min_shared in (("shared", e.min_shared_head), ("unshared", 10**9)):
+        saved, e.min_shared_head, before = e.min_shared_head, min_shared, e.prefill_tokens
+        t = time.time()
+        recs = rollout.run(e, chess, h0, examples, 8, seed=0, sampling=sampling, max_tokens=48)
+        out[name] = time.time() - t
+        e.min_shared_head = saved
+        calls = [c for r in recs for c in r["calls"]]
+        print(f"multiturn_{name}_seconds: {out[name]:.1f}")
+        print(f"multiturn_{name}_prefill_tokens: {e.prefill_tokens - before}")
+        print(f"multiturn_{name}_calls: {len(calls)} (prompt tokens {sum(len(c['prompt_ids']) for c in calls)})")
+    print(f"multiturn_speedup: {out['unshared'] / out['shared']:.2f}")
+
+
+def sft(model, prompts, q, peak):
+    """SFT throughput and fraction of peak."""
     for layers in (0, 4):
         trainable = rs_sft.set_trainable(model, layers)
         opt = rs_sft.make_optimizer(trainable, 1e-6)
@@ -168,7 +219,6 @@ def main():
         tag = "full" if layers == 0 else f"top{layers}"
         print(f"sft_{tag}_tokens_per_s: {st['tokens_per_s']:.1f}")
         print(f"sft_{tag}_fraction_of_peak: {frac:.2f}")
-    print(f"matmul_fp32_gflops_after: {matmul_gflops():.1f}")
 
 
 def hf_generate_greedy_until_eos(model, prompts, e, new_tokens):

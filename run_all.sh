@@ -17,8 +17,8 @@ seeds=${SEEDS:-"0 1 2"}
 methods=${METHODS:-"whale whale-adaptive weight-only harness-only fst stagewise"}
 
 case "$preset" in
-  cpu)   common=(--budget 1280 --prompts-per-step 16 --group 8 --harness-examples 64 --harness-n 2
-                 --candidates 3 --schedule fixed-steps:4,2 --test-limit 200 --test-n 8 --val-limit 32
+  cpu)   common=(--budget 1664 --prompts-per-step 16 --group 8 --harness-examples 64 --harness-n 2
+                 --candidates 3 --schedule fixed-steps:4,3 --test-limit 200 --test-n 8 --val-limit 32
                  --val-n 2 --test-subset 32 --max-tokens 48 --train-layers 4 --temperature 0.3 --lr 3e-4) ;;
   paper) common=(--engine vllm --device cuda --budget 40960 --prompts-per-step 256 --group 8
                  --harness-examples 256 --harness-n 1 --candidates 3 --schedule fixed:0.6,6 --lr 1e-7 --minibatch 64
