@@ -33,7 +33,7 @@ EXAMPLES = [
          passages="[1] Paris: Paris is the capital and most populous city of France, with 2.1 million residents.",
          answer="2.1 million"),
 ]
-RETRIEVAL = dict(k=1, max_chars=200)
+RETRIEVAL = dict(k=2, max_chars=800)
 NUDGE = "Give your final answer inside <answer></answer>."
 MAX_TURNS = 2
 MAX_TOKENS = 64  # per llm call; answers are a few words
@@ -48,13 +48,8 @@ def format_passages(question, passages):
 
 
 def extract_answer(reply, question):
-    import re
-    m = re.search(r"<answer>(.*?)(?:</answer>|$)", reply, re.DOTALL)
-    lines = [l.strip() for l in (m.group(1) if m else reply).splitlines() if l.strip()]
-    if not lines:
-        return None
-    answer = re.sub(r"^(the )?(final )?answer( is)?[:\s]*", "", lines[0], flags=re.IGNORECASE)
-    return answer.strip(" .\"'") or None
+    m = re.search(r"<answer>(.*?)</answer>", reply, re.DOTALL)
+    return m.group(1).strip() if m else None
 
 
 def run(task, llm, tools):

@@ -20,8 +20,7 @@ Standard library only. Contract: run(task, llm, tools) -> str | None.
 """
 import re
 
-SYSTEM_PROMPT = ("You are a precise reading assistant. Read the passage, find the sentence that answers "
-                 "the question, and reply with only <answer>the exact words from that sentence</answer>.")
+SYSTEM_PROMPT = "You are a helpful assistant."
 USER_TEMPLATE = (
     "Answer the question using the search result.\n\n"
     "Search result:\n{passages}\n\n"
@@ -49,8 +48,13 @@ def format_passages(question, passages):
 
 
 def extract_answer(reply, question):
-    m = re.search(r"<answer>(.*?)</answer>", reply, re.DOTALL)
-    return m.group(1).strip() if m else None
+    import re
+    m = re.search(r"<answer>(.*?)(?:</answer>|$)", reply, re.DOTALL)
+    lines = [l.strip() for l in (m.group(1) if m else reply).splitlines() if l.strip()]
+    if not lines:
+        return None
+    answer = re.sub(r"^(the )?(final )?answer( is)?[:\s]*", "", lines[0], flags=re.IGNORECASE)
+    return answer.strip(" .\"'") or None
 
 
 def run(task, llm, tools):
