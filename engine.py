@@ -27,8 +27,6 @@ Left out: speculative decoding, paged attention, continuous batching of newly
 arriving requests into a running decode (the sandbox hands us whole batches),
 and quantised weights (fp32 on CPU: bf16 is ~20x slower on AVX2 machines).
 """
-import contextlib
-import functools
 import inspect
 import os
 import shutil
@@ -236,44 +234,16 @@ def shared_head_groups(prompts, min_shared):
     return groups
 
 
-def _gate_up_forward(mlp, gate_up, x):
-    gate, up = torch.nn.functional.linear(x, gate_up).chunk(2, dim=-1)
-    return mlp.down_proj(mlp.act_fn(gate) * up)
-
-
-@contextlib.contextmanager
-def fused_gate_up(model, store: dict):
-    """While sampling, every Llama-style MLP computes its gate and up projections with ONE
-    matmul over the two stacked weight matrices. A decode step has few rows (one per live
-    request), where a 2-core BLAS runs far below peak; one matmul twice as wide is cheaper
-    than two, and each output is the same dot product, so greedy tokens do not change
-    (tested). The stacked copy lives in `store` and is rebuilt only when a weight's version
-    counter moved (phase A's optimizer step and load_state_dict write in place)."""
-    patched = []
-    for mlp in model.modules():
-        g, u = getattr(mlp, "gate_proj", None), getattr(mlp, "up_proj", None)
-        if g is None or u is None or g.bias is not None or u.bias is not None or not hasattr(mlp, "act_fn"):
-            continue
-        key = (g.weight._version, u.weight._version, g.weight.data_ptr(), u.weight.data_ptr())
-        if store.get(mlp, (None,))[0] != key:
-            store[mlp] = (key, torch.cat([g.weight, u.weight]).detach())
-        mlp.forward = functools.partial(_gate_up_forward, mlp, store[mlp][1])  # shadows the class's forward
-        patched.append(mlp)
-    try:
-        yield
-    finally:
-        for mlp in patched:
-            del mlp.forward
-
-
 class HFEngine:
     """Sampler over a transformers causal LM. `.model` is the module phase A trains,
     so a weight update is visible to the next sample() without any copy."""
 
-    def __init__(self, model, tokenizer, max_batch_rows: int = 512):
+    def __init__(self, model, tokenizer, max_batch_rows: int = 512, max_batch_tokens: int = 2**17):
         self.model, self.tokenizer = model, tokenizer
-        self.max_batch_rows = max_batch_rows
-        self.fused = {}  # stacked gate/up weights per MLP module, see fused_gate_up
+        # a chunk's KV cache holds rows x (prompt + new tokens) positions; the token cap keeps
+        # long multi-turn prompts from filling the RAM (2^17 positions = 6 GB for the 135M
+        # model in fp32; 512 rows of a ~1000-token chess retry prompt were killed at 24 GB)
+        self.max_batch_rows, self.max_batch_tokens = max_batch_rows, max_batch_tokens
         # distinct prompts sharing a head of at least this many tokens prefill it once
         self.min_shared_head = 64
         self.prefill_tokens = 0  # tokens run through prefill so far (what the sharing saves shows here)
@@ -300,29 +270,27 @@ class HFEngine:
         """requests: {"prompt_ids", "max_tokens", "temperature", "top_k", "top_p", "stop", "seed"}
         -> {"completion_ids", "text", "finish"} in the same order.
 
-        Requests are cut into chunks of at most max_batch_rows rows; the copies of
-        one prompt always share a chunk so that their prefill is shared, and prompts are
-        taken in sorted order so that prompts with a common head tend to share one too."""
+        Requests are cut into chunks of at most max_batch_rows rows and max_batch_tokens
+        cache positions (rows x (longest prompt + most new tokens)); the copies of one prompt
+        always share a chunk so that their prefill is shared, and prompts are taken in sorted
+        order so that prompts with a common head tend to share one too."""
         groups = {}
         for i, r in enumerate(requests):
             groups.setdefault(tuple(r["prompt_ids"]), []).append(i)
-        results, chunk, rows = [None] * len(requests), [], 0
+        results, chunk, rows, width = [None] * len(requests), [], 0, 0
         for prompt, members in sorted(groups.items()):
-            if chunk and rows + len(members) > self.max_batch_rows:
+            w = max(width, len(prompt) + max(int(requests[i]["max_tokens"]) for i in members))
+            if chunk and (rows + len(members) > self.max_batch_rows or (rows + len(members)) * w > self.max_batch_tokens):
                 self._sample_chunk(requests, chunk, results)
-                chunk, rows = [], 0
+                chunk, rows, w = [], 0, len(prompt) + max(int(requests[i]["max_tokens"]) for i in members)
             chunk.append((prompt, members))
-            rows += len(members)
+            rows, width = rows + len(members), w
         if chunk:
             self._sample_chunk(requests, chunk, results)
         return results
 
-    def _sample_chunk(self, requests, chunk, results):
-        with fused_gate_up(self.model, self.fused):
-            self._decode_chunk(requests, chunk, results)
-
     @torch.no_grad()
-    def _decode_chunk(self, requests, chunk, results):
+    def _sample_chunk(self, requests, chunk, results):
         model, dev = self.model, self.device
         was_training = model.training
         model.eval()

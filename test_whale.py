@@ -87,8 +87,8 @@ def test_greedy_matches_generate(hf):
     prompts = [chat(hf, q) for q in ("What is the capital of France?", "Name three colors.",
                                      "Write a short sentence about rain, please.", "2+2=?", "Who wrote Hamlet?")]
     before = assert_greedy_matches_generate(hf, prompts)
-    # the sampler's stacked gate/up weights follow an in-place weight update (as phase A's
-    # optimizer makes one): still the same tokens as generate, which reads the weights directly
+    # after an in-place weight update (as phase A's optimizer makes one) the sampler still
+    # gives generate's tokens: nothing in it caches a copy of the weights
     mlp = hf.model.model.layers[-1].mlp
     saved = mlp.up_proj.weight.detach().clone()
     try:
@@ -120,6 +120,20 @@ def test_prompts_sharing_a_head_prefill_it_once(hf):
     alone = [hf.sample([r])[0] for r in reqs]                   # one prompt: the one-stage prefill
     assert shared < sum(map(len, prompts)) - 3 * 64             # the head was prefilled once, not 4 times
     assert [o["completion_ids"] for o in together] == [o["completion_ids"] for o in alone]
+
+
+def test_chunks_respect_the_token_cap(hf, monkeypatch):
+    prompts = [chat(hf, f"Say the number {i} in words.") for i in range(6)]
+    reqs = [{"prompt_ids": p, "max_tokens": 8, "temperature": 0.0, "seed": 0} for p in prompts for _ in range(2)]
+    whole = hf.sample(reqs)
+    cap = 5 * (max(map(len, prompts)) + 8)                      # room for two prompts x 2 copies
+    sizes, real = [], hf._sample_chunk
+    monkeypatch.setattr(hf, "max_batch_tokens", cap)
+    monkeypatch.setattr(hf, "_sample_chunk", lambda r, chunk, res: (
+        sizes.append(sum(len(m) for _, m in chunk) * (max(len(p) for p, _ in chunk) + 8)), real(r, chunk, res)))
+    cut = hf.sample(reqs)
+    assert len(sizes) == 3 and max(sizes) <= cap                # 12 rows in chunks of 4 rows
+    assert [o["completion_ids"] for o in cut] == [o["completion_ids"] for o in whole]
 
 
 def test_seeded_sampling_is_reproducible_and_batch_independent(hf):
