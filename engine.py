@@ -300,8 +300,8 @@ class HFEngine:
         # 1) prefill: each group's shared head ONCE (left-padded), logits of the last position only.
         #    Without shared heads every distinct prompt is its own group and its head is all of it.
         groups = shared_head_groups(prompts, self.min_shared_head)
-        if all(len(js) == 1 for _, js in groups):
-            groups = [(len(prompts[js[0]]), js) for _, js in groups]
+        if all(len(js) == 1 for _, js in groups):  # nothing shared: one stage, rows in chunk order
+            groups = [(len(p), [j]) for j, p in enumerate(prompts)]
         heads = [prompts[js[0]][:h] for h, js in groups]
         width = max(map(len, heads))
         tail_width = max(lens[j] - h for h, js in groups for j in js)
