@@ -279,12 +279,13 @@ class HFEngine:
             groups.setdefault(tuple(r["prompt_ids"]), []).append(i)
         results, chunk, rows, width = [None] * len(requests), [], 0, 0
         for prompt, members in sorted(groups.items()):
-            w = max(width, len(prompt) + max(int(requests[i]["max_tokens"]) for i in members))
-            if chunk and (rows + len(members) > self.max_batch_rows or (rows + len(members)) * w > self.max_batch_tokens):
+            need = len(prompt) + max(int(requests[i]["max_tokens"]) for i in members)  # cache positions per row
+            if chunk and (rows + len(members) > self.max_batch_rows
+                          or (rows + len(members)) * max(width, need) > self.max_batch_tokens):
                 self._sample_chunk(requests, chunk, results)
-                chunk, rows, w = [], 0, len(prompt) + max(int(requests[i]["max_tokens"]) for i in members)
+                chunk, rows, width = [], 0, 0
             chunk.append((prompt, members))
-            rows, width = rows + len(members), w
+            rows, width = rows + len(members), max(width, need)
         if chunk:
             self._sample_chunk(requests, chunk, results)
         return results
