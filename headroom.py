@@ -44,6 +44,9 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--model", default="embedded")
     ap.add_argument("--screen", action="store_true", help="score every single-axis alternative, then the greedy combo")
+    ap.add_argument("--only", choices=["h0", "combo"], default="",
+                    help="score just one of the two (a long chess evaluation split over two sittings); "
+                         "no paired gain is printed then")
     a = ap.parse_args()
     import engine
     import meta_harness
@@ -57,19 +60,27 @@ def main():
         raise SystemExit(f"headroom.py: give --combo for {a.domain} (axes: {', '.join(domain.PRIMITIVES)})")
     for part in spec.split(","):
         axis, _, i = part.partition("=")
-        combo = meta_harness.splice(combo, axis, domain.PRIMITIVES[axis][int(i)])
+        alts = domain.PRIMITIVES.get(axis, [])
+        if not i.isdigit() or int(i) >= len(alts):
+            raise SystemExit(f"headroom.py: bad --combo part {part!r} (axes: "
+                             + ", ".join(f"{k}=0..{len(v) - 1}" for k, v in domain.PRIMITIVES.items()) + ")")
+        combo = meta_harness.splice(combo, axis, alts[int(i)])
     e = engine.load_engine(a.model)
     examples = domain.load_split(a.split)[:a.limit or None]
     sampling = {"temperature": a.temperature, "top_k": 20, "top_p": 1.0}
     runs = {}
     for name, src in (("h0", h0), ("combo", combo)):
+        if a.only and name != a.only:
+            continue
         r = runs[name] = rollout.evaluate(e, domain, src, examples, a.n, seed=a.seed, sampling=sampling,
                                           max_tokens=a.max_tokens)
         print(f"{a.domain} {a.split}[:{len(examples)}] T={a.temperature} {name}: mean@{a.n} = "
               f"{100 * r['mean']:.1f} ± {100 * r['se']:.1f}  ({r['seconds']:.0f} s)", flush=True)
+    print(f"combo: {spec}")
+    if a.only:
+        return
     gain, se = gain_over(runs["h0"], runs["combo"])
     print(f"gain: {100 * gain:+.1f} ± {100 * se:.1f} (paired SE)")
-    print(f"combo: {spec}")
 
 
 def gain_over(base, r):

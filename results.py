@@ -8,6 +8,11 @@ reports, per domain and method, the mean over seeds with a 95% confidence interv
 (Student t over seeds; with one seed only the mean) of the final test mean@8, the test
 mean@8 of the checkpoint chosen on validation, and, labelled, the paper's best-on-test
 number. Nothing is typed in by hand: every number comes from the summaries.
+
+Below the table, the paper's claims as head-to-head comparisons: method A's final test
+mean@8 minus method B's on the same test questions, per seed paired over questions (the
+question-to-question spread cancels); with one seed that difference ± its SE, with several
+the mean over seeds ± 95% CI. Each claim gets a comparison only where both cells exist.
 """
 import argparse
 import json
@@ -84,6 +89,57 @@ def table(runs):
     return "\n".join(rows)
 
 
+# the paper's claims as (A, B, what A > B would mean); adaptive is also compared on rollouts
+CLAIMS = [("whale", "weight-only", "joint beats weights alone"),
+          ("whale", "harness-only", "joint beats the harness alone"),
+          ("harness-only", "weight-only", "harness-only beats weight-only: the bottleneck is the harness"),
+          ("whale", "stagewise", "alternating beats stagewise at equal rollouts"),
+          ("whale", "fst", "code-level harness search beats prompt-only (FST)"),
+          ("whale-adaptive", "whale", "adaptive switching vs the fixed schedule")]
+
+
+def final_per_question(run):
+    """{question id: mean score} of the run's final test evaluation (metrics.jsonl)."""
+    finals = [m for m in run["metrics"] if m.get("event") == "eval" and m["split"] == "test"
+              and m.get("tag") == "final" and "per_example" in m]
+    return finals[-1]["per_example"] if finals else None
+
+
+def paired(a, b):
+    """mean(b - a) over the questions both scored, and the SE of those differences."""
+    d = [b[k] - a[k] for k in a if k in b]
+    m = sum(d) / len(d)
+    se = math.sqrt(sum((x - m) ** 2 for x in d) / (len(d) - 1) / len(d)) if len(d) > 1 else 0.0
+    return m, se, len(d)
+
+
+def claims(runs):
+    """One row per claim and domain where both cells have runs of the same seeds."""
+    cells = {}
+    for r in runs:
+        cells.setdefault(r["cell"], {})[r["cfg"]["seed"]] = r
+    rows = ["| domain | A | B | claim (A > B) | seeds | A - B, final test mean@8 (points) | rollouts A / B | minutes A / B |",
+            "|" + "---|" * 8]
+    for d in sorted({c[0] for c in cells}):
+        for ma, mb, what in CLAIMS:
+            A, B = cells.get((d, ma), {}), cells.get((d, mb), {})
+            seeds = sorted(set(A) & set(B))
+            diffs = [paired(final_per_question(B[s]), final_per_question(A[s])) for s in seeds
+                     if final_per_question(A[s]) and final_per_question(B[s])]
+            if not diffs:
+                continue
+            if len(diffs) == 1:
+                m, se, n = diffs[0]
+                diff = f"{100 * m:+.1f} ± {100 * se:.1f} (SE, {n} questions, {m / se if se else 0:.1f} SE)"
+            else:
+                m, ci = mean_ci([100 * x[0] for x in diffs])
+                diff = f"{m:+.1f} ± {ci:.1f} (95% CI over seeds)"
+            avg = lambda cell, k: sum(cell[s]["sum"][k] for s in seeds) / len(seeds)
+            rows.append(f"| {d} | {ma} | {mb} | {what} | {len(diffs)} | {diff} | {avg(A, 'rollouts'):.0f} / "
+                        f"{avg(B, 'rollouts'):.0f} | {avg(A, 'seconds') / 60:.1f} / {avg(B, 'seconds') / 60:.1f} |")
+    return "\n".join(rows) if len(rows) > 2 else ""
+
+
 def curves(runs, out: Path):
     try:
         import matplotlib
@@ -132,6 +188,7 @@ def main():
             f"{len(runs)} finished runs. Mean over seeds ± 95% CI (t). 'final' = the last checkpoint; "
             "'best-on-val' = the checkpoint chosen on the validation split, scored on test; "
             "'best-on-test' is the paper's metric, selected on the test split itself.\n\n" + table(runs) + "\n\n"
+            + ("## The paper's claims, head to head\n\n" + claims(runs) + "\n\n" if claims(runs) else "")
             + "\n".join(f"![{p.stem}]({p.name})" for p in pngs) + "\n")
     (out / "RESULTS.md").write_text(text)
     print(text)

@@ -339,6 +339,27 @@ def test_results_tables_come_from_the_summaries(tiny_reference, tmp_path):
     assert (tmp_path / "curve_searchqa.png").stat().st_size > 0
 
 
+def test_results_claims_pair_methods_on_the_same_questions():
+    import results
+    def run(method, seed, scores, schedule="fixed-steps:4,3"):
+        final = {"event": "eval", "split": "test", "tag": "final", "per_example": dict(enumerate(scores))}
+        return {"cfg": {"domain": "d", "method": method, "seed": seed, "schedule": schedule},
+                "sum": {"rollouts": 100, "seconds": 60}, "metrics": [final]}
+    runs = [run("whale", 0, [1, 0.5, 0, 0]), run("weight-only", 0, [0, 0.5, 0, 0.5]),
+            run("stagewise", 0, [0, 0, 0, 0])]
+    results.cell_labels(runs)
+    rows = {r.split("|")[3].strip(): r for r in results.claims(runs).splitlines()[2:]}
+    assert set(rows) == {"weight-only", "stagewise"}  # harness-only, fst, adaptive: no runs, no row
+    # whale - weight-only per question: +1, 0, 0, -0.5 -> mean 0.125, sample sd 0.6292, SE 0.3146
+    assert "+12.5 ± 31.5 (SE, 4 questions, 0.4 SE)" in rows["weight-only"]
+    assert "+37.5 ± 23.9 (SE, 4 questions" in rows["stagewise"]
+    runs += [run("whale", 1, [1, 1, 0, 0]), run("weight-only", 1, [0, 0, 0, 0])]  # second seed: +50
+    results.cell_labels(runs)
+    row = next(r for r in results.claims(runs).splitlines() if "| weight-only |" in r)
+    # t(1 df) x sd of (12.5, 50) points / sqrt(2 seeds): 12.706 x (37.5 / sqrt 2) / sqrt 2 = 238.2
+    assert "| 2 | +31.2 ± 238.2 (95% CI over seeds)" in row
+
+
 @pytest.mark.parametrize("method", ["weight-only", "harness-only", "fst", "stagewise"])
 def test_tiny_run_of_each_method_writes_a_valid_summary(tmp_path, method, tiny_harness):
     out = tmp_path / method

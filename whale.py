@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-METHODS = ("whale", "fst", "weight-only", "harness-only", "stagewise", "eval")
+from run_setup import UserError, open_run  # check_args, the run directory: before the loop
 
 
 def arg(default, help):
@@ -92,71 +92,6 @@ def parse_args(argv=None) -> Args:
     return Args(**vars(p.parse_args(argv)))
 
 
-class UserError(Exception):
-    """A mistake in the command line or the inputs: one line, exit code 2."""
-
-
-def check_args(a: Args):
-    if a.method not in METHODS:
-        raise UserError(f"unknown method {a.method!r}; choose one of {', '.join(METHODS)}")
-    if not (Path(__file__).parent / "domains" / f"{a.domain}.py").exists() or a.domain.startswith("_"):
-        raise UserError(f"unknown domain {a.domain!r}; choose searchqa, math or chess")
-    if a.engine not in ("hf", "vllm"):
-        raise UserError(f"unknown engine {a.engine!r}; choose hf or vllm")
-    if a.harness and not Path(a.harness).is_file():
-        raise UserError(f"harness file {a.harness} does not exist")
-    if a.harness:
-        import ast
-        try:
-            ast.parse(Path(a.harness).read_text())
-        except (SyntaxError, ValueError, UnicodeDecodeError) as e:
-            raise UserError(f"harness file {a.harness} does not parse: {getattr(e, 'msg', e)} "
-                            f"(line {getattr(e, 'lineno', '?')})")
-    if a.model != "embedded" and os.sep in a.model and not Path(a.model).exists():
-        raise UserError(f"model path {a.model} does not exist")
-    if a.proposer not in ("primitives", "self", "openai", "command"):
-        raise UserError(f"unknown proposer {a.proposer!r}; choose primitives, self, openai or command")
-    if a.proposer == "openai" and not (a.proposer_url or os.environ.get("WHALE_PROPOSER_URL")):
-        raise UserError("--proposer openai needs --proposer-url (or WHALE_PROPOSER_URL)")
-    if a.proposer == "openai":  # a down endpoint is a mistake to report now, not after the first weight phase
-        import proposers
-        why = proposers.endpoint_error(a.proposer_url or os.environ["WHALE_PROPOSER_URL"], a.proposer_model or None,
-                                       os.environ.get("OPENAI_API_KEY"))
-        if why:
-            raise UserError(why)
-    if a.proposer == "command" and not a.proposer_command:
-        raise UserError("--proposer command needs --proposer-command")
-    if min(a.budget, a.prompts_per_step, a.group, a.candidates, a.test_n, a.val_n) <= 0:
-        raise UserError("--budget, --prompts-per-step, --group, --candidates, --test-n and --val-n must be > 0")
-    import switch
-    try:
-        switch.parse_schedule(a.schedule)
-    except ValueError as e:
-        raise UserError(str(e))
-    # contradictory flags: each would otherwise be silently ignored or run nothing
-    if a.tp > 1 and a.engine != "vllm":
-        raise UserError(f"--tp {a.tp} shards a vLLM engine; it needs --engine vllm")
-    if a.micro_batch > a.minibatch:
-        raise UserError(f"--micro-batch {a.micro_batch} is larger than --minibatch {a.minibatch}")
-    for flag, value, needs in (("--proposer-url", a.proposer_url, "openai"), ("--proposer-model", a.proposer_model,
-                               "openai"), ("--proposer-command", a.proposer_command, "command")):
-        if value and a.proposer != needs:
-            raise UserError(f"{flag} is only used by --proposer {needs}, not --proposer {a.proposer}")
-    step = a.prompts_per_step * a.group
-    if a.method in ("whale", "fst", "weight-only", "stagewise") and a.budget < step:
-        raise UserError(f"--budget {a.budget} buys no rollout step ({a.prompts_per_step} prompts x {a.group} = {step})")
-    if a.temperature < 0 or not 0 < a.top_p <= 1:
-        raise UserError("--temperature must be >= 0 and --top-p in (0, 1]")
-    if a.test_limit and a.test_subset > a.test_limit:
-        raise UserError(f"--test-subset {a.test_subset} is larger than --test-limit {a.test_limit}")
-    domain = importlib.import_module(f"domains.{a.domain}")
-    for split in ("weight", "harness", "val", "test"):  # a corrupt file fails here, before a run directory exists
-        try:
-            domain.load_split(split)
-        except Exception as e:
-            raise UserError(f"cannot load the {a.domain} {split} split from {domain.DATA}: {type(e).__name__}: {e}")
-
-
 def main(a: Args):
     import meta_harness
     import rollout
@@ -171,7 +106,7 @@ def main(a: Args):
     rank, world, device = rs_sft.ddp_setup(a.device)
 
     # ---- the run directory: new, or resumed from its last checkpoint
-    run, a = rs_sft.broadcast(open_run(a, rd) if rank == 0 else None, world)
+    run, a = rs_sft.broadcast(open_run(a) if rank == 0 else None, world)
     ckpt = run / "checkpoint"
     state = rd.read_json(ckpt / "state.json") if (ckpt / "state.json").exists() else None
     if rank == 0:
@@ -383,35 +318,6 @@ def finish(a, run, state, engine, evaluate, test, checkpoint, bar, t_start):
 
 # -----------------------------------------------------------------------------
 # helpers of the loop
-
-def open_run(a: Args, rd):
-    """A new run directory with config.json, or the one --resume names (with its saved args)."""
-    if a.resume:
-        run = Path(a.resume)
-        if not (run / "config.json").exists():
-            raise UserError(f"{run} is not a run directory (no config.json)")
-        saved = rd.read_json(run / "config.json")
-        for k in ("domain", "method", "seed"):
-            if getattr(a, k) != getattr(Args(), k) and getattr(a, k) != saved.get(k):
-                raise UserError(f"--resume {run}: that is a {k}={saved.get(k)} run, not {k}={getattr(a, k)}")
-        hardware = {k: getattr(a, k) for k in ("device", "engine", "tp") if getattr(a, k) != getattr(Args(), k)}
-        for k, v in vars(a).items():  # a resumed run keeps its settings (the hardware it runs on may change)
-            if k not in ("resume", "out", "domain", "method", "seed", *hardware) and v != getattr(Args(), k) \
-                    and v != saved.get(k):
-                raise UserError(f"--resume {run}: --{k.replace('_', '-')} cannot change on resume "
-                                f"(the run has {saved.get(k)!r})")
-        a = Args(**{**saved, **hardware, "resume": str(run)})
-        check_args(a)
-        rd.clean_partial(run)
-        return run, a
-    check_args(a)
-    run = Path(a.out or f"runs/{a.domain}-{a.method}-s{a.seed}")
-    if (run / "config.json").exists():
-        raise UserError(f"{run} already holds a run; pass --resume {run} or another --out")
-    run.mkdir(parents=True, exist_ok=True)
-    rd.write_json(run / "config.json", vars(a))
-    return run, a
-
 
 def make_proposer(a: Args, domain, engine):
     import proposers
