@@ -155,11 +155,6 @@ def decode(e, model, q):
     print(f"decode_sampler_tokens_per_s: {ns / ts:.1f}")
     print(f"decode_generate_tokens_per_s: {ng / tg:.1f}")
     print(f"decode_speedup: {tg / ts * ns / ng:.2f}")
-    e.packed.enabled = False  # the same sampler on plain F.linear: what the packed oneDNN weights add
-    tp, np_, _ = engine_sample(e, short, NEW)
-    e.packed.enabled = e.packed.available
-    print(f"decode_sampler_plain_linear_tokens_per_s: {np_ / tp:.1f}")
-    print(f"decode_packed_vs_plain_linear: {tp / ts * ns / np_:.2f}")
     ts, ns, outs = engine_sample(e, short, NEW, greedy=True, ignore_eos=False)
     tg, ng, gen = hf_generate_greedy_until_eos(model, short, e, NEW)
     same = sum(o["completion_ids"] == g for o, g in zip(outs, gen))

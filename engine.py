@@ -13,8 +13,7 @@ Everything in WHALE is rollouts, so this file is where the time goes. It holds
     running rollout decodes in one batch, and finished rows leave the batch;
     distinct prompts that share a long head (a multi-turn harness's later calls:
     the same first prompt, then each sample's own reply and feedback) prefill
-    that head once and only their own tails after it; on CPU the linear layers run
-    through oneDNN on weight copies packed once per weight update (`PackedLinears`);
+    that head once and only their own tails after it;
   - `load_engine`: picks HF (default) or vLLM (`vllm_engine.py`, imported only
     when asked for).
 
@@ -201,45 +200,6 @@ def preallocated_cache(model, capacity: int):
     return cache
 
 
-class PackedLinears:
-    """Every nn.Linear of the model run through oneDNN with its weight reordered ("packed")
-    once into the layout the kernel wants, for sampling only. At the thin matrices of
-    decoding (64 rows x 576 columns) MKL's sgemm behind F.linear reaches about half of
-    this machine's matmul peak, and the 576 x 49152 output head is the worst of them;
-    the packed oneDNN kernel is faster there (bench.py measures it side by side).
-
-    The packed copies are rebuilt whenever a weight changed: phase A's optimizer updates
-    weights in place, which bumps each tensor's version counter, so comparing the counters
-    tells whether the copies are stale (one reorder of all weights is ~0.3 s). Sampling runs
-    under no_grad; training never sees the packed forward (it is only installed inside
-    `with packed:`). Costs one more copy of the weights in memory. CPU only; elsewhere, or
-    where this torch build lacks the op, `with packed:` changes nothing."""
-
-    def __init__(self, model):
-        self.linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
-        ops = torch.ops.mkldnn
-        self.available = (next(model.parameters()).device.type == "cpu" and torch.backends.mkldnn.is_available()
-                          and hasattr(ops, "_reorder_linear_weight") and hasattr(ops, "_linear_pointwise"))
-        self.enabled = self.available
-        self.packed, self.versions = None, None
-
-    def __enter__(self):
-        if not self.enabled:
-            return self
-        versions = [(m.weight.data_ptr(), m.weight._version) for m in self.linears]
-        if versions != self.versions:  # first use, or the weights changed since the last pack
-            self.packed = [torch.ops.mkldnn._reorder_linear_weight(m.weight.detach(), None) for m in self.linears]
-            self.versions = versions
-        for m, w in zip(self.linears, self.packed):
-            bias = None if m.bias is None else m.bias.detach()
-            m.forward = lambda x, w=w, bias=bias: torch.ops.mkldnn._linear_pointwise(x, w, bias, "none", [], "")
-        return self
-
-    def __exit__(self, *exc):
-        for m in self.linears:
-            m.__dict__.pop("forward", None)  # back to nn.Linear.forward
-
-
 def left_padded(seqs, width, pad_id):
     """ids and attention mask [len(seqs), width], each sequence right-aligned."""
     ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
@@ -295,7 +255,6 @@ class HFEngine:
         # transformers renamed forward's `past_key_values` to `cache` (5.2x); older versions
         # silently ignore an unknown `cache=` kwarg, so ask the signature which one it takes
         self.cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-        self.packed = PackedLinears(model)  # `.packed.enabled = False` samples through plain F.linear
 
     def chat_ids(self, messages) -> list[int]:
         out = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
@@ -318,20 +277,17 @@ class HFEngine:
         groups = {}
         for i, r in enumerate(requests):
             groups.setdefault(tuple(r["prompt_ids"]), []).append(i)
-        chunks, chunk, rows, width = [], [], 0, 0
+        results, chunk, rows, width = [None] * len(requests), [], 0, 0
         for prompt, members in sorted(groups.items()):
             need = len(prompt) + max(int(requests[i]["max_tokens"]) for i in members)  # cache positions per row
             if chunk and (rows + len(members) > self.max_batch_rows
                           or (rows + len(members)) * max(width, need) > self.max_batch_tokens):
-                chunks.append(chunk)
+                self._sample_chunk(requests, chunk, results)
                 chunk, rows, width = [], 0, 0
             chunk.append((prompt, members))
             rows, width = rows + len(members), max(width, need)
-        chunks += [chunk] if chunk else []
-        results = [None] * len(requests)
-        with self.packed:
-            for chunk in chunks:
-                self._sample_chunk(requests, chunk, results)
+        if chunk:
+            self._sample_chunk(requests, chunk, results)
         return results
 
     @torch.no_grad()
