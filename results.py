@@ -1,22 +1,31 @@
 """
 Tables and curves from finished runs: results/RESULTS.md and results/curve_<domain>.png.
 
-    python results.py results/runs/cpu --out results
+    python results.py results/runs/cpu --out results [--readme README.md]
 
 Reads every <run>/summary.json (+ config.json, metrics.jsonl) below the given folder and
 reports, per domain and method, the mean over seeds with a 95% confidence interval
 (Student t over seeds; with one seed only the mean) of the final test mean@8, the test
 mean@8 of the checkpoint chosen on validation, and, labelled, the paper's best-on-test
-number. Nothing is typed in by hand: every number comes from the summaries.
+number. Nothing is typed in by hand: every number comes from the summaries, and --readme
+writes the same text between two marker lines of the README.
 
-Below the table, the paper's claims as head-to-head comparisons: method A's final test
-mean@8 minus method B's on the same test questions, per seed paired over questions (the
-question-to-question spread cancels); with one seed that difference ± its SE, with several
-the mean over seeds ± 95% CI. Each claim gets a comparison only where both cells exist.
+Then:
+  - the paper's claims as head-to-head comparisons: method A's final test mean@8 minus method
+    B's on the same test questions, per seed paired over questions (the question-to-question
+    spread cancels); one seed: that difference ± its SE, several: the mean over seeds ± 95% CI;
+    a verdict (holds / reversed / unresolved at 95%) and where A's curve first reaches B's final;
+  - the grid's coverage (which method x domain x seed cells finished, which runs to resume);
+  - per run, the git commit(s) it ran at and the whale.py command that reproduces it;
+  - one curve per domain: test mean@8 against cumulative target rollouts, every point of a
+    run on the same questions (test[:test_subset]).
+Leaves out: significance corrections across the many claims (read single rows with that in mind).
 """
 import argparse
+import importlib
 import json
 import math
+import os
 import subprocess
 from pathlib import Path
 
@@ -89,13 +98,26 @@ def table(runs):
     return "\n".join(rows)
 
 
-# the paper's claims as (A, B, what A > B would mean); every row also shows rollouts and minutes
-CLAIMS = [("whale", "weight-only", "joint beats weights alone"),
-          ("whale", "harness-only", "joint beats the harness alone"),
-          ("harness-only", "weight-only", "harness-only beats weight-only: the bottleneck is the harness"),
-          ("whale", "stagewise", "alternating beats stagewise at equal rollouts"),
-          ("whale", "fst", "code-level harness search beats prompt-only (FST)"),
-          ("whale-adaptive", "whale", "adaptive switching vs the fixed schedule")]
+# The paper's claims as (A, B, what A > B would mean, the domains the paper claims it for; None = all).
+# The bottleneck claim is per domain: harness first in search QA, weights first in math.
+CLAIMS = [("whale", "weight-only", "joint beats weights alone", None),
+          ("whale", "harness-only", "joint beats the harness alone", None),
+          ("harness-only", "weight-only", "harness first: the bottleneck is the harness", ("searchqa",)),
+          ("weight-only", "harness-only", "weights first: the bottleneck is the weights", ("math",)),
+          ("whale", "stagewise", "alternating beats stagewise at equal rollouts", None),
+          ("whale", "fst", "code-level harness search beats prompt-only (FST)", None),
+          ("whale-adaptive", "whale", "adaptive switching does at least as well as the fixed schedule", None)]
+CLAIMS_NOTE = ("A - B on the same test questions, paired per seed. Verdict: 'holds' when the 95% interval "
+               "(one seed: ± 1.96 SE over questions, which cannot see seed-to-seed spread; several: t over seeds) "
+               "lies above 0. 'A reaches B's final' is where A's curve first reaches B's final value, both "
+               "scored on the curve's questions (test[:test_subset]): the paper's 'passes the stagewise final "
+               "value after 29% of the rollouts'.\n\n")
+Z95 = 1.96  # one seed: a normal 95% interval over the test questions (it cannot see seed-to-seed spread)
+
+
+def verdict(m, half):
+    """'holds' when the 95% interval lies above 0, 'reversed' when below, else 'unresolved'."""
+    return "holds" if m - half > 0 else "reversed" if m + half < 0 else "unresolved (95% interval holds 0)"
 
 
 def final_per_question(run):
@@ -105,16 +127,54 @@ def final_per_question(run):
     return finals[-1]["per_example"] if finals else None
 
 
+def curve_ids(run):
+    """The questions every point of a run's curve was scored on: test[:test_subset] (whale.py
+    evaluates them after every phase), or None = the whole test split when it evaluated no subset."""
+    k = run["cfg"].get("test_subset", 0)
+    if not k:
+        return None
+    domain = importlib.import_module(f"domains.{run['cfg']['domain']}")
+    return [e["id"] for e in domain.load_split("test")[:k]]
+
+
+def mean_on(per_example, ids):
+    return sum(per_example[i] for i in ids) / len(ids) if ids else sum(per_example.values()) / len(per_example)
+
+
+def curve(run):
+    """[(cumulative rollouts, test mean@8)], every point on the same questions: the subset evaluations
+    as they are, the full-test initial and final restricted to the subset's questions."""
+    ids, pts = curve_ids(run), {}
+    for m in run["metrics"]:
+        if m.get("event") != "eval" or m.get("tag") == "best_val":
+            continue
+        if m["split"] == "test_subset" and ids:
+            pts[m["rollouts"]] = m["mean"]
+        elif m["split"] == "test" and "per_example" in m:
+            pts[m["rollouts"]] = mean_on(m["per_example"], ids)  # at the end: the final overrides the subset
+    return sorted(pts.items())
+
+
+def reaches(a_run, b_run):
+    """Cumulative rollouts at which A's curve first reaches B's final value on the same questions
+    (the paper's 'passes the stagewise final value after 29% of the rollouts'), or None."""
+    b_final = final_per_question(b_run)
+    if not b_final:
+        return None
+    target = mean_on(b_final, curve_ids(a_run))
+    return next((x for x, y in curve(a_run) if y >= target), None)
+
+
 def claims(runs):
     """One row per claim and domain where both cells have runs of the same seeds."""
     from rollout import paired_gain  # the same paired statistics as a run's own gain
     cells = {}
     for r in runs:
         cells.setdefault(r["cell"], {})[r["cfg"]["seed"]] = r
-    rows = ["| domain | A | B | claim (A > B) | seeds | A - B, final test mean@8 (points) | rollouts A / B | minutes A / B |",
-            "|" + "---|" * 8]
+    rows = ["| domain | A | B | claim (A > B) | seeds | A - B, final test mean@8 (points) | verdict (95%) | "
+            "A reaches B's final at (curve questions) | rollouts A / B | minutes A / B |", "|" + "---|" * 10]
     for d in sorted({c[0] for c in cells}):
-        for ma, mb, what in CLAIMS:
+        for ma, mb, what, where in CLAIMS:
             A, B = cells.get((d, ma), {}), cells.get((d, mb), {})
             seeds = sorted(set(A) & set(B))
             diffs = []
@@ -122,18 +182,65 @@ def claims(runs):
                 a, b = final_per_question(A[s]), final_per_question(B[s])
                 if a and b:
                     diffs.append((*paired_gain(b, a), len(set(a) & set(b))))  # A - B
-            if not diffs:
+            if not diffs or (where and d not in where):
                 continue
             if len(diffs) == 1:
-                m, se, n = diffs[0]
-                diff = f"{100 * m:+.1f} ± {100 * se:.1f} (SE, {n} questions, {m / se if se else 0:.1f} SE)"
+                m, se, n = (100 * diffs[0][0], 100 * diffs[0][1], diffs[0][2])
+                diff, half = f"{m:+.1f} ± {se:.1f} (SE, {n} questions, {m / se if se else 0:.1f} SE)", Z95 * se
             else:
-                m, ci = mean_ci([100 * x[0] for x in diffs])
-                diff = f"{m:+.1f} ± {ci:.1f} (95% CI over seeds)"
+                m, half = mean_ci([100 * x[0] for x in diffs])
+                diff = f"{m:+.1f} ± {half:.1f} (95% CI over seeds)"
+            hits = [reaches(A[s], B[s]) for s in seeds]
+            got = [100 * h / A[s]["sum"]["rollouts"] for h, s in zip(hits, seeds) if h is not None]
+            reach = (f"{sum(got) / len(got):.0f}% of A's rollouts" if got else "not reached") + \
+                    (f" ({len(got)}/{len(seeds)} seeds)" if len(seeds) > 1 else "")
             avg = lambda cell, k: sum(cell[s]["sum"][k] for s in seeds) / len(seeds)
-            rows.append(f"| {d} | {ma} | {mb} | {what} | {len(diffs)} | {diff} | {avg(A, 'rollouts'):.0f} / "
-                        f"{avg(B, 'rollouts'):.0f} | {avg(A, 'seconds') / 60:.1f} / {avg(B, 'seconds') / 60:.1f} |")
+            rows.append(f"| {d} | {ma} | {mb} | {what} | {len(diffs)} | {diff} | {verdict(m, half)} | {reach} | "
+                        f"{avg(A, 'rollouts'):.0f} / {avg(B, 'rollouts'):.0f} | "
+                        f"{avg(A, 'seconds') / 60:.1f} / {avg(B, 'seconds') / 60:.1f} |")
     return "\n".join(rows) if len(rows) > 2 else ""
+
+
+def provenance(runs):
+    """Per run: the git commit(s) its processes ran at (metrics.jsonl 'start' lines; a resumed run may
+    have several) and the command that reproduces it: whale.py with every setting that differs from
+    the defaults, from its config.json."""
+    from whale import Args
+    defaults = vars(Args())
+    rows = ["| run | commit(s) | command |", "|---|---|---|"]
+    for r in runs:
+        commits = list(dict.fromkeys(m["commit"][:12] + ("+dirty" if m["commit"].endswith("+dirty") else "")
+                                     for m in r["metrics"] if m.get("event") == "start"))
+        flags = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in r["cfg"].items()
+                         if k not in ("resume", "out") and k in defaults and v != defaults[k])
+        rows.append(f"| {r['dir'].name} | {', '.join(commits) or 'not logged (run before commit logging)'} | "
+                    f"`python whale.py {flags}` |")
+    return "\n".join(rows)
+
+
+# run_all.sh's grid: every method x domain x seed
+GRID_DOMAINS = ("searchqa", "math", "chess")
+GRID_METHODS = ("whale", "whale-adaptive", "weight-only", "harness-only", "fst", "stagewise")
+GRID_SEEDS = (0, 1, 2)
+
+
+def coverage(runs, root: Path):
+    """Which cells of the grid have finished seeds, and which runs started but did not finish."""
+    done = {}
+    for r in runs:
+        done.setdefault((r["cfg"]["domain"], label(r["cfg"])), []).append(r["cfg"]["seed"])
+    open_runs = sorted(c.parent for c in root.glob("*/config.json") if not (c.parent / "summary.json").exists())
+    rows = ["| domain | " + " | ".join(GRID_METHODS) + " |", "|---|" + "---|" * len(GRID_METHODS)]
+    for d in GRID_DOMAINS:
+        rows.append(f"| {d} | " + " | ".join(
+            ", ".join(f"s{x}" for x in sorted(done.get((d, m), []))) or "-" for m in GRID_METHODS) + " |")
+    n = sum(len(v) for (d, m), v in done.items() if d in GRID_DOMAINS and m in GRID_METHODS)
+    text = (f"{n} of {len(GRID_DOMAINS) * len(GRID_METHODS) * len(GRID_SEEDS)} runs of the grid "
+            f"(domains x methods x seeds {list(GRID_SEEDS)}) have finished:\n\n" + "\n".join(rows) + "\n")
+    if open_runs:
+        text += "\nStarted, not finished (`python whale.py --resume DIR` continues one): " + \
+                ", ".join(f"`{d}`" for d in open_runs) + "\n"
+    return text
 
 
 def curves(runs, out: Path):
@@ -150,14 +257,17 @@ def curves(runs, out: Path):
         for r in runs:
             if r["cfg"]["domain"] != d:
                 continue
-            pts = [(m["rollouts"], m["mean"]) for m in r["metrics"] if m.get("event") == "eval"
-                   and m["split"] in ("test", "test_subset") and m.get("tag") != "best_val"]
-            by_method.setdefault(r["cell"][1], []).append(pts)
+            if curve(r):
+                by_method.setdefault(r["cell"][1], []).append(curve(r))
         for m, seeds in sorted(by_method.items()):
             xs = sorted({x for pts in seeds for x, _ in pts})
-            ys = [sum(dict(p).get(x, p[-1][1]) for p in seeds) / len(seeds) for x in xs]
+            # a seed's value at x: its last point at or before x (adaptive seeds switch at different x)
+            ys = [sum(next(y for x0, y in reversed(p) if x0 <= x) for p in seeds) / len(seeds) for x in xs]
             ax.plot(xs, [100 * y for y in ys], marker="o", label=m)
-        ax.set(xlabel="cumulative target rollouts", ylabel="test mean@8 (%)", title=f"{d} (mean over seeds)")
+        ks = {r["cfg"].get("test_subset", 0) for r in runs if r["cfg"]["domain"] == d}
+        on = f"test[:{ks.pop()}]" if len(ks) == 1 and 0 not in ks else "all its test questions" if ks == {0} else \
+            "each run's curve questions"
+        ax.set(xlabel="cumulative target rollouts", ylabel=f"test mean@8 (%) on {on}", title=f"{d} (mean over seeds)")
         ax.legend(fontsize=8)
         fig.tight_layout()
         path = out / f"curve_{d}.png"
@@ -167,10 +277,24 @@ def curves(runs, out: Path):
     return made
 
 
+BEGIN, END = "<!-- results.py: begin -->", "<!-- results.py: end -->"
+
+
+def into_readme(path: Path, body: str):
+    """Replace what stands between the README's BEGIN and END lines, so its numbers are never typed by hand."""
+    text = path.read_text()
+    if text.count(BEGIN) != 1 or text.count(END) != 1 or text.index(BEGIN) > text.index(END):
+        raise SystemExit(f"results.py: {path} needs one '{BEGIN}' line and one '{END}' line after it")
+    head, rest = text.split(BEGIN)
+    path.write_text(head + BEGIN + "\n" + body + "\n" + END + rest.split(END, 1)[1])
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("root", help="folder holding run directories")
     ap.add_argument("--out", default="results", help="where RESULTS.md and the curves go")
+    ap.add_argument("--readme", default="", help="also put the tables into this file, between its "
+                    f"'{BEGIN}' and '{END}' lines")
     a = ap.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -180,12 +304,19 @@ def main():
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     cell_labels(runs)
     pngs, head_to_head = curves(runs, out), claims(runs)
-    text = (f"# Results\n\nGenerated by `python results.py {a.root} --out {a.out}` at commit {commit} from "
+    readme_flag = f" --readme {a.readme}" if a.readme else ""
+    body = (f"Generated by `python results.py {a.root} --out {a.out}{readme_flag}` at commit {commit} from "
             f"{len(runs)} finished runs. Mean over seeds ± 95% CI (t). 'final' = the last checkpoint; "
             "'best-on-val' = the checkpoint chosen on the validation split, scored on test; "
             "'best-on-test' is the paper's metric, selected on the test split itself.\n\n" + table(runs) + "\n\n"
-            + ("## The paper's claims, head to head\n\n" + head_to_head + "\n\n" if head_to_head else "")
-            + "\n".join(f"![{p.stem}]({p.name})" for p in pngs) + "\n")
+            + ("### The paper's claims, head to head\n\n" + CLAIMS_NOTE + head_to_head + "\n\n" if head_to_head else "")
+            + "### Grid coverage\n\n" + coverage(runs, Path(a.root)) + "\n"
+            + "### Runs: code and command\n\n" + provenance(runs) + "\n")
+    images = lambda where: "\n".join(f"![{p.stem}]({where}{p.name})" for p in pngs) + "\n"
+    text = "# Results\n\n" + body + "\n" + images("")
+    if a.readme:
+        readme = Path(a.readme)
+        into_readme(readme, body + "\n" + images(os.path.relpath(out, readme.parent) + "/"))
     (out / "RESULTS.md").write_text(text)
     print(text)
 

@@ -2,7 +2,8 @@
 The run directory runs/<name>/: everything a run writes, and how it resumes.
 
   config.json        vars(args) of the run
-  metrics.jsonl      one line per rollout step, harness iteration and evaluation
+  metrics.jsonl      one line per rollout step, harness iteration and evaluation, and a
+                     "start" line each time a process starts or resumes the run (git commit, argv)
   checkpoint/        the latest completed state: the model in HF format (loadable by
                      transformers and vLLM), the optimizer, and state.json (phase,
                      counters, loader, current harness, evaluations so far)
@@ -67,6 +68,22 @@ def log_metrics(run: Path, row: dict, state: dict):
     with open(run / "metrics.jsonl", "a") as f:
         f.write(json.dumps(row, default=str) + "\n")
     state["metrics_lines"] = state.get("metrics_lines", 0) + 1
+
+
+def code_version() -> str:
+    """The git commit this code runs at, with '+dirty' when tracked files differ from it
+    ('unknown' outside a git checkout): which code produced a run, for its metrics.jsonl."""
+    import subprocess
+    git = ["git", "-C", str(Path(__file__).resolve().parent)]
+    try:
+        commit = subprocess.run(git + ["rev-parse", "HEAD"], capture_output=True, text=True, timeout=30)
+        dirty = subprocess.run(git + ["status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                               text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    if commit.returncode != 0:
+        return "unknown"
+    return commit.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
 def truncate_metrics(run: Path, lines: int):

@@ -310,6 +310,8 @@ def check_run(out, method):
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     events = {x["event"] for x in lines}
     assert "eval" in events
+    assert lines[0]["event"] == "start"  # which code made the run: its git commit (a checkout without .git: unknown)
+    assert len(lines[0]["commit"].split("+")[0]) == 40 if (ROOT / ".git").exists() else lines[0]["commit"] == "unknown"
     if method != "harness-only":
         assert "rollout_step" in events
     if method != "weight-only":
@@ -342,7 +344,7 @@ def test_results_tables_come_from_the_summaries(tiny_reference, tmp_path):
 def test_results_claims_pair_methods_on_the_same_questions():
     import results
     def run(method, seed, scores, schedule="fixed-steps:4,3"):
-        final = {"event": "eval", "split": "test", "tag": "final", "per_example": dict(enumerate(scores))}
+        final = {"event": "eval", "split": "test", "tag": "final", "rollouts": 100, "per_example": dict(enumerate(scores))}
         return {"cfg": {"domain": "d", "method": method, "seed": seed, "schedule": schedule},
                 "sum": {"rollouts": 100, "seconds": 60}, "metrics": [final]}
     runs = [run("whale", 0, [1, 0.5, 0, 0]), run("weight-only", 0, [0, 0.5, 0, 0.5]),
@@ -358,6 +360,40 @@ def test_results_claims_pair_methods_on_the_same_questions():
     row = next(r for r in results.claims(runs).splitlines() if "| weight-only |" in r)
     # t(1 df) x sd of (12.5, 50) points / sqrt(2 seeds): 12.706 x (37.5 / sqrt 2) / sqrt 2 = 238.2
     assert "| 2 | +31.2 ± 238.2 (95% CI over seeds)" in row
+
+
+def test_results_verdicts_curves_and_coverage_use_the_same_questions(tmp_path):
+    import results
+    from domains import searchqa
+    ids = [e["id"] for e in searchqa.load_split("test")[:4]]  # the curve's questions: test[:2]
+
+    def run(method, seed, initial, subset_means, final):
+        ev = lambda split, tag, x, **k: {"event": "eval", "split": split, "tag": tag, "rollouts": x, **k}
+        metrics = [ev("test", "initial", 0, per_example=dict(zip(ids, initial)), mean=sum(initial) / 4)]
+        metrics += [ev("test_subset", f"A{i}", 100 * (i + 1), mean=y) for i, y in enumerate(subset_means)]
+        metrics += [ev("test", "final", 400, per_example=dict(zip(ids, final)), mean=sum(final) / 4)]
+        return {"cfg": {"domain": "searchqa", "method": method, "seed": seed, "schedule": "fixed-steps:4,3",
+                        "test_subset": 2}, "sum": {"rollouts": 400, "seconds": 60}, "metrics": metrics}
+    whale = run("whale", 0, [0, 0, 0, 0], [0.25, 0.5, 0.75], [0.75, 0.75, 0, 0])
+    stage = run("stagewise", 0, [0, 0, 0, 0], [0, 0, 0], [0.5, 0, 1, 1])  # on test[:2]: 0.25; on all four: 0.625
+    assert results.curve(whale) == [(0, 0.0), (100, 0.25), (200, 0.5), (300, 0.75), (400, 0.75)]
+    assert results.reaches(whale, stage) == 100  # the subset's first point >= stagewise's 0.25 on test[:2]
+    assert results.reaches(stage, whale) is None  # stagewise's curve never reaches whale's 0.75
+    harness, weight = run("harness-only", 0, [0] * 4, [], [1, 1, 1, 1]), run("weight-only", 0, [0] * 4, [], [0] * 4)
+    runs = [whale, stage, harness, weight]
+    results.cell_labels(runs)
+    rows = {tuple(c.strip() for c in r.split("|")[2:4]): r for r in results.claims(runs).splitlines()[2:]}
+    # whale - stagewise per question: +0.25, +0.75, -1, -1 -> -25 +- 44.5 points (SE): the interval holds 0
+    assert "| unresolved (95% interval holds 0) | 25% of A's rollouts |" in rows["whale", "stagewise"]
+    # whale - harness-only: -0.25, -0.25, -1, -1 -> -62.5 +- 21.7 (SE); 1.96 SE = 42.4 < 62.5
+    assert "| -62.5 ± 21.7 (SE, 4 questions, -2.9 SE) | reversed | not reached |" in rows["whale", "harness-only"]
+    assert "| holds |" in rows["harness-only", "weight-only"]  # +100 +- 0: searchqa's bottleneck claim
+    assert ("weight-only", "harness-only") not in rows  # the weights-first claim is math's
+    (tmp_path / "unfinished").mkdir()
+    (tmp_path / "unfinished" / "config.json").write_text("{}")
+    text = results.coverage(runs, tmp_path)
+    assert text.startswith("4 of 54 runs") and "| searchqa | s0 | - | s0 | s0 | - | s0 |" in text
+    assert "unfinished" in text  # a run to resume is named
 
 
 @pytest.mark.parametrize("method", ["weight-only", "harness-only", "fst", "stagewise"])

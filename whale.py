@@ -148,6 +148,8 @@ def main(a: Args):
         bar.write(" ".join(f"{k}={round(v, 4) if isinstance(v, float) else v}" for k, v in row.items()
                            if not isinstance(v, (list, dict)) and v is not None))
 
+    log({"event": "start", "commit": rd.code_version(), "argv": sys.argv[1:]})  # which code made this run
+
     def checkpoint(model_changed: bool):
         if rank != 0:
             return
