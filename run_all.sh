@@ -3,8 +3,8 @@
 # then the tables and curves (results.py). Finished cells are skipped and interrupted ones
 # resumed, so the grid can be completed over several sittings.
 #
-#   bash run_all.sh cpu                      # embedded 135M model on a CPU (~25-30 min a cell here:
-#                                            # the 200-question test evaluations alone are ~8 min each)
+#   bash run_all.sh cpu                      # embedded 135M model on a CPU (~15-25 min a cell here:
+#                                            # a 200-question x 8 test evaluation alone is ~6-7 min)
 #   bash run_all.sh cpu searchqa             # one domain
 #   SEEDS="0" bash run_all.sh cpu            # fewer seeds
 #   bash run_all.sh paper                    # Qwen3.5-2B (chess 4B) on GPUs with vLLM, schedule (0.6, 6)
@@ -17,13 +17,18 @@ seeds=${SEEDS:-"0 1 2"}
 methods=${METHODS:-"whale whale-adaptive weight-only harness-only fst stagewise"}
 
 case "$preset" in
+  # cpu: 1664 rollouts = 13 steps of 16 prompts x 8. The paper's patience (0.2 epoch of the weight
+  # pool = 25 steps here) is longer than the whole budget, so adaptive is scaled like the fixed
+  # schedule: patience 2 steps on a 2-step mean, and at least as many harness iterations as fixed (3).
   cpu)   common=(--budget 1664 --prompts-per-step 16 --group 8 --harness-examples 64 --harness-n 2
                  --candidates 3 --schedule fixed-steps:4,3 --test-limit 200 --test-n 8 --val-limit 32
-                 --val-n 2 --test-subset 32 --max-tokens 48 --train-layers 4 --temperature 0.3 --lr 3e-4) ;;
+                 --val-n 2 --test-subset 32 --max-tokens 48 --train-layers 4 --temperature 0.3 --lr 3e-4)
+         adaptive=adaptive:w=2,pw=2,min_w=2,min_h=3,max_h=6 ;;
   paper) common=(--engine vllm --device cuda --budget 40960 --prompts-per-step 256 --group 8
                  --harness-examples 256 --harness-n 1 --candidates 3 --schedule fixed:0.6,6 --lr 1e-7 --minibatch 64
                  --micro-batch 8 --train-layers 0 --max-tokens 1024 --test-subset 0 --val-limit 0 --val-n 8
-                 --temperature 1.0 --test-limit 0) ;;
+                 --temperature 1.0 --test-limit 0)
+         adaptive=adaptive ;;
   *) echo "usage: bash run_all.sh cpu|paper [domain ...]" >&2; exit 2 ;;
 esac
 
@@ -40,10 +45,10 @@ for domain in $domains; do
         python whale.py --resume "$out"
       else
         flags=(--method "$method")
-        [ "$method" = whale-adaptive ] && flags=(--method whale --schedule adaptive)
+        [ "$method" = whale-adaptive ] && flags=(--method whale --schedule "$adaptive")
         python whale.py --domain "$domain" --seed "$seed" --out "$out" "${common[@]}" "${model[@]}" "${flags[@]}"
       fi
     done
   done
 done
-python results.py "results/runs/$preset" --out results
+python results.py "results/runs/$preset" --out results --readme README.md
