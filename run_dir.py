@@ -71,14 +71,15 @@ def log_metrics(run: Path, row: dict, state: dict):
 
 
 def code_version() -> str:
-    """The git commit this code runs at, with '+dirty' when tracked files differ from it
-    ('unknown' outside a git checkout): which code produced a run, for its metrics.jsonl."""
+    """The git commit this code runs at, with '+dirty' when tracked code or data differ from it
+    (results/ and *.md do not count: run records and prose change while runs go on), or 'unknown'
+    outside a git checkout: which code produced a run, for its metrics.jsonl."""
     import subprocess
     git = ["git", "-C", str(Path(__file__).resolve().parent)]
     try:
         commit = subprocess.run(git + ["rev-parse", "HEAD"], capture_output=True, text=True, timeout=30)
-        dirty = subprocess.run(git + ["status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                               text=True, timeout=30)
+        dirty = subprocess.run(git + ["status", "--porcelain", "--untracked-files=no", "--", ".",
+                                      ":(exclude)results", ":(exclude)*.md"], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return "unknown"
     if commit.returncode != 0:
