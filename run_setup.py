@@ -74,11 +74,19 @@ def check_args(a):
     if a.test_limit and a.test_subset > a.test_limit:
         raise UserError(f"--test-subset {a.test_subset} is larger than --test-limit {a.test_limit}")
     domain = importlib.import_module(f"domains.{a.domain}")
+    sizes = {}
     for split in ("weight", "harness", "val", "test"):  # a corrupt file fails here, before a run directory exists
         try:
-            domain.load_split(split)
+            sizes[split] = len(domain.load_split(split))
         except Exception as e:
             raise UserError(f"cannot load the {a.domain} {split} split from {domain.DATA}: {type(e).__name__}: {e}")
+    policy = switch.parse_schedule(a.schedule)
+    if a.method in ("whale", "fst") and isinstance(policy, switch.Patience):  # the paper's patience at a small budget
+        min_w = policy.min_w or switch.epochs_to_steps(0.2, max(1, sizes["weight"] // a.prompts_per_step))
+        if min_w * step >= a.budget:
+            raise UserError(f"--schedule {a.schedule}: the first weight phase lasts at least {min_w} steps "
+                            f"({min_w * step} rollouts, 0.2 epoch unless min_w is given), the whole --budget "
+                            f"{a.budget}, so no harness phase would run; scale it, e.g. adaptive:w=2,pw=2,min_w=2")
 
 
 def open_run(a):

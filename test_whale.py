@@ -446,6 +446,7 @@ def test_sigkill_anywhere_then_resume_matches_an_uninterrupted_run(tmp_path, tin
     (["--proposer-url", "http://127.0.0.1:9/v1"], "only used by --proposer openai"),
     (["--proposer", "self", "--proposer-command", "claude -p"], "only used by --proposer command"),
     (["--budget", "100"], "buys no rollout step"),
+    (["--schedule", "adaptive"], "no harness phase would run"),  # 0.2 epoch = 25 steps > 13 in the budget
     (["--top-p", "0"], "--top-p in (0, 1]"),
     (["--test-limit", "50", "--test-subset", "60"], "larger than --test-limit"),
 ])
