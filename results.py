@@ -257,8 +257,9 @@ def curves(runs, out: Path):
         for r in runs:
             if r["cfg"]["domain"] != d:
                 continue
-            if curve(r):
-                by_method.setdefault(r["cell"][1], []).append(curve(r))
+            pts = curve(r)
+            if pts:
+                by_method.setdefault(r["cell"][1], []).append(pts)
         for m, seeds in sorted(by_method.items()):
             xs = sorted({x for pts in seeds for x, _ in pts})
             # a seed's value at x: its last point at or before x (adaptive seeds switch at different x)
