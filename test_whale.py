@@ -365,7 +365,7 @@ def test_results_claims_pair_methods_on_the_same_questions():
 def test_results_verdicts_curves_and_coverage_use_the_same_questions(tmp_path):
     import results
     from domains import searchqa
-    ids = [e["id"] for e in searchqa.load_split("test")[:4]]  # the curve's questions: test[:2]
+    ids = [e["id"] for e in searchqa.load_split("test")[:4]]  # four test questions; the curves use test[:2]
 
     def run(method, seed, initial, subset_means, final):
         ev = lambda split, tag, x, **k: {"event": "eval", "split": split, "tag": tag, "rollouts": x, **k}
