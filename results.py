@@ -22,6 +22,7 @@ Then:
 Leaves out: significance corrections across the many claims (read single rows with that in mind).
 """
 import argparse
+import functools
 import importlib
 import json
 import math
@@ -127,14 +128,16 @@ def final_per_question(run):
     return finals[-1]["per_example"] if finals else None
 
 
+@functools.lru_cache(maxsize=None)
+def first_test_ids(domain: str, k: int) -> tuple:
+    return tuple(e["id"] for e in importlib.import_module(f"domains.{domain}").load_split("test")[:k])
+
+
 def curve_ids(run):
     """The questions every point of a run's curve was scored on: test[:test_subset] (whale.py
     evaluates them after every phase), or None = the whole test split when it evaluated no subset."""
     k = run["cfg"].get("test_subset", 0)
-    if not k:
-        return None
-    domain = importlib.import_module(f"domains.{run['cfg']['domain']}")
-    return [e["id"] for e in domain.load_split("test")[:k]]
+    return first_test_ids(run["cfg"]["domain"], k) if k else None
 
 
 def mean_on(per_example, ids):

@@ -54,7 +54,7 @@ def check_args(a):
         raise UserError("--budget, --prompts-per-step, --group, --candidates, --test-n and --val-n must be > 0")
     import switch
     try:
-        switch.parse_schedule(a.schedule)
+        policy = switch.parse_schedule(a.schedule)
     except ValueError as e:
         raise UserError(str(e))
     # contradictory flags: each would otherwise be silently ignored or run nothing
@@ -80,7 +80,6 @@ def check_args(a):
             sizes[split] = len(domain.load_split(split))
         except Exception as e:
             raise UserError(f"cannot load the {a.domain} {split} split from {domain.DATA}: {type(e).__name__}: {e}")
-    policy = switch.parse_schedule(a.schedule)
     if a.method in ("whale", "fst") and isinstance(policy, switch.Patience):  # the paper's patience at a small budget
         min_w = policy.min_w or switch.epochs_to_steps(0.2, max(1, sizes["weight"] // a.prompts_per_step))
         if min_w * step >= a.budget:
