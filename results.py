@@ -195,7 +195,8 @@ def claims(runs):
                 diff = f"{m:+.1f} ± {half:.1f} (95% CI over seeds)"
             hits = [reaches(A[s], B[s]) for s in seeds]
             got = [100 * h / A[s]["sum"]["rollouts"] for h, s in zip(hits, seeds) if h is not None]
-            reach = (f"{sum(got) / len(got):.0f}% of A's rollouts" if got else "not reached") + \
+            reach = ("at the start (B's final is no better than the initial score)" if got and not any(got)
+                     else f"{sum(got) / len(got):.0f}% of A's rollouts" if got else "not reached") + \
                     (f" ({len(got)}/{len(seeds)} seeds)" if len(seeds) > 1 else "")
             avg = lambda cell, k: sum(cell[s]["sum"][k] for s in seeds) / len(seeds)
             rows.append(f"| {d} | {ma} | {mb} | {what} | {len(diffs)} | {diff} | {verdict(m, half)} | {reach} | "

@@ -388,6 +388,8 @@ def test_results_verdicts_curves_and_coverage_use_the_same_questions(tmp_path):
     # whale - harness-only: -0.25, -0.25, -1, -1 -> -62.5 +- 21.7 (SE); 1.96 SE = 42.4 < 62.5
     assert "| -62.5 ± 21.7 (SE, 4 questions, -2.9 SE) | reversed | not reached |" in rows["whale", "harness-only"]
     assert "| holds |" in rows["harness-only", "weight-only"]  # +100 +- 0: searchqa's bottleneck claim
+    # weight-only ends at 0 = harness-only's initial score: reached before the first rollout, said so
+    assert "| at the start (B's final is no better than the initial score) |" in rows["harness-only", "weight-only"]
     assert ("weight-only", "harness-only") not in rows  # the weights-first claim is math's
     (tmp_path / "unfinished").mkdir()
     (tmp_path / "unfinished" / "config.json").write_text("{}")
