@@ -358,8 +358,14 @@ def test_results_claims_pair_methods_on_the_same_questions():
     runs += [run("whale", 1, [1, 1, 0, 0]), run("weight-only", 1, [0, 0, 0, 0])]  # second seed: +50
     results.cell_labels(runs)
     row = next(r for r in results.claims(runs).splitlines() if "| weight-only |" in r)
-    # t(1 df) x sd of (12.5, 50) points / sqrt(2 seeds): 12.706 x (37.5 / sqrt 2) / sqrt 2 = 238.2
-    assert "| 2 | +31.2 ± 238.2 (95% CI over seeds)" in row
+    # t(1 df) x sd of (12.5, 50) points / sqrt(2 seeds): 12.706 x (37.5 / sqrt 2) / sqrt 2 = 238.2, wider than
+    # the questions' interval: seed-averaged differences 1, .5, 0, -.25 -> t(3 df) 3.182 x SE 27.7 = 88.2
+    assert "| 2 | +31.2 ± 238.2 (95% CI, the wider of: over 2 seeds ± 238.2, over 4 questions ± 88.2)" in row
+    # two seeds that agree exactly: the t interval over seeds is ± 0; the questions' (3.182 x SE 25 = 79.55) decides
+    same = [run("whale", s, [1, 0, 0, 0]) for s in (0, 1)] + [run("stagewise", s, [0, 0, 0, 0]) for s in (0, 1)]
+    results.cell_labels(same)
+    row = next(r for r in results.claims(same).splitlines() if "| stagewise |" in r)
+    assert "+25.0 ± 79.5 (95% CI, the wider of: over 2 seeds ± 0.0, over 4 questions ± 79.5) | unresolved" in row
 
 
 def test_results_verdicts_curves_and_coverage_use_the_same_questions(tmp_path):
