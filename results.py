@@ -186,8 +186,8 @@ def claims(runs):
             for s in seeds:
                 a, b = final_per_question(A[s]), final_per_question(B[s])
                 if a and b:
-                    diffs.append((*paired_gain(b, a), len(set(a) & set(b))))  # A - B
-                    per_q.append({q: a[q] - b[q] for q in a if q in b})
+                    per_q.append({q: a[q] - b[q] for q in a if q in b})  # A - B per question
+                    diffs.append((*paired_gain(b, a), len(per_q[-1])))
             if not diffs or (where and d not in where):
                 continue
             if len(diffs) == 1:
