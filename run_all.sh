@@ -3,8 +3,9 @@
 # then the tables and curves (results.py). Finished cells are skipped and interrupted ones
 # resumed, so the grid can be completed over several sittings.
 #
-#   bash run_all.sh cpu                      # embedded 135M model on a CPU (12-25 min a cell here,
-#                                            # a 200-question x 8 test evaluation ~5-7 min)
+#   bash run_all.sh cpu                      # embedded 135M model on a CPU (search QA and math 7-26 min
+#                                            # a cell here; chess ~50 min on h0, hours once its search
+#                                            # accepts a multi-turn retry harness)
 #   bash run_all.sh cpu searchqa             # one domain
 #   SEEDS="0" bash run_all.sh cpu            # fewer seeds
 #   bash run_all.sh paper                    # Qwen3.5-2B (chess 4B) on GPUs with vLLM, schedule (0.6, 6)
