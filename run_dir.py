@@ -88,12 +88,23 @@ def code_version() -> str:
 
 
 def truncate_metrics(run: Path, lines: int):
-    """Drop metrics lines written after the checkpoint we resume from."""
+    """Drop metrics lines written after the checkpoint we resume from, and any line a kill cut
+    short (it has no newline or does not parse), so the next row starts on a line of its own.
+    Returns the number of lines kept (the count the resumed run continues from)."""
     path = run / "metrics.jsonl"
     if not path.exists():
-        return
-    kept = path.read_text().splitlines(keepends=True)[:lines]
+        return 0
+    kept = []
+    for line in path.read_text().splitlines(keepends=True)[:lines]:
+        try:
+            json.loads(line)
+        except ValueError:
+            break  # a torn line: it and everything after it are redone from the checkpoint
+        if not line.endswith("\n"):
+            break
+        kept.append(line)
     path.write_text("".join(kept))
+    return len(kept)
 
 
 def save_checkpoint(run: Path, engine, optimizer, state: dict, name: str = "checkpoint", model_changed=True):

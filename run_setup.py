@@ -25,17 +25,21 @@ def check_args(a):
         raise UserError(f"unknown method {a.method!r}; choose one of {', '.join(METHODS)}")
     if not (ROOT / "domains" / f"{a.domain}.py").exists() or a.domain.startswith("_"):
         raise UserError(f"unknown domain {a.domain!r}; choose searchqa, math or chess")
+    if a.test_split not in ("test", "val"):
+        raise UserError(f"unknown --test-split {a.test_split!r}; choose test or val")
     if a.engine not in ("hf", "vllm"):
         raise UserError(f"unknown engine {a.engine!r}; choose hf or vllm")
     if a.harness and not Path(a.harness).is_file():
         raise UserError(f"harness file {a.harness} does not exist")
     if a.harness:
-        import ast
+        import meta_harness  # the same check every proposed candidate gets
         try:
-            ast.parse(Path(a.harness).read_text())
-        except (SyntaxError, ValueError, UnicodeDecodeError) as e:
-            raise UserError(f"harness file {a.harness} does not parse: {getattr(e, 'msg', e)} "
-                            f"(line {getattr(e, 'lineno', '?')})")
+            why = meta_harness.static_check(Path(a.harness).read_text())
+        except (OSError, UnicodeDecodeError) as e:
+            why = f"cannot be read ({e})"
+        if why:
+            why = why.replace("syntax error", "does not parse")
+            raise UserError(f"harness file {a.harness} is not a harness: {why}")
     if a.model != "embedded" and os.sep in a.model and not Path(a.model).exists():
         raise UserError(f"model path {a.model} does not exist")
     if a.proposer not in ("primitives", "self", "openai", "command"):
@@ -88,6 +92,19 @@ def check_args(a):
                             f"{a.budget}, so no harness phase would run; scale it, e.g. adaptive:w=2,pw=2,min_w=2")
 
 
+def read_json_or_fail(path, what):
+    """A run file as a dict, or one line saying which file is damaged."""
+    import json
+    try:
+        obj = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise UserError(f"{what}: {path} is missing or corrupt ({type(e).__name__}); "
+                        f"the run cannot continue from it") from None
+    if not isinstance(obj, dict):
+        raise UserError(f"{what}: {path} is not a JSON object; the run cannot continue from it")
+    return obj
+
+
 def open_run(a):
     """A new run directory with config.json, or the one --resume names (with its saved args).
     `a` is whale.Args; its class gives the defaults a resumed run is compared against."""
@@ -97,7 +114,9 @@ def open_run(a):
         run = Path(a.resume)
         if not (run / "config.json").exists():
             raise UserError(f"{run} is not a run directory (no config.json)")
-        saved = rd.read_json(run / "config.json")
+        saved = read_json_or_fail(run / "config.json", f"--resume {run}")
+        if (run / "checkpoint").exists():  # written atomically; damaged only from outside
+            read_json_or_fail(run / "checkpoint" / "state.json", f"--resume {run}")
         for k in ("domain", "method", "seed"):
             if getattr(a, k) != getattr(Args(), k) and getattr(a, k) != saved.get(k):
                 raise UserError(f"--resume {run}: that is a {k}={saved.get(k)} run, not {k}={getattr(a, k)}")

@@ -422,6 +422,8 @@ def test_sigkill_anywhere_then_resume_matches_an_uninterrupted_run(tmp_path, tin
               env={"WHALE_CRASH_AT": point})
     assert r.returncode == -signal.SIGKILL, (r.returncode, r.stderr[-2000:])
     assert not (run / "summary.json").exists()
+    with open(run / "metrics.jsonl", "a") as f:  # the kill also tore the line being written
+        f.write('{"t": 1.0, "event": "rollout_st')
     r = whale("--resume", str(run))
     assert r.returncode == 0, r.stderr[-3000:]
     a = json.loads((tiny_reference / "summary.json").read_text())
@@ -432,6 +434,8 @@ def test_sigkill_anywhere_then_resume_matches_an_uninterrupted_run(tmp_path, tin
     for f in ref:
         assert f.read_text() == (run / "harnesses" / f.name).read_text()
     assert not list(run.glob(".*tmp*"))  # no half-written checkpoint left behind
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]  # the torn line is gone
+    assert rows[-1]["event"] == "eval" and rows[-1]["tag"] == "final"
 
 
 @pytest.mark.parametrize("args, needle", [
@@ -446,6 +450,9 @@ def test_sigkill_anywhere_then_resume_matches_an_uninterrupted_run(tmp_path, tin
     (["--budget", "0"], "must be > 0"),
     (["--resume", "/no/such/run"], "not a run directory"),
     (["--harness", "{bad_harness}"], "does not parse"),
+    (["--harness", "{no_run_harness}"], "no top-level function run(task, llm, tools)"),
+    (["--resume", "{corrupt_run}"], "state.json is missing or corrupt"),
+    (["--test-split", "train"], "unknown --test-split"),
     (["--resume", "{other_run}", "--domain", "math"], "domain=searchqa run"),
     # contradictory flags
     (["--resume", "{other_run}", "--lr", "1e-3"], "cannot change on resume"),
@@ -465,9 +472,16 @@ def test_bad_input_is_one_line_and_exit_2(args, needle, tmp_path):
     other.mkdir()
     (other / "config.json").write_text(json.dumps({"domain": "searchqa", "method": "whale", "seed": 0}))
     before = (other / "config.json").read_text()
+    no_run = tmp_path / "no_run.py"
+    no_run.write_text("def solve(task, llm, tools):\n    return None\n")
+    corrupt = tmp_path / "corrupt"
+    (corrupt / "checkpoint").mkdir(parents=True)
+    (corrupt / "config.json").write_text(before)
+    (corrupt / "checkpoint" / "state.json").write_text('{"phase": "A", "cyc')  # damaged from outside
     server = serve("garbage", [])  # an OpenAI-style endpoint whose chat replies are not JSON
     garbage_url = f"http://127.0.0.1:{server.server_address[1]}/v1"
-    args = [x.format(bad_harness=bad, other_run=other, garbage_url=garbage_url) for x in args]
+    args = [x.format(bad_harness=bad, other_run=other, garbage_url=garbage_url, no_run_harness=no_run,
+                     corrupt_run=corrupt) for x in args]
     try:
         r = whale(*args, "--out", str(tmp_path / "x"), timeout=120)
     finally:
@@ -482,6 +496,9 @@ def test_bad_input_is_one_line_and_exit_2(args, needle, tmp_path):
     ("searchqa", lambda b: b[:len(b) // 2]),                                        # a truncated copy
     ("math", lambda b: gzip.compress(gzip.decompress(b) + b"{not json\n", mtime=0)),  # a garbage line
     ("chess", lambda b: b"\x00" * 64),                                              # not gzip at all
+    ("searchqa", lambda b: gzip.compress(b'{"id": "q1", "answer": {"aliases": ["x"]}}\n', mtime=0)),  # no task
+    ("chess", lambda b: gzip.compress(b'{"id": "c1", "task": {"fen": "8/8/8/8/8/8/8/8 w - - 0 1"}, '
+                                      b'"answer": {"line": []}}\n', mtime=0)),  # a task without plies/side
 ])
 def test_corrupt_data_file_is_one_line_and_exit_2(domain, corrupt, tmp_path):
     import shutil

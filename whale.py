@@ -79,6 +79,8 @@ class Args:
     max_tokens: int = arg(48, "cap on new tokens per llm() call (the parent enforces it)")
     test_n: int = arg(8, "samples per test question: mean@test_n")
     test_limit: int = arg(100, "first N test questions (0 = all 250); 100 keeps the CPU default near 20 min")
+    test_split: str = arg("test", "the held-out split scored as 'test' (initial, final, best-on-val): test, or val "
+                                  "to choose settings without ever reading the test split")
     val_n: int = arg(2, "samples per validation question")
     val_limit: int = arg(32, "validation questions evaluated after every phase (0 = all)")
     test_subset: int = arg(0, "also evaluate this many test questions after every phase (curves)")
@@ -110,11 +112,13 @@ def main(a: Args):
     ckpt = run / "checkpoint"
     state = rd.read_json(ckpt / "state.json") if (ckpt / "state.json").exists() else None
     if rank == 0:
-        rd.truncate_metrics(run, state["metrics_lines"] if state else 0)
+        kept = rd.truncate_metrics(run, state["metrics_lines"] if state else 0)
+        if state:
+            state["metrics_lines"] = kept
 
     domain = importlib.import_module(f"domains.{a.domain}")
     splits = {s: domain.load_split(s) for s in ("weight", "harness", "val", "test")}  # checked in check_args
-    test, val = splits["test"][:a.test_limit or None], splits["val"][:a.val_limit or None]
+    test, val = splits[a.test_split][:a.test_limit or None], splits["val"][:a.val_limit or None]
     search_set = splits["harness"][:a.harness_examples or None]
     sampling = {"temperature": a.temperature, "top_k": a.top_k, "top_p": a.top_p}
     h0 = Path(a.harness or domain.H0).read_text()
@@ -304,17 +308,17 @@ def finish(a, run, state, engine, evaluate, test, checkpoint, bar, t_start):
                "test_mean8_best_test": best_test["mean"], "test_mean8_best_test_se": best_test["se"],
                "best_test_note": "selected on the test split (the paper's metric), over the full-test evaluations "
                                  f"of this run: {sorted(tests)}",
-               "test_examples": initial["examples"], "test_n": a.test_n,
+               "test_split": a.test_split, "test_examples": initial["examples"], "test_n": a.test_n,
                "test_subset_curve": a.test_subset, **state["counters"], "seconds": round(state["seconds"], 1)}
     rd.write_json(run / "summary.json", summary)
     rd.plot_curve(run, state["evals"], f"{a.method} on {a.domain} (seed {a.seed})")
     print(f"\n{a.method} on {a.domain}, seed {a.seed}: {state['rollouts']} target rollouts in "
           f"{state['seconds'] / 60:.1f} min")
-    print(f"  test mean@{a.test_n} ({initial['examples']} questions)  initial {initial['mean']:.3f} "
+    print(f"  {a.test_split} mean@{a.test_n} ({initial['examples']} questions)  initial {initial['mean']:.3f} "
           f"+- {initial['se']:.3f}   final {final['mean']:.3f} +- {final['se']:.3f}")
     print(f"  gain {gain:+.3f} +- {gain_se:.3f} (SE of the per-question differences)")
     if a.method != "eval":
-        print(f"  best-on-validation checkpoint: test {best_val_test['mean']:.3f} +- {best_val_test['se']:.3f}")
+        print(f"  best-on-validation checkpoint: {a.test_split} {best_val_test['mean']:.3f} +- {best_val_test['se']:.3f}")
     print(f"  files: {run}/ (summary.json, metrics.jsonl, harnesses/, checkpoint/, curve.png)")
 
 

@@ -1,0 +1,24 @@
+"""domains/: one file per task family (searchqa, math, chess). Each holds its data splits,
+tools, verifier, seed harness h0 and the axes the harness search may change.
+
+This file holds the one helper they share: the record check every load_split runs, so that a
+data file a fork brings (WHALE_DATA) fails with one clear line at start-up, not a KeyError in
+the middle of a run.
+"""
+
+
+def check_records(records, path, task_keys, answer_keys):
+    """Raise ValueError naming the first record of `path` that lacks what the domain reads:
+    a str "id", a dict "task" with task_keys, a dict "answer" with answer_keys."""
+    for n, r in enumerate(records, 1):
+        where = f"{path} record {n}"
+        if not isinstance(r, dict) or not isinstance(r.get("id"), str):
+            raise ValueError(f"{where}: not an object with a str 'id'")
+        for part, keys in (("task", task_keys), ("answer", answer_keys)):
+            value = r.get(part)
+            if not isinstance(value, dict):
+                raise ValueError(f"{where} (id {r['id']!r}): no {part!r} object")
+            missing = [k for k in keys if k not in value]
+            if missing:
+                raise ValueError(f"{where} (id {r['id']!r}): {part} has no {', '.join(map(repr, missing))}")
+    return records

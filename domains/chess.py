@@ -41,6 +41,8 @@ import types
 
 import chess
 
+from domains import check_records
+
 NAME = "chess"
 HERE = os.path.dirname(os.path.abspath(__file__))
 # $WHALE_DATA points at another data root holding chess/; default: the repo's data/
@@ -53,8 +55,10 @@ def load_split(split):
     """test 250, val 100, harness 128, weight 3,637 puzzles."""
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
-    with gzip.open(os.path.join(DATA, f"{split}.jsonl.gz"), "rt", encoding="utf-8") as f:
-        return [json.loads(line) for line in f]
+    path = os.path.join(DATA, f"{split}.jsonl.gz")
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        records = [json.loads(line) for line in f]
+    return check_records(records, path, ("fen", "plies", "side"), ("line",))
 
 
 # ---------------------------------------------------------------- the environment (parent side)

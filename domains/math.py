@@ -27,6 +27,8 @@ import re
 from fractions import Fraction
 from pathlib import Path
 
+from domains import check_records
+
 NAME = "math"
 # $WHALE_DATA points at another data root holding math/; default: the repo's data/
 DATA = Path(os.environ.get("WHALE_DATA") or Path(__file__).resolve().parent.parent / "data") / "math"
@@ -40,7 +42,8 @@ def load_split(split):
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
     with gzip.open(DATA / f"{split}.jsonl.gz", "rt") as f:
-        return [json.loads(line) for line in f]
+        records = [json.loads(line) for line in f]
+    return check_records(records, DATA / f"{split}.jsonl.gz", ("problem",), ("value",))
 
 
 # ---------------------------------------------------------------- tools

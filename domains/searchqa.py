@@ -19,6 +19,8 @@ import re
 import string
 import threading
 
+from domains import check_records
+
 NAME = "searchqa"
 HERE = os.path.dirname(os.path.abspath(__file__))
 # $WHALE_DATA points at another data root holding searchqa/ (a fork's own splits); default: the repo's data/
@@ -37,7 +39,8 @@ def load_split(split):
     """weight 2000, harness 128, val 100, test 250 examples: {"id", "task": {"question"}, "answer"}."""
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
-    return _read_jsonl_gz(os.path.join(DATA, f"{split}.jsonl.gz"))
+    path = os.path.join(DATA, f"{split}.jsonl.gz")
+    return check_records(_read_jsonl_gz(path), path, ("question",), ("aliases",))
 
 
 # ---------------------------------------------------------------- retrieval (BM25)
