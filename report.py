@@ -39,6 +39,7 @@ import html
 import json
 import math
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -645,16 +646,18 @@ def render_diff(old, new, context=3, max_lines=400):
 
 
 def _intraline(x, y, limit=300):
+    """Two replaced lines with their changed words marked (whole lines when little is shared)."""
     if len(x) > limit or len(y) > limit:
         return clip(x, limit), clip(y, limit)
+    a, b = re.findall(r"\w+|\s+|[^\w\s]", x), re.findall(r"\w+|\s+|[^\w\s]", y)
+    sm = difflib.SequenceMatcher(None, a, b, autojunk=False)
+    if sm.ratio() < 0.4:
+        return esc(x), esc(y)
     out_x, out_y = [], []
-    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, x, y, autojunk=False).get_opcodes():
-        if tag == "equal":
-            out_x.append(esc(x[i1:i2]))
-            out_y.append(esc(y[j1:j2]))
-        else:
-            out_x.append(f"<mark>{esc(x[i1:i2])}</mark>" if i2 > i1 else "")
-            out_y.append(f"<mark>{esc(y[j1:j2])}</mark>" if j2 > j1 else "")
+    for tag, i1, i2, j1, j2 in sm.get_opcodes():
+        old, new = esc("".join(a[i1:i2])), esc("".join(b[j1:j2]))
+        out_x.append(old if tag == "equal" or not old else f"<mark>{old}</mark>")
+        out_y.append(new if tag == "equal" or not new else f"<mark>{new}</mark>")
     return "".join(out_x), "".join(out_y)
 
 
