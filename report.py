@@ -43,6 +43,8 @@ import re
 import sys
 from pathlib import Path
 
+from meta_harness import sign_test  # the run's own acceptance test (meta_harness needs only the standard library)
+
 HERE = Path(__file__).resolve().parent
 PASS = 0.5  # a rollout "succeeds" when its verifier score is above this (rs_sft.py keeps the same ones)
 
@@ -487,10 +489,15 @@ def render_phase_b(section, phase, run):
                      | {i for i in iterations if isinstance(i, int)})
     parts = [title, intro]
     incumbent = "cand_000"
+    run_tests = {}  # candidate -> the run's tests of it: an archive's best can be tested in later iterations too
+    for line in phase["iterations"]:
+        if isinstance(line.get("test"), dict):
+            run_tests.setdefault(line["test"].get("cand"), []).append((line.get("iteration"), line["test"],
+                                                                        bool(line.get("accepted"))))
     for it in numbers:
         line = iterations.get(it)
         members = [c for c in phase["candidates"] if c["meta"].get("iteration") == it]
-        parts.append(render_iteration(it, line, members, by_name, incumbent))
+        parts.append(render_iteration(it, line, members, by_name, incumbent, run_tests))
         if line and line.get("incumbent"):
             incumbent = line["incumbent"]
     if section:
@@ -503,7 +510,7 @@ ITER_KNOWN = {"iteration", "cands", "iteration_best", "archive_best", "paper_cho
               "t", "event", "cycle", "rollouts"}
 
 
-def render_iteration(it, line, members, by_name, incumbent_before):
+def render_iteration(it, line, members, by_name, incumbent_before, run_tests):
     """One iteration: what the run decided (the archive's best, its paired test, the incumbent
     after), then its candidates."""
     head = f'<h3 id="{esc(_anchor(members, it))}">Iteration {esc(it)}</h3>'
@@ -531,8 +538,7 @@ def render_iteration(it, line, members, by_name, incumbent_before):
         for e in line.get("proposer_errors") or []:
             decided += f'<p class="bad">proposer error: {clip(e, 600)}</p>'
         decided += extras(line, ITER_KNOWN)
-    tested = (line or {}).get("test") if isinstance((line or {}).get("test"), dict) else None
-    cards = [render_candidate(c, by_name, incumbent_before, tested, line) for c in members]
+    cards = [render_candidate(c, by_name, incumbent_before, run_tests.get(c["name"], [])) for c in members]
     return f'<section class="iteration">{head}{decided}{"".join(cards) or "<p>no candidates</p>"}</section>'
 
 
@@ -544,11 +550,12 @@ CAND_KNOWN = {"success", "mean_turns", "mean_tokens", "n", "rollouts", "missing"
               "per_example", "cand", "iteration", "proposer", "parent", "axis", "note", "cost"}
 
 
-def render_candidate(c, by_name, incumbent, tested, line):
+def render_candidate(c, by_name, incumbent, run_tests):
     meta, s = c["meta"], c["scores"]
     marks = ""
-    if line and line.get("incumbent") == c["name"] and line.get("accepted"):
-        marks += " " + badge("accepted: the new incumbent", "ok")
+    for it, _, accepted in run_tests:
+        if accepted:
+            marks += " " + badge(f"accepted in iteration {it}: the new incumbent", "ok")
     if c["name"] == incumbent:
         marks += " " + badge("incumbent", "info")
     head = (f'<h4>{esc(c["name"])} <span class=dim>· proposer {esc(meta.get("proposer", "?"))}'
@@ -565,7 +572,7 @@ def render_candidate(c, by_name, incumbent, tested, line):
         rows.append(("search-set score", f"success <b>{num(s.get('success'))}</b> on {esc(s.get('n', '?'))} examples "
                      f"({esc(s.get('rollouts', '?'))} rollouts: {statuses}); mean turns {num(s.get('mean_turns'), 2)}, "
                      f"mean tokens {num(s.get('mean_tokens'), 0)}"))
-        rows.append(("paired test vs incumbent", render_paired(c, by_name.get(incumbent), tested, line)))
+        rows.append(("paired test vs incumbent", render_paired(c, by_name.get(incumbent), run_tests)))
     body = kv_table(rows) + extras(s, CAND_KNOWN) + extras(meta, {"iteration", "proposer", "parent", "axis", "note",
                                                                   "proposal_cost"})
     body += render_change(c, by_name)
@@ -576,20 +583,21 @@ def render_candidate(c, by_name, incumbent, tested, line):
     return f'<div class="cand" id="{esc(Path(c["dir"]).parent.name)}-{esc(c["name"])}">{head}{body}</div>'
 
 
-def render_paired(c, inc, tested, line):
-    """The run's own test when it tested this candidate; otherwise the same sign test computed
-    here against the incumbent of the iteration (the run tests only the archive's best)."""
-    if tested and tested.get("cand") == c["name"]:
-        verdict = badge("accepted", "ok") if line.get("accepted") else badge("not accepted", "no")
-        return (f'<span class="paired">vs {esc(tested.get("vs"))}: better on <b>{esc(tested.get("b"))}</b>, worse on '
-                f'<b>{esc(tested.get("c"))}</b>, p = <b>{num(tested.get("p"), 4)}</b> {verdict} '
-                f'<span class=dim>(the run\'s test, α = {esc(tested.get("alpha"))})</span></span>')
+def render_paired(c, inc, run_tests):
+    """The run's own tests of this candidate when there are any; otherwise the same sign test
+    computed here against the incumbent of its iteration (the run tests only the archive's best)."""
+    if run_tests:
+        return "<br>".join(
+            f'<span class="paired">vs {esc(t.get("vs"))}: better on <b>{esc(t.get("b"))}</b>, worse on '
+            f'<b>{esc(t.get("c"))}</b>, p = <b>{num(t.get("p"), 4)}</b> '
+            f'{badge("accepted", "ok") if accepted else badge("not accepted", "no")} '
+            f'<span class=dim>(the run\'s test in iteration {esc(it)}, α = {esc(t.get("alpha"))})</span></span>'
+            for it, t, accepted in run_tests)
     if inc is None or inc["name"] == c["name"]:
         return '<span class="paired">this is the incumbent</span>'
     a, b = (c["scores"] or {}), (inc["scores"] or {})
     if a.get("example_ids") != b.get("example_ids") or not a.get("per_example"):
         return f'<span class="paired">not comparable with {esc(inc["name"])} (other examples)</span>'
-    from meta_harness import sign_test  # the run's own test (standard library only)
     better, worse, p = sign_test(a["per_example"], b.get("per_example") or [])
     return (f'<span class="paired">vs {esc(inc["name"])}: better on <b>{better}</b>, worse on <b>{worse}</b>, '
             f'p = <b>{p:.4f}</b> <span class=dim>(computed here: the run tests only the archive\'s best '
