@@ -316,6 +316,9 @@ def render_header(run, sections):
     toc = ['<a href="#summary">summary</a>', '<a href="#curve">curve</a>']
     for s in sections[1:]:
         toc.append(f'<a href="#phase-{s["kind"]}{s["cycle"]}">phase {s["kind"]}{esc(s["cycle"])}</a>')
+    logged = {s["cycle"] for s in sections if s["kind"] == "B"}
+    toc += [f'<a href="#phase-B{esc(p["cycle"])}">phase B{esc(p["cycle"])} (in progress)</a>'
+            for p in run["phases"] if p["cycle"] not in logged]
     toc.append('<a href="#final">final harness</a>')
     return (f"<h1>{esc(title)}</h1><p class=dim>{esc(run['dir'])}</p>"
             + "".join(f"<p>{n}</p>" for n in notes) + "<nav>" + " · ".join(toc) + "</nav>")
@@ -340,10 +343,11 @@ def render_summary(run):
             ("phases", f"{esc(s.get('steps', sum(r.get('event') == 'rollout_step' for r in metrics)))} RSFT steps, "
                        f"{len(run['phases'])} harness phase(s)"),
             ("time", f"{s['seconds'] / 60:.1f} min" if isinstance(s.get("seconds"), (int, float)) else "–"),
-            ("tokens", f"{esc(s.get('prompt_tokens', '–'))} prompt, {esc(s.get('completion_tokens', '–'))} completion; "
+            ("tokens", f"{esc(s.get('prompt_tokens', '–'))} prompt, "
+                       f"{esc(s.get('completion_tokens', '–'))} completion; "
                        f"proposer calls {esc(s.get('proposer_calls', '–'))}")]
     n_q = s.get("test_examples") or (tests[0].get("examples") if tests else "?")
-    score_rows = [(f"initial (base model, h0)", mean_ci(*point("test_mean8_initial", "initial"))),
+    score_rows = [("initial (base model, h0)", mean_ci(*point("test_mean8_initial", "initial"))),
                   ("final", mean_ci(*point("test_mean8_final", "final"))),
                   ("best on validation", mean_ci(*point("test_mean8_best_val", "best_val"))),
                   ("best on test (the paper's metric, selected on test)", mean_ci(*point("test_mean8_best_test", "-")))]
@@ -386,7 +390,8 @@ def render_curve(run, sections):
                    f'<text x="{L - 6}" y="{Y(yv) + 4:.1f}" class="tick" text-anchor="end">{yv:.2f}</text>')
     step = nice_step(x_max)
     for i in range(int(x_max // step) + 1):
-        out.append(f'<text x="{X(i * step):.1f}" y="{H - B + 16}" class="tick" text-anchor="middle">{i * step:g}</text>')
+        out.append(f'<text x="{X(i * step):.1f}" y="{H - B + 16}" class="tick" '
+                   f'text-anchor="middle">{i * step:g}</text>')
     out.append(f'<rect x="{L}" y="{T}" width="{W - L - R}" height="{H - T - B}" fill="none" stroke="#888"/>'
                f'<text x="{(L + W - R) / 2}" y="{H - 6}" class="tick" text-anchor="middle">target rollouts</text>'
                f'<text x="14" y="{(T + H - B) / 2}" class="tick" text-anchor="middle" '
@@ -426,11 +431,18 @@ def nice_step(span, ticks=5):
     return next(m * power for m in (1, 2, 2.5, 5, 10) if m * power >= raw)
 
 
+def render_other(section):
+    """Events this page does not know (metrics.jsonl lines of a newer WHALE), as they are."""
+    return "".join(f'<p class="extra">event {esc(r.get("event"))}: {clip(json.dumps(r, default=str), 600)}</p>'
+                   for r in (section or {}).get("other", []))
+
+
 def render_evals(evals):
     if not evals:
         return ""
     rows = "".join(f"<tr><td>{esc(r.get('split'))}</td><td>{esc(r.get('tag'))}</td><td>{esc(r.get('rollouts'))}</td>"
-                   f"<td>{esc(r.get('examples'))} × {esc(r.get('n'))}</td><td>{mean_ci(r.get('mean'), r.get('se'))}</td></tr>"
+                   f"<td>{esc(r.get('examples'))} × {esc(r.get('n'))}</td>"
+                   f"<td>{mean_ci(r.get('mean'), r.get('se'))}</td></tr>"
                    for r in evals)
     return ("<table><tr><th>evaluation</th><th>after</th><th>rollouts</th><th>questions × samples</th>"
             f"<th>mean ± SE [95%]</th></tr>{rows}</table>")
@@ -456,7 +468,7 @@ def render_phase_a(section):
                     f"{_extra_row(r, A_KNOWN, len(A_COLUMNS) + 2)}")
     return (f'<h2 id="phase-A{esc(section["cycle"])}">Phase A, cycle {esc(section["cycle"])}: rejection-sampling '
             f'fine-tuning ({len(section["rows"])} steps)</h2><table class=num><tr>{head}</tr>{"".join(body)}</table>'
-            + render_evals(section["evals"]))
+            + render_other(section) + render_evals(section["evals"]))
 
 
 def _extra_row(d, known, span):
@@ -481,11 +493,13 @@ def render_phase_b(section, phase, run):
              f"{esc(cfg.get('harness_examples', '?'))} examples × {esc(cfg.get('harness_n', '?'))}; "
              + (f"prompt-only search: only {esc(', '.join(axes))} may change; " if axes else "")
              + f"acceptance: one-sided paired sign test at α = {esc(cfg.get('accept_alpha', '?'))}. "
-             + (f"Pareto frontier (success vs turns): {esc(', '.join(str(p.get('cand')) for p in front))}." if front else "")
+             + (f"Pareto frontier (success vs turns): {esc(', '.join(str(p.get('cand')) for p in front))}."
+                if front else "")
              + "</p>")
     by_name = {c["name"]: c for c in phase["candidates"]}
     iterations = {r.get("iteration"): r for r in phase["iterations"]}
-    numbers = sorted({c["meta"].get("iteration") for c in phase["candidates"] if isinstance(c["meta"].get("iteration"), int)}
+    numbers = sorted({c["meta"].get("iteration") for c in phase["candidates"]
+                      if isinstance(c["meta"].get("iteration"), int)}
                      | {i for i in iterations if isinstance(i, int)})
     parts = [title, intro]
     incumbent = "cand_000"
@@ -501,7 +515,7 @@ def render_phase_b(section, phase, run):
         if line and line.get("incumbent"):
             incumbent = line["incumbent"]
     if section:
-        parts.append(render_evals(section["evals"]))
+        parts.append(render_other(section) + render_evals(section["evals"]))
     return "".join(parts)
 
 
@@ -522,8 +536,9 @@ def render_iteration(it, line, members, by_name, incumbent_before, run_tests):
             verdict = badge("accepted", "ok") if line.get("accepted") else badge("not accepted", "no")
             decided = (f'<p class="accept-test">Acceptance test: <b>{esc(test.get("cand"))}</b> (the archive\'s best, '
                        f'success {num(line.get("paper_success"))}) against the incumbent <b>{esc(test.get("vs"))}</b> '
-                       f'on the same examples: better on <b>{esc(test.get("b"))}</b>, worse on <b>{esc(test.get("c"))}</b>, '
-                       f'p = <b>{num(test.get("p"), 4)}</b> (accept if better &gt; worse and p ≤ α = {esc(test.get("alpha"))}) '
+                       f'on the same examples: better on <b>{esc(test.get("b"))}</b>, '
+                       f'worse on <b>{esc(test.get("c"))}</b>, p = <b>{num(test.get("p"), 4)}</b> '
+                       f'(accept if better &gt; worse and p ≤ α = {esc(test.get("alpha"))}) '
                        f'{verdict}. Incumbent after: <b>{esc(line.get("incumbent"))}</b> '
                        f'(success {num(line.get("incumbent_success"))}).</p>')
         else:
@@ -613,7 +628,8 @@ def render_change(c, by_name):
                 else "no parent recorded")
         return (f"<details><summary>source ({what}, {len(src.splitlines())} lines)</summary>"
                 f"{render_source(src)}</details>")
-    return f"<p class=dim>change against its parent {esc(parent['name'])}:</p>" + render_diff(parent["source"] or "", src)
+    return (f"<p class=dim>change against its parent {esc(parent['name'])}:</p>" +
+            render_diff(parent["source"] or "", src))
 
 
 def render_diff(old, new, context=3, max_lines=400):
@@ -672,7 +688,8 @@ def _intraline(x, y, limit=300):
 def render_source(src, limit=200_000):
     lines = (src or "")[:limit].splitlines()
     body = "".join(f'<tr><td class=ln>{i}</td><td class=code>{esc(line)}</td></tr>' for i, line in enumerate(lines, 1))
-    cut = f'<p><span class="cut">[… {len(src) - limit:,} more characters not shown]</span></p>' if len(src or "") > limit else ""
+    cut = (f'<p><span class="cut">[… {len(src) - limit:,} more characters not shown]</span></p>'
+           if len(src or "") > limit else "")
     return f'<table class="source">{body}</table>{cut}'
 
 
@@ -737,7 +754,8 @@ def render_trace(r, label):
         tail.append(("error", f"<pre>{clip(r.get('error'), 1500)}</pre>"))
     if r.get("stdout"):
         tail.append(("stdout", f"<pre>{clip(r.get('stdout'), 1500)}</pre>"))
-    tail.append(("tokens", f"{esc(r.get('prompt_tokens', '–'))} prompt, {esc(r.get('completion_tokens', '–'))} completion"))
+    tail.append(("tokens", f"{esc(r.get('prompt_tokens', '–'))} prompt, "
+                           f"{esc(r.get('completion_tokens', '–'))} completion"))
     return (f'<details class="trace">{summary}<div class="trace-body">{"".join(parts)}{kv_table(tail)}'
             f'{extras(r, TRACE_KNOWN)}</div></details>')
 
@@ -750,9 +768,11 @@ def render_final(run):
 
 
 CSS = """
-body{font:14px/1.45 system-ui,-apple-system,'Segoe UI',sans-serif;margin:24px auto;max-width:1150px;padding:0 16px;color:#222}
+body{font:14px/1.45 system-ui,-apple-system,'Segoe UI',sans-serif;margin:24px auto;max-width:1150px;
+padding:0 16px;color:#222}
 h1{margin-bottom:0}h2{border-bottom:1px solid #ccc;margin-top:2em}h4{margin:.2em 0}
-table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ddd;padding:2px 6px;text-align:left;vertical-align:top}
+table{border-collapse:collapse;margin:.5em 0}
+td,th{border:1px solid #ddd;padding:2px 6px;text-align:left;vertical-align:top}
 table.num td{text-align:right}table.kv th{background:#f6f6f6;font-weight:600;white-space:nowrap}
 .dim{color:#666}.cut{color:#a40;font-style:italic;background:#fff3e0;padding:0 3px}
 .badge{display:inline-block;border-radius:3px;padding:0 5px;font-size:12px;font-weight:600;color:#fff;background:#777}
@@ -785,20 +805,25 @@ def page(title, body):
 def render_run(run):
     sections = timeline(run["metrics"])
     phases = {p["cycle"]: p for p in run["phases"]}
-    parts = [render_header(run, sections), render_summary(run), render_curve(run, sections)]
-    initial = sections[0]["evals"] if sections else []
-    if initial:
-        parts.append("<h2>Initial evaluation</h2>" + render_evals(initial))
-    for s in sections[1:]:
-        if s["kind"] == "A":
-            parts.append(render_phase_a(s))
-        else:
-            parts.append(render_phase_b(s, phases.get(s["cycle"]), run))
     logged = {s["cycle"] for s in sections if s["kind"] == "B"}
+
+    def part(render, *args):  # a record this page cannot make sense of costs its section, not the page
+        try:
+            return render(*args)
+        except Exception as e:
+            return (f'<p class="bad">report.py could not render this part ({esc(render.__name__)}: '
+                    f'{esc(type(e).__name__)}: {clip(e, 300)}); the run\'s files are unchanged.</p>')
+    parts = [part(render_header, run, sections), part(render_summary, run), part(render_curve, run, sections)]
+    if sections and (sections[0]["evals"] or sections[0].get("other")):
+        parts.append("<h2>Initial evaluation</h2>" + part(render_other, sections[0]) +
+                     part(render_evals, sections[0]["evals"]))
+    for s in sections[1:]:
+        parts.append(part(render_phase_a, s) if s["kind"] == "A" else
+                     part(render_phase_b, s, phases.get(s["cycle"]), run))
     for p in run["phases"]:  # a harness phase still running: in the archive, not yet in metrics.jsonl
         if p["cycle"] not in logged:
-            parts.append(render_phase_b(None, p, run))
-    parts.append(render_final(run))
+            parts.append(part(render_phase_b, None, p, run))
+    parts.append(part(render_final, run))
     cfg = run["config"]
     return page(f"WHALE {cfg.get('method', '?')} {cfg.get('domain', '?')} s{cfg.get('seed', '?')}", "".join(parts))
 
@@ -839,7 +864,8 @@ def write_index(grid_dir, force=False):
                     f"<td>{esc(s.get('steps', '–'))}</td><td>{n_phases}</td></tr>")
     body = (f"<h1>WHALE runs under {esc(grid_dir)}</h1><p>{len(rows)} runs. Test mean@k ± SE (each run's page "
             "gives the 95% intervals); the gain is final − initial on the same questions, with its paired SE.</p>"
-            "<table class=index><tr><th>run</th><th>domain</th><th>method</th><th>schedule</th><th>seed</th><th>status</th><th>rollouts / budget</th>"
+            "<table class=index><tr><th>run</th><th>domain</th><th>method</th><th>schedule</th><th>seed</th>"
+            "<th>status</th><th>rollouts / budget</th>"
             "<th>test initial</th><th>test final</th><th>gain</th><th>best on validation</th><th>RSFT steps</th>"
             f"<th>harness phases</th></tr>{''.join(rows)}</table>")
     (grid_dir / "index.html").write_text(page(f"WHALE runs: {grid_dir}", body), encoding="utf-8")

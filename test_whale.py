@@ -980,6 +980,7 @@ def test_report_escapes_cuts_and_renders_runs_in_progress_and_without_traces(tin
     run = copy_run(tiny_reference, tmp_path / "run")
     (run / "summary.json").unlink()  # still running
     with open(run / "metrics.jsonl", "a") as f:
+        f.write('{"event": "phase_stop", "cycle": 1, "why": "budget"}\n')  # an event this page does not know
         f.write('{"event": "rollout_st')  # a line cut short by a kill
     arch = run / "archive" / "phase00"
     meta = json.loads((arch / "cand_001" / "meta.json").read_text())
@@ -1005,6 +1006,7 @@ def test_report_escapes_cuts_and_renders_runs_in_progress_and_without_traces(tin
     assert "<script" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
     assert "more characters not shown" in page
     assert "other fields" in page and "proposer_cost_usd" in page and "stop_reason" in page
+    assert "event phase_stop" in page
     assert "1 of 3 evaluated candidates have no traces.jsonl" in page and "traces not kept for this candidate" in page
     card = page.split('id="phase00-cand_099"')[1]
     assert "invalid" in card and "syntax error: invalid syntax" in card and "raw reply" in card
