@@ -18,8 +18,9 @@ The page follows the run's order:
   final        the harness the run ended with (or holds now, if it is still running), in full.
 
 Everything the page shows comes from the run directory (run_dir.py and meta_harness.py describe
-it) through the readers below (read_run, read_phase, read_candidate, read_traces): the only
-functions that know file names, so a packed archive only changes them. They tolerate missing
+it) through the readers in the first section below (read_run, read_phase, read_candidate,
+read_traces): the only functions that know the run's file names, so a packed archive changes
+only them. They tolerate missing
 and extra fields: old runs, runs in progress, resumed runs, runs whose traces were not kept
 (runs committed under results/ have no traces.jsonl: git ignores them; the page says so).
 Fields the page does not know are listed as "other fields", so new ones show up.
@@ -828,13 +829,16 @@ def render_run(run):
     return page(f"WHALE {cfg.get('method', '?')} {cfg.get('domain', '?')} s{cfg.get('seed', '?')}", "".join(parts))
 
 
-def write_report(run_dir):
+def write_report(run_dir, run=None):
     """Write run_dir/report.html (atomically) and return its path."""
     run_dir = Path(run_dir)
-    text = render_run(read_run(run_dir))
+    text = render_run(run or read_run(run_dir))
     tmp = run_dir / ".report.html.tmp"
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, run_dir / "report.html")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, run_dir / "report.html")
+    finally:
+        tmp.unlink(missing_ok=True)  # (gone after a successful replace)
     return run_dir / "report.html"
 
 
@@ -844,14 +848,13 @@ def write_index(grid_dir, force=False):
     grid_dir = Path(grid_dir)
     rows = []
     for d in find_runs(grid_dir):
-        report = d / "report.html"
+        report, run = d / "report.html", read_run(d)
         if force or not report.exists() or report.stat().st_mtime < run_files_mtime(d):
-            write_report(d)
-        cfg, s = _as_dict(read_json(d / "config.json")), read_json(d / "summary.json")
+            write_report(d, run)
+        cfg, s = run["config"], _as_dict(run["summary"])
         rel = report.relative_to(grid_dir).as_posix()
-        status = badge("finished", "ok") if s else badge("in progress or stopped", "warn")
-        s = s or {}
-        n_phases = len([p for p in (d / "archive").iterdir() if p.is_dir()]) if (d / "archive").is_dir() else 0
+        status = badge("finished", "ok") if run["summary"] is not None else badge("in progress or stopped", "warn")
+        n_phases = len(run["phases"])
         rows.append(f'<tr><td><a href="{esc(rel)}">{esc(d.relative_to(grid_dir).as_posix() or d.name)}</a></td>'
                     f"<td>{esc(cfg.get('domain', '?'))}</td><td>{esc(cfg.get('method', '?'))}</td>"
                     f"<td>{esc(cfg.get('schedule', '?'))}</td>"

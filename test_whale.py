@@ -1036,6 +1036,7 @@ def test_every_committed_run_has_its_report_and_the_index_links_them():
     assert len(runs) >= 38
     index = (grid / "index.html").read_text()
     for d in runs:
+        assert (d / "report.html").exists(), f"{d} has no report.html: run python report.py {grid.relative_to(ROOT)}"
         page = (d / "report.html").read_text()
         cfg = json.loads((d / "config.json").read_text())
         assert f"{cfg['method']} on {cfg['domain']}, seed {cfg['seed']}" in page
