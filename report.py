@@ -736,11 +736,11 @@ def render_trace(r, label):
         call = _as_dict(call)
         msgs = call.get("messages")
         msgs = msgs if isinstance(msgs, list) else [{"role": "prompt", "content": msgs}]
-        shown = "".join(f'<div class="msg"><span class="role">{esc(_as_dict(m).get("role", "?"))}</span>'
-                        f'<pre>{clip(_as_dict(m).get("content", m), 2000)}</pre></div>' for m in msgs[-6:])
-        skipped = f'<p class=dim>({len(msgs) - 6} earlier messages not shown)</p>' if len(msgs) > 6 else ""
+        first, last = (msgs, []) if len(msgs) <= 8 else (msgs[:2], msgs[-6:])  # a long chat: its start and end
+        skipped = f'<p class=dim>({len(msgs) - 8} messages in between not shown)</p>' if last else ""
+        shown = "".join(map(_message, first)) + skipped + "".join(map(_message, last))
         parts.append(f'<div class="call"><p><b>llm call {i}</b> <span class=dim>finish: {esc(call.get("finish", "?"))}'
-                     f'</span></p>{skipped}{shown}<div class="msg completion"><span class="role">completion</span>'
+                     f'</span></p>{shown}<div class="msg completion"><span class="role">completion</span>'
                      f'<pre>{clip(call.get("text"), 2000)}</pre></div></div>')
     for t in tools:
         t = _as_dict(t)
@@ -759,6 +759,12 @@ def render_trace(r, label):
                            f"{esc(r.get('completion_tokens', '–'))} completion"))
     return (f'<details class="trace">{summary}<div class="trace-body">{"".join(parts)}{kv_table(tail)}'
             f'{extras(r, TRACE_KNOWN)}</div></details>')
+
+
+def _message(m):
+    m = _as_dict(m) or {"role": "?", "content": m}
+    return (f'<div class="msg"><span class="role">{esc(m.get("role", "?"))}</span>'
+            f'<pre>{clip(m.get("content"), 2000)}</pre></div>')
 
 
 def render_final(run):
