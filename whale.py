@@ -324,6 +324,12 @@ def finish(a, run, state, engine, evaluate, test, checkpoint, bar, t_start):
     if a.method != "eval":
         print(f"  best-on-validation checkpoint: {a.test_split} {best_val_test['mean']:.3f} +- {best_val_test['se']:.3f}")
     print(f"  files: {run}/ (summary.json, metrics.jsonl, harnesses/, checkpoint/, curve.png)")
+    try:  # the page is a view of the files above: if it breaks, the run is still whole
+        import report
+        print(f"  report: {report.write_report(run)}")
+    except Exception as e:
+        print(f"whale: warning: report.html not written ({type(e).__name__}: {e}); "
+              f"retry with python report.py {run}", file=sys.stderr)
 
 
 # -----------------------------------------------------------------------------
