@@ -621,6 +621,10 @@ def collect_candidates(new_dir, k, max_bytes=MAX_CANDIDATE_BYTES):
     return files, problems
 
 
+def _count(d, key):
+    return int(d[key]) if isinstance(d.get(key), (int, float)) else 0
+
+
 def agent_usage(stdout):
     """Tokens and cost an agent CLI printed on stdout, as dict(prompt_tokens, completion_tokens,
     cost_usd, errors, reported):
@@ -650,20 +654,19 @@ def agent_usage(stdout):
         if not isinstance(o, dict):
             continue
         u = o.get("usage") if isinstance(o.get("usage"), dict) else {}
-        num = lambda d, key: int(d.get(key) or 0) if isinstance(d.get(key), (int, float)) else 0  # noqa: E731
         if o.get("type") == "result" or "total_cost_usd" in o:  # Claude Code
             out["reported"] = True
-            out["prompt_tokens"] += num(u, "input_tokens") + num(u, "cache_creation_input_tokens") + \
-                num(u, "cache_read_input_tokens")
-            out["completion_tokens"] += num(u, "output_tokens")
+            out["prompt_tokens"] += _count(u, "input_tokens") + _count(u, "cache_creation_input_tokens") + \
+                _count(u, "cache_read_input_tokens")
+            out["completion_tokens"] += _count(u, "output_tokens")
             if isinstance(o.get("total_cost_usd"), (int, float)):
                 out["cost_usd"] += float(o["total_cost_usd"])
             if o.get("is_error"):
                 out["errors"].append(f"agent reported an error ({o.get('subtype')}): {_short(o.get('result'), 200)}")
         elif o.get("type") == "turn.completed":  # Codex CLI
             out["reported"] = True
-            out["prompt_tokens"] += num(u, "input_tokens")
-            out["completion_tokens"] += num(u, "output_tokens")
+            out["prompt_tokens"] += _count(u, "input_tokens")
+            out["completion_tokens"] += _count(u, "output_tokens")
         elif o.get("type") in ("turn.failed", "error"):
             msg = (o.get("error") or {}).get("message") if isinstance(o.get("error"), dict) else o.get("message")
             out["errors"].append(f"agent reported an error ({o.get('type')}): {_short(msg, 200)}")
@@ -714,7 +717,7 @@ def _command_proposer(domain, command, timeout, digest_chars, workdir_root=None)
         propose.stats["prompt_chars"] += len(prompt)
         work = tempfile.mkdtemp(prefix="whale-agent-", dir=workdir_root)
         out = err = ""
-        rc, timed_out, t0 = None, False, time.time()
+        files, rc, timed_out, t0 = [], None, False, time.time()
         try:
             _copy_archive(archive_dir, work)
             os.makedirs(os.path.join(work, "new"))

@@ -453,6 +453,11 @@ def test_sigkill_anywhere_then_resume_matches_an_uninterrupted_run(tmp_path, tin
     (["--micro-batch", "32", "--minibatch", "16"], "larger than --minibatch"),
     (["--proposer-url", "http://127.0.0.1:9/v1"], "only used by --proposer openai"),
     (["--proposer", "self", "--proposer-command", "claude -p"], "only used by --proposer command"),
+    (["--proposer", "self", "--proposer-max-tokens", "0"], "--proposer-max-tokens must be > 0"),
+    (["--proposer", "self", "--proposer-format", "diff"], "unknown --proposer-format"),
+    (["--proposer-timeout", "5"], "only used by --proposer openai or command"),
+    (["--proposer", "openai", "--proposer-url", "{garbage_url}", "--proposer-api-key-env", "WHALE_NO_SUCH_KEY"],
+     "that environment variable is not set"),
     (["--budget", "100"], "buys no rollout step"),
     (["--schedule", "adaptive"], "no harness phase would run"),  # 0.2 epoch = 25 steps > 13 in the budget
     (["--top-p", "0"], "--top-p in (0, 1]"),
