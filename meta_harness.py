@@ -20,13 +20,15 @@ One harness phase = one search = one archive directory on disk:
                 The reason is logged and written into the last iterations.jsonl line and the
                 phase result. An empty iteration spends no rollouts, so without the first two
                 rules a proposer that never produces a valid candidate would loop forever.
-                After a failed proposer call (nothing proposed, errors reported) the next call
-                waits, doubling from backoff[0] up to backoff[1] seconds.
+                After a proposer call that proposed nothing (an error, a down endpoint) the next
+                call waits, doubling from backoff[0] up to backoff[1] seconds.
 
 Archive layout (this is everything a proposer may read: harness-split traces only, never the
 reference answers, never the test split):
   cand_NNN/harness.py    the source as proposed (even if broken)
-           meta.json     iteration, proposer, parent, axis, note; written at proposal time
+           meta.json     iteration, proposer, parent, axis, note, format (file | edit), finish
+                         (why the LLM stopped), reject (a reason the proposer already knew,
+                         e.g. a reply cut at the length limit); written at proposal time
            scores.json   success, mean turns/tokens, n, per-example scores in the FIXED example
                          order (example_ids), status counts, proposer, parent, axis, note, cost
            traces.jsonl  every rollout record of the evaluation (token id lists dropped)
