@@ -11,13 +11,24 @@ One harness phase = one search = one archive directory on disk:
                 that choice every iteration, but the incumbent is replaced only when a
                 one-sided paired sign test on the same examples says the gain is beyond noise
                 (see `accept`). The phase returns the incumbent.
-  stopping      should_stop(history) after every iteration; history[i] = the archive's best
-                success rate after iteration i (switch.py's harness_done takes exactly that).
+  stopping      after every iteration, the first of: the proposer says it has nothing left
+                (the primitives menu is exhausted on the current best) -> the phase ends at once;
+                EMPTY_ITERATIONS_TO_STOP iterations in a row without a valid candidate (the
+                proposer returned nothing, only invalid candidates, or failed) -> it ends; or
+                should_stop(history) (the budget, the switch policy); history[i] = the archive's
+                best success rate after iteration i (switch.py's harness_done takes exactly that).
+                The reason is logged and written into the last iterations.jsonl line and the
+                phase result. An empty iteration spends no rollouts, so without the first two
+                rules a proposer that never produces a valid candidate would loop forever.
+                After a proposer call that proposed nothing (an error, a down endpoint) the next
+                call waits, doubling from backoff[0] up to backoff[1] seconds.
 
 Archive layout (this is everything a proposer may read: harness-split traces only, never the
 reference answers, never the test split):
   cand_NNN/harness.py    the source as proposed (even if broken)
-           meta.json     iteration, proposer, parent, axis, note; written at proposal time
+           meta.json     iteration, proposer, parent, axis, note, format (file | edit), finish
+                         (why the LLM stopped), reject (a reason the proposer already knew,
+                         e.g. a reply cut at the length limit); written at proposal time
            scores.json   success, mean turns/tokens, n, per-example scores in the FIXED example
                          order (example_ids), status counts, proposer, parent, axis, note, cost
            traces.jsonl  every rollout record of the evaluation (token id lists dropped)
@@ -25,22 +36,30 @@ reference answers, never the test split):
            reply.txt     the LLM proposer's raw reply, when there was one
   summary.jsonl          append-only, one line per finished candidate (with its cost)
   iterations.jsonl       append-only, one line per finished iteration: both choices, the test,
-                         the incumbent, the proposer's cost
+                         the incumbent, how many candidates were valid, the proposer's errors
+                         and cost, and stop_reason on the line that ended the phase
   frontier.json          Pareto frontier: success vs mean turns, success vs mean context tokens
   rules.json             what proposers must respect (the axes a prompt-only search may change)
+  proposer_calls.jsonl   the command proposer's record of each agent call (proposers.py)
 
 Resuming: call search_phase again on the same archive_dir. Finished candidates (scores.json or
 invalid.txt) are reused, candidates proposed but not finished are finished without asking the
 proposer again, the history and incumbent come from iterations.jsonl, and the counters are the
 sum of the costs recorded in summary.jsonl + iterations.jsonl (so they count finished work).
+A resumed search first replays the events of the finished work into `log` (marked
+replayed=True), so a log that was cut back to a checkpoint still holds one line per event.
 
 Proposers live in proposers.py (one interface: propose(archive_dir, k) -> [dict(source,
 proposer, note, ...)]); search_phase only calls the one it is given.
 
+Events (to `log`, one dict each): harness_candidate (scored or invalid, with the reason),
+proposer_error, proposer_backoff, harness_iteration, harness_phase_end (with the reason).
+
 What it leaves out: running harness code (sandbox.py, behind the evaluate/validate_run
 callables the lead passes in), the model (engine.py), when to switch (switch.py), parallel
-proposer calls, the proposers themselves (proposers.py). The proposer is trusted not to tamper with archive files: the command proposer
-runs inside the archive directory, as in the paper, and could edit them.
+proposer calls, the proposers themselves (proposers.py). Selection reads only files this
+module writes; the command proposer's coding agent works in a copy of the archive, never in
+this directory (proposers.py says how that is enforced and checked).
 """
 
 import ast
@@ -52,6 +71,9 @@ import sys
 import textwrap
 import time
 from collections import Counter
+
+EMPTY_ITERATIONS_TO_STOP = 3  # consecutive iterations without a valid candidate end a phase
+BACKOFF = (1.0, 60.0)         # seconds before the next call after a failed proposer call: first, cap
 
 # -----------------------------------------------------------------------------
 # Source surgery: top-level names, splice, "differs only in"
@@ -370,8 +392,13 @@ def _sum_costs(archive_dir):
     total = Counter()
     for name in ("summary.jsonl", "iterations.jsonl"):
         for line in _read_jsonl(os.path.join(archive_dir, name)):
-            total.update(line.get("cost") or {})
-    return {k: round(v, 3) if isinstance(v, float) else v for k, v in total.items()}
+            total.update({k: v for k, v in (line.get("cost") or {}).items() if isinstance(v, (int, float))})
+    return {k: round(v, 6 if k.endswith("usd") else 3) if isinstance(v, float) else v for k, v in total.items()}
+
+
+def spent_rollouts(archive_dir):
+    """Rollouts the finished candidates of this archive cost (what a budget rule needs)."""
+    return _sum_costs(archive_dir).get("rollouts", 0)
 
 
 def _write_candidate(archive_dir, num, cand, iteration, proposal_cost):
@@ -384,16 +411,19 @@ def _write_candidate(archive_dir, num, cand, iteration, proposal_cost):
         with open(os.path.join(d, "reply.txt"), "w") as f:
             f.write(str(cand["raw"]))
     # The proposer's cost travels with the iteration's candidates so a resumed run can still
-    # book it when it finishes the iteration.
+    # book it when it finishes the iteration. `reject` is a reason the proposer already knows
+    # (a reply cut at the length limit, an edit that does not apply): kept so a resumed run
+    # rejects the candidate for the same reason.
     _write_json(os.path.join(d, "meta.json"), dict(
         iteration=iteration, proposer=str(cand.get("proposer", "?")), parent=cand.get("parent"),
-        axis=cand.get("axis"), note=str(cand.get("note", ""))[:2000], proposal_cost=proposal_cost))
+        axis=cand.get("axis"), note=str(cand.get("note", ""))[:2000], format=cand.get("format"),
+        finish=cand.get("finish"), reject=cand.get("reject"), proposal_cost=proposal_cost))
 
 
 def _summary_line(c):
     m, s = c["meta"], c["scores"]
     line = dict(cand=c["name"], iteration=m.get("iteration"), proposer=m.get("proposer"),
-                parent=m.get("parent"), axis=m.get("axis"), note=m.get("note"))
+                parent=m.get("parent"), axis=m.get("axis"), format=m.get("format"), note=m.get("note"))
     if s:
         line.update(status="ok", success=s["success"], mean_turns=s["mean_turns"],
                     mean_tokens=s["mean_tokens"], n=s["n"], status_counts=s["status_counts"],
@@ -404,13 +434,26 @@ def _summary_line(c):
     return line
 
 
+def _candidate_event(line, **extra):
+    """One log line for a finished candidate (from its summary line)."""
+    keep = ("cand", "status", "success", "mean_turns", "proposer", "parent", "axis", "format", "reason")
+    ev = {k: line.get(k) for k in keep if line.get(k) is not None}
+    if "reason" in ev:
+        ev["reason"] = str(ev["reason"])[:300]
+    return dict(event="harness_candidate", **ev, **extra)
+
+
+def _iteration_event(line, **extra):
+    return dict(event="harness_iteration", **{k: v for k, v in line.items() if k != "cost"}, **extra)
+
+
 def _finish_candidate(c, archive_dir, archive, examples, ids, evaluate, validate_run,
                       prompt_only_base, allowed, log):
     """Validate, then evaluate (or reject) one proposed candidate; write its files."""
     src, d, t0 = c["source"], c["dir"], time.time()
     reason = None
     if c["num"] > 0:  # the incoming harness is evaluated whatever it is: it is the incumbent
-        reason = static_check(src)
+        reason = c["meta"].get("reject") or static_check(src)
         if reason is None:
             norm = normalized(src)
             dup = [o["name"] for o in archive if o["num"] < c["num"] and normalized(o["source"]) == norm]
@@ -427,8 +470,9 @@ def _finish_candidate(c, archive_dir, archive, examples, ids, evaluate, validate
         with open(os.path.join(d, "invalid.txt"), "w") as f:
             f.write(str(reason).strip() + "\n")
         c["invalid"] = str(reason)
-        _append_jsonl(os.path.join(archive_dir, "summary.jsonl"), _summary_line(c))
-        log(dict(event="harness_candidate", cand=c["name"], status="invalid", reason=str(reason)[:300]))
+        line = _summary_line(c)
+        _append_jsonl(os.path.join(archive_dir, "summary.jsonl"), line)
+        log(_candidate_event(line))
         return
     t1 = time.time()
     # Exceptions from evaluate propagate: they mean the infrastructure broke (a broken harness
@@ -447,14 +491,17 @@ def _finish_candidate(c, archive_dir, archive, examples, ids, evaluate, validate
                        validate_seconds=round(t1 - t0, 3), eval_seconds=round(t2 - t1, 3)))
     _write_json(os.path.join(d, "scores.json"), s)
     c["scores"] = s
-    _append_jsonl(os.path.join(archive_dir, "summary.jsonl"), _summary_line(c))
+    line = _summary_line(c)
+    _append_jsonl(os.path.join(archive_dir, "summary.jsonl"), line)
     _write_frontier(archive_dir)
-    log(dict(event="harness_candidate", cand=c["name"], status="ok", success=round(s["success"], 4),
-             mean_turns=round(s["mean_turns"], 3), proposer=m.get("proposer"), axis=m.get("axis")))
+    log(_candidate_event(line))
+
+
+PROPOSER_COST_KEYS = ("calls", "prompt_chars", "completion_chars", "prompt_tokens", "completion_tokens", "cost_usd")
 
 
 def _propose(propose, archive_dir, k, log):
-    """Ask the proposer; never let it crash the run. Returns (candidates, cost, errors)."""
+    """Ask the proposer; never let it crash the run. Returns (candidates, cost, errors, exhausted)."""
     stats0 = dict(getattr(propose, "stats", {}) or {})
     t0 = time.time()
     try:
@@ -463,25 +510,63 @@ def _propose(propose, archive_dir, k, log):
     except Exception as e:
         cands, errors = [], [f"proposer raised {type(e).__name__}: {e}"]
     stats = dict(getattr(propose, "stats", {}) or {})
-    cost = {f"proposer_{key}": stats.get(key, 0) - stats0.get(key, 0)
-            for key in ("calls", "prompt_chars", "completion_chars", "prompt_tokens", "completion_tokens")}
+    cost = {f"proposer_{key}": stats.get(key, 0) - stats0.get(key, 0) for key in PROPOSER_COST_KEYS}
     cost["proposer_calls"] = cost["proposer_calls"] or 1  # a plain callable counts as one call
     cost["proposer_seconds"] = round(time.time() - t0, 3)
+    cost["proposer_cost_usd"] = round(cost["proposer_cost_usd"], 6)
     cands = [c if isinstance(c, dict) else {"source": c if isinstance(c, str) else ""} for c in cands]
+    if not cands and not errors:
+        errors = ["the proposer returned no candidates"]
     for e in errors:
         log(dict(event="proposer_error", reason=str(e)[:500]))
-    return cands, cost, errors
+    # Only "nothing at all on this archive" counts as exhausted: the next call sees the same
+    # archive, so it would return nothing again (primitives is deterministic given the archive).
+    exhausted = bool(getattr(propose, "exhausted", False)) and not cands
+    return cands, cost, errors, exhausted
+
+
+def _valid_count(line):
+    # lines written before `valid` was recorded: iteration_best is None when nothing scored
+    return line.get("valid", 0 if line.get("iteration_best") is None else 1)
+
+
+def _trailing(iters, pred):
+    n = 0
+    for line in reversed(iters):
+        if line.get("iteration") == 0 or not pred(line):
+            break
+        n += 1
+    return n
+
+
+def stop_reason(iters, should_stop, max_empty=EMPTY_ITERATIONS_TO_STOP):
+    """Why the phase ends after these iterations (a short sentence), or None to go on. Worked out
+    from the lines each time (a recorded stop_reason is for readers), so a search continued
+    with a more generous should_stop goes on."""
+    if not iters:
+        return None  # iteration 0 (the incoming harness) always runs
+    if iters[-1].get("proposer_exhausted"):
+        return "the proposer has nothing new to propose on the current best (menu exhausted)"
+    empty = _trailing(iters, lambda line: _valid_count(line) == 0)
+    if empty >= max_empty:
+        return f"{empty} iterations in a row without a valid candidate"
+    verdict = should_stop([line["archive_best"] for line in iters])
+    if verdict:
+        return verdict if isinstance(verdict, str) else "should_stop said so (budget or switch policy)"
+    return None
 
 
 def search_phase(incumbent_src, domain, examples, evaluate, validate_run, propose, *, archive_dir,
-                 k=3, should_stop, prompt_only_base=None, accept_alpha=0.1, log=print):
+                 k=3, should_stop, prompt_only_base=None, accept_alpha=0.1, log=print,
+                 max_empty=EMPTY_ITERATIONS_TO_STOP, backoff=BACKOFF):
     """Run (or resume) one Meta-Harness search. Returns dict(best_source, best_scores,
-    iterations, counters, history, incumbent, paper_choice).
+    iterations, counters, history, incumbent, paper_choice, stop_reason).
 
     evaluate(source, examples, phase_tag) -> rollout records (phase_tag = the candidate name;
     seeding by example rather than by tag gives every candidate the same random numbers,
     which makes the paired test sharper). validate_run(source) -> reason or None.
-    should_stop(history) is asked after every iteration, iteration 0 included."""
+    should_stop(history) is asked after every iteration, iteration 0 included; it may return
+    a string, which becomes the recorded stop reason. log(event dict) gets every event."""
     os.makedirs(archive_dir, exist_ok=True)
     ids = [str(ex["id"]) for ex in examples]
     allowed = sorted(domain.PROMPT_AXES) if prompt_only_base is not None else None
@@ -505,21 +590,39 @@ def search_phase(incumbent_src, domain, examples, evaluate, validate_run, propos
     for c in archive:
         if (c["scores"] or c["invalid"]) and c["name"] not in done:
             _append_jsonl(summary_path, _summary_line(c))
+    # Resumed: replay the finished work's events in the order they happened (each iteration's
+    # candidates, then the iteration), so a log cut back to a checkpoint is whole.
+    finished = _read_jsonl(summary_path)
+    for line in _read_jsonl(iters_path):
+        for cand in finished:
+            if cand.get("iteration") == line["iteration"]:
+                log(_candidate_event(cand, replayed=True))
+        log(_iteration_event(line, replayed=True))
+    for cand in finished:  # of the iteration a crash interrupted
+        if cand.get("iteration") is not None and cand["iteration"] >= len(_read_jsonl(iters_path)):
+            log(_candidate_event(cand, replayed=True))
 
     while True:
         iters = _read_jsonl(iters_path)
         history = [line["archive_best"] for line in iters]
-        if iters and should_stop(list(history)):
+        reason = stop_reason(iters, should_stop, max_empty)
+        if reason:
             break
         it = len(iters)
         incumbent = iters[-1]["incumbent"] if iters else cand_name(0)
         archive = load_archive(archive_dir)
         members = [c for c in archive if c["meta"].get("iteration") == it]
-        errors = []
+        errors, exhausted, failed = [], False, False
         if members:  # proposed before a crash (or cand_000): finish them, don't ask again
             cost = next((c["meta"]["proposal_cost"] for c in members if c["meta"].get("proposal_cost")), {})
         else:
-            cands, cost, errors = _propose(propose, archive_dir, k, log)
+            fails = _trailing(iters, lambda line: line.get("proposer_failed"))
+            if fails:  # the last calls failed: wait before asking again (doubling, capped)
+                wait = min(backoff[1], backoff[0] * 2 ** (fails - 1))
+                log(dict(event="proposer_backoff", seconds=wait, failed_calls=fails))
+                time.sleep(wait)
+            cands, cost, errors, exhausted = _propose(propose, archive_dir, k, log)
+            failed = not cands
             nxt = max([c["num"] for c in archive] + [0]) + 1
             for j, cand in enumerate(cands):
                 _write_candidate(archive_dir, nxt + j, cand, it, cost)
@@ -542,7 +645,7 @@ def search_phase(incumbent_src, domain, examples, evaluate, validate_run, propos
             test = dict(cand=paper["name"], vs=incumbent, b=b, c=c_, p=round(p, 6), alpha=accept_alpha)
         new_inc = paper["name"] if accepted else incumbent
         it_scores = [c["scores"]["success"] for c in members if c["scores"]]
-        line = dict(iteration=it, cands=[c["name"] for c in members],
+        line = dict(iteration=it, cands=[c["name"] for c in members], valid=len(it_scores),
                     iteration_best=max(it_scores) if it_scores else None,
                     archive_best=paper["scores"]["success"],
                     paper_choice=paper["name"], paper_success=paper["scores"]["success"],
@@ -550,13 +653,18 @@ def search_phase(incumbent_src, domain, examples, evaluate, validate_run, propos
                     test=test, accepted=accepted, incumbent=new_inc,
                     incumbent_success=by_name[new_inc]["scores"]["success"],
                     proposer_errors=[str(e)[:300] for e in errors],
+                    proposer_failed=failed, proposer_exhausted=exhausted,
                     cost=dict(cost, iterations=1, accepted=int(accepted)))
+        # The line that ends the phase says why (should_stop sees this iteration's history too).
+        line["stop_reason"] = stop_reason(iters + [line], should_stop, max_empty)
         _append_jsonl(iters_path, line)
-        log(dict(event="harness_iteration", **{k_: v for k_, v in line.items() if k_ != "cost"}))
+        log(_iteration_event(line))
 
     archive = load_archive(archive_dir)
     by_name = {c["name"]: c for c in archive}
     inc = by_name[iters[-1]["incumbent"]]
+    log(dict(event="harness_phase_end", reason=reason, iterations=len(iters), incumbent=inc["name"],
+             incumbent_success=inc["scores"]["success"]))
     return dict(best_source=inc["source"], best_scores=inc["scores"], iterations=len(iters),
                 counters=_sum_costs(archive_dir), history=history, incumbent=inc["name"],
-                paper_choice=iters[-1]["paper_choice"])
+                paper_choice=iters[-1]["paper_choice"], stop_reason=reason)

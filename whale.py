@@ -24,7 +24,6 @@ import os
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # spinning OpenMP threads starve the sandbox child
 import dataclasses
 import importlib
-import json
 import sys
 import time
 from dataclasses import dataclass, field
@@ -69,7 +68,17 @@ class Args:
     proposer: str = arg("primitives", "primitives | self | openai | command")
     proposer_url: str = arg("", "openai proposer: base URL of an OpenAI-compatible endpoint")
     proposer_model: str = arg("", "openai proposer: model name")
-    proposer_command: str = arg("", "command proposer: the coding agent CLI, e.g. 'claude -p'")
+    proposer_command: str = arg("", "command proposer: the coding agent CLI run in a copy of the archive, the "
+                                    "prompt on stdin (README: recipes for claude -p and codex exec)")
+    proposer_max_tokens: int = arg(4096, "self/openai proposer: reply length limit in tokens (a whole seed "
+                                         "harness is ~700-1,200 tokens)")
+    proposer_timeout: float = arg(0.0, "openai: seconds per request (0 = 600); command: seconds per agent run "
+                                       "(0 = 1800)")
+    proposer_api_key_env: str = arg("OPENAI_API_KEY", "openai proposer: the environment variable holding the API key")
+    proposer_format: str = arg("any", "self/openai proposer: ask for a whole file, search/replace edit blocks "
+                                      "against the parent, or either (file | edit | any)")
+    proposer_digest_chars: int = arg(16000, "self/openai/command proposer: character budget of the archive view "
+                                            "in the prompt")
     candidates: int = arg(3, "M: candidates per harness iteration")
     harness_examples: int = arg(64, "examples of the harness search set used (0 = all)")
     harness_n: int = arg(2, "rollouts per harness-search example (the prefill is shared, so n=2 costs little)")
@@ -137,7 +146,8 @@ def main(a: Args):
                  "harness": h0, "loader": rs_sft.new_loader(len(splits["weight"]), a.seed), "phase_rewards": [],
                  "evals": [], "best_val": None, "pending_eval": "initial", "done": False, "seconds": 0.0,
                  "metrics_lines": 0, "counters": {"prompt_tokens": 0, "completion_tokens": 0, "proposer_calls": 0,
-                              "proposer_prompt_tokens": 0, "proposer_completion_tokens": 0}}
+                              "proposer_prompt_tokens": 0, "proposer_completion_tokens": 0, "proposer_seconds": 0.0,
+                              "proposer_cost_usd": 0.0, "harness_candidates": 0, "harness_invalid": 0}}
     trainable = rs_sft.set_trainable(engine.model, a.train_layers)
     optimizer = rs_sft.make_optimizer(trainable, a.lr)
     ddp_model = rs_sft.ddp_wrap(engine.model)  # None in one process
@@ -242,11 +252,11 @@ def main(a: Args):
             archive = run / "archive" / f"phase{state['cycle']:02d}"
             reserve = step_cost if a.method in ("whale", "fst") else 0  # leave room for the final weight phase
 
-            def should_stop(history):
-                spent = meta_harness._sum_costs(str(archive)).get("rollouts", 0)
+            def should_stop(history):  # -> why the phase ends (a string), or False
+                spent = meta_harness.spent_rollouts(str(archive))
                 if state["rollouts"] + spent + iter_cost + reserve > a.budget:
-                    return True
-                return a.method in ("whale", "fst") and policy.harness_done(history)
+                    return f"budget: {state['rollouts'] + spent} of {a.budget} rollouts spent, an iteration costs {iter_cost}"
+                return a.method in ("whale", "fst") and policy.harness_done(history) and "switch policy: harness phase done"
 
             def eval_candidate(source, examples, tag):
                 records = rollout.run(engine, domain, source, examples, a.harness_n, seed=(a.seed, "B", state["cycle"]),
@@ -262,12 +272,13 @@ def main(a: Args):
             res = meta_harness.search_phase(
                 state["harness"], domain, search_set, eval_candidate, validate_run, make_proposer(a, domain, engine),
                 archive_dir=str(archive), k=a.candidates, should_stop=should_stop, accept_alpha=a.accept_alpha,
-                prompt_only_base=h0 if a.method == "fst" else None, log=lambda e: None)
+                prompt_only_base=h0 if a.method == "fst" else None,
+                log=lambda e: log({"event": e.pop("event"), "cycle": state["cycle"], **e}))  # console + metrics.jsonl
             state["rollouts"] += res["counters"].get("rollouts", 0)
-            for k in ("proposer_calls", "proposer_prompt_tokens", "proposer_completion_tokens"):
-                state["counters"][k] = state["counters"].get(k, 0) + res["counters"].get(k, 0)
-            for line in (archive / "iterations.jsonl").read_text().splitlines():
-                log({"event": "harness_iteration", "cycle": state["cycle"], **json.loads(line)})
+            for k in ("proposer_calls", "proposer_prompt_tokens", "proposer_completion_tokens", "proposer_seconds",
+                      "proposer_cost_usd", "candidates", "invalid"):  # the proposer's cost, in summary.json
+                key = k if k.startswith("proposer") else f"harness_{k}"
+                state["counters"][key] = round(state["counters"].get(key, 0) + res["counters"].get(k, 0), 6)
             state["harness"] = res["best_source"]
             (run / "harnesses").mkdir(exist_ok=True)
             (run / "harnesses" / f"cycle{state['cycle']:02d}.py").write_text(state["harness"])
@@ -340,15 +351,22 @@ def make_proposer(a: Args, domain, engine):
     import rollout
 
     def llm_text(prompt, max_tokens):  # the `self` proposer: the policy model writes harness code
-        req = {"prompt_ids": engine.chat_ids([{"role": "user", "content": prompt}]), "max_tokens": max_tokens,
+        ids = engine.chat_ids([{"role": "user", "content": prompt}])
+        context = getattr(engine.model.config, "max_position_embeddings", None) or len(ids) + max_tokens
+        if len(ids) >= context:  # an error for this candidate, not a crash of the run
+            raise ValueError(f"prompt of {len(ids)} tokens does not fit the model's {context}-token context; "
+                             "lower --proposer-digest-chars")
+        req = {"prompt_ids": ids, "max_tokens": min(max_tokens, context - len(ids)),
                "temperature": a.temperature, "top_k": a.top_k, "top_p": a.top_p, "stop": [],
                "seed": rollout.stable_seed(a.seed, "proposer", prompt)}
         out = engine.sample([req])[0]
-        return {"text": out["text"], "prompt_tokens": len(req["prompt_ids"]),
-                "completion_tokens": len(out["completion_ids"])}
+        return {"text": out["text"], "prompt_tokens": len(ids), "completion_tokens": len(out["completion_ids"]),
+                "finish": out.get("finish")}
     return proposers.make_proposer(a.proposer, domain, llm_text=llm_text, base_url=a.proposer_url or None,
-                                   model=a.proposer_model or None, command=a.proposer_command or None,
-                                   rng_seed=a.seed, max_tokens=min(1024, 4 * a.max_tokens))
+                                   model=a.proposer_model or None, api_key_env=a.proposer_api_key_env,
+                                   command=a.proposer_command or None, rng_seed=a.seed,
+                                   max_tokens=a.proposer_max_tokens, timeout=a.proposer_timeout or None,
+                                   digest_chars=a.proposer_digest_chars, reply_format=a.proposer_format)
 
 
 if __name__ == "__main__":
