@@ -11,55 +11,89 @@ ids, and a harness cannot see the reference answers, change the sampling or skip
     run_rollouts(source, jobs, llm_batch, make_tools_for, ...) -> one record per job
     run_python(code, ...) -> {"stdout", "error"}   # model-written code, e.g. a math tool
 
-What it protects against (a harness that cheats or wrecks the run, on purpose or by bug):
-- Hangs and waste: per-rollout and per-batch timeouts on the harness's own time (time spent
-  waiting for the parent's model or tools is not charged), a cap on llm()/tool calls per
-  rollout, RLIMIT_CPU, RLIMIT_AS (memory), RLIMIT_FSIZE, RLIMIT_NOFILE, no core dumps.
-  The child is killed (SIGKILL to its process group) when the batch ends, and dies with
-  the parent (PR_SET_PDEATHSIG). A dead, hung or garbling child costs that batch its
-  results ("crash" / "timeout" / "protocol" per unfinished rollout), never the parent.
-- New processes: RLIMIT_NPROC=0 once the rollout threads exist (binds in the kernel because
-  the child never runs as root, see below), and the audit hook blocks fork/exec/spawn/
-  subprocess/os.system/posix_spawn/kill.
-- Reading what it must not: an audit hook (sys.addaudithook) allows file opens and
-  directory listings only inside a scratch directory (read-write) and the standard library
-  (read-only; no site-packages); it blocks sockets, ctypes, sub-interpreters, sqlite
-  extensions, symlinks and chmod. The environment is scrubbed, stdin/stdout/stderr are
-  /dev/null (print() goes to a capped per-rollout buffer), cwd is a fresh scratch dir.
-- Kernel layer, as root (the usual case in a container or on a GPU box): the child gets
-  new network and mount namespaces (no network at all; the repo directory, the parent's
-  cwd and any non-world-searchable parent of the interpreter such as /root are covered
-  by empty tmpfs mounts, the interpreter re-bound read-only; scratch is a 64 MB tmpfs),
-  then drops to uid/gid 65534 (nobody) so file permissions and RLIMIT_NPROC bind.
-  As a normal user: a new user+network namespace where the kernel allows it (no network),
-  and RLIMIT_NPROC binds anyway; files readable by that user stay readable if the audit
-  hook is bypassed. As root without CAP_SYS_ADMIN (some containers): nobody if nobody can
-  reach the interpreter, else the child stays root with the hook and rlimits only (then
-  RLIMIT_NPROC does not bind; RLIMIT_AS still bounds threads). Linux only.
+The layers, from the inside out (all applied in every mode unless noted):
+- Audit hook (sys.addaudithook, Python, in the child): file opens and listings only inside
+  scratch (read-write) and the stdlib (read-only, no site-packages); blocks sockets, ctypes,
+  fork/exec/spawn/kill, sub-interpreters, sqlite extensions, symlinks, chmod, gc
+  introspection, sys.settrace. Its inputs are immutable default arguments (see
+  _make_audit_hook), so nothing a harness can reach reprograms it; it can still be fooled.
+- Landlock (kernel, unprivileged, Linux >= 5.13; applied in the forked child before exec,
+  after the mounts, before the uid drop, and inherited by everything the child execs): the
+  child may READ only the interpreter, its loader and system libraries, libpython and the
+  stdlib (not site-packages; not /proc, /sys, /tmp, /etc beyond ld.so.cache, the repo, the
+  data wherever WHALE_DATA points, other checkouts, $HOME), READ+WRITE only its scratch dir
+  and /dev/null, EXECUTE only the interpreter and its loader; whatever code opens the file
+  (sqlite, any C library). ABI >= 4: no TCP bind/connect; ABI >= 6: no signals or abstract
+  unix sockets outside the sandbox. Where Landlock is unavailable the run prints one
+  warning line and goes on without it (as it does with WHALE_SANDBOX_NO_LANDLOCK=1, which
+  the tests set to show what Landlock alone stops).
+- Namespaces: as root, new network and mount namespaces (no network at all; the repo, the
+  parent's cwd and any non-world-searchable parent of the interpreter such as /root are
+  covered by empty tmpfs mounts, the interpreter re-bound read-only; scratch is a 64 MB
+  tmpfs). As a normal user, a new user+network namespace where the kernel allows it.
+- nobody: as root the child drops to uid/gid 65534 when it can (with namespaces, or when
+  nobody can reach the interpreter), so file permissions and RLIMIT_NPROC bind; a normal
+  user's child runs as that user. PR_SET_NO_NEW_PRIVS: no setuid binary gives privileges.
+- rlimits: RLIMIT_NPROC=0 once the rollout threads exist, RLIMIT_CPU, RLIMIT_AS (memory),
+  RLIMIT_FSIZE, RLIMIT_NOFILE, no core dumps; the environment is scrubbed, stdin/stdout/
+  stderr are /dev/null (print() goes to a capped per-rollout buffer), cwd is scratch.
+- Parent checks (this process): 4 MB frames, decode errors, an iterative depth check
+  (MAX_DEPTH) right after decoding and before anything recursive, strict validation of every
+  message; llm() calls capped in characters, messages and (rollout.py) prompt tokens before
+  any prefill; call budgets; per-rollout deadlines that charge the harness's own time, its
+  tools and its share of every model batch; a batch timeout; SIGKILL to the child's process
+  group when the batch ends, PR_SET_PDEATHSIG. A dead, hung or garbling child costs that
+  batch its results ("crash" / "timeout" / "protocol" per unfinished rollout), never the run.
+
+Which layer stops what (strongest first; hostile/ holds a harness for every row, the file
+ones with the audit hook defeated first, see read_data_copy.py):
+
+    attack                                          stopped by
+    read data/answers, other checkouts, /proc,      Landlock; nobody's permissions (not for
+      /tmp, $HOME outside scratch (hook defeated)     world-readable files); tmpfs covers (root)
+    write or create files outside scratch, also     Landlock; nobody's permissions (not for
+      from C (sqlite ATTACH, VACUUM INTO)             /tmp); audit hook (Python-level opens)
+    rewrite the hook's tables/helpers/frame         audit hook (immutable defaults)
+    network                                         network namespace; Landlock (TCP); hook
+    new processes, threads                          RLIMIT_NPROC (not as root); audit hook
+    signal other processes                          Landlock scope; nobody; audit hook
+    memory, CPU, disk, fds                          rlimits; 64 MB tmpfs scratch (namespaces)
+    hang, sleep, llm()/tool flood                   parent: deadline incl. model and tool time
+    huge-token prompt, 100k messages                parent: message cap, token cap (before prefill)
+    deep/huge/garbled/forged messages               parent: frame cap, depth check, validation
+    see answers, fake scores, change sampling       design: they never leave the parent
 
 What it does NOT protect against (it is not a security boundary for hostile humans):
-- The audit hook is Python code in the same interpreter as the harness. It binds what it
-  uses at install time and blocks gc introspection and sys.settrace (the ways to reach its
-  closure), but deliberate in-process attacks can still defeat it: monkeypatching the
-  helpers of posixpath.realpath, crafted bytecode (marshal), other CPython bugs. What holds
-  then is the kernel layer above: no network, no new processes, nobody's file permissions,
-  and (as root) the covered directories; world-readable files elsewhere are readable.
-- File metadata (os.stat of any path) is not hidden; pathlib objects are refused as open()
-  arguments (pass str) because their __fspath__ could answer the hook and open() differently.
-- CPU contention with the parent and other processes, side channels, disk use outside the
-  64 MB tmpfs scratch when namespaces are unavailable (RLIMIT_FSIZE caps single files only).
-- Rollouts of one batch share the harness module and the scratch dir (they are threads in
-  one interpreter): module-level state is shared, and one rollout that kills the process
-  (os._exit, a crafted code object) takes the whole batch with it.
-- A rollout can forge protocol messages for other rollouts of its own batch (it can write
-  to the pipe). The parent validates everything and samples the model itself, so this can
-  only change that batch's (same harness's) own answers, never the recorded token ids.
+- The audit hook is Python in the same interpreter as the harness. Known ways past it: the
+  cwd race (it checks a relative path against the cwd of that moment; another rollout
+  thread moves the cwd before the kernel resolves it: hostile/read_data_copy.py), dir_fd=
+  arguments (the "open" event does not carry them), C code that opens files itself
+  (sqlite ATTACH), crafted bytecode, CPython bugs. Behind it: Landlock, nobody, namespaces.
+- Without Landlock (an old kernel, Landlock disabled at boot or blocked by a seccomp
+  filter): once the hook is defeated, files readable by the child's user outside the tmpfs
+  covers are readable (world-readable data copies included; as a root child, everything).
+- Landlock (ABI <= 7) does not cover file metadata (stat, access, readlink: any path's
+  existence and size are visible), chdir, UDP or raw sockets, or connecting to a path-based
+  unix socket; they are left to the hook, the network namespace and file permissions. As
+  root without namespaces and unable to become nobody the child stays root: then only the
+  hook guards UDP/raw sockets and unix sockets, and RLIMIT_NPROC does not bind.
+- CPU contention with the parent and other processes, side channels, kernel exploits,
+  disk use outside the 64 MB tmpfs when namespaces are unavailable (RLIMIT_FSIZE caps single
+  files only). pathlib objects are refused as open() arguments (pass str).
+- Rollouts of one batch share the harness module, the scratch dir and the cwd (they are
+  threads in one interpreter): one can read or change another's state, help it past the
+  hook, forge protocol messages for it (the parent validates them and samples the model
+  itself, so only that batch's own answers can change, never the recorded token ids), or
+  kill the process (os._exit, a crafted code object) and with it the whole batch.
+- A model batch, once started, is never cut short: a flood overruns its deadline by the
+  batch it is in.
 
 Deliberately left out: seccomp filters, cgroups, a pid namespace, per-rollout processes
 (one process per batch is what makes one big llm batch cheap).
 
-The child is this same file run with --child; keep its module-level imports light and
-never import subprocess/ctypes at module level (a harness could reach them via sys.modules).
+The child runs this same file, read from an inherited descriptor (_BOOT), as __main__ with
+--child; keep its module-level imports light and never import subprocess/ctypes at module
+level (a harness could reach them via sys.modules).
 """
 import json
 import os
@@ -858,7 +892,7 @@ def _make_audit_hook(scratch, read_roots, deny_roots):
              blocked=_BLOCKED_EVENTS, prefixes=_BLOCKED_PREFIXES, modules=_BLOCKED_MODULES,
              path_event_names=frozenset(e for e, _ in path_events), path_events=path_events,
              write_flags=_WRITE_FLAGS, getcwd=os.getcwd, lstat=os.lstat, readlink=os.readlink,
-             os_stat=os.stat, type=type, str=str, bytes=bytes, int=int, len=len,
+             os_stat=os.stat, type=type, str=str, bytes=bytes, int=int,
              PermissionError=PermissionError, OSError=OSError):
         if event in blocked or event.startswith(prefixes):
             raise PermissionError(f"sandbox: {event} is blocked")
