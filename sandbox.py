@@ -240,8 +240,8 @@ _WARNED = set()
 
 
 def _warn_once(msg):
-    """One line on stderr per distinct warning and process: a weaker sandbox is never silent."""
-    if msg not in _WARNED:
+    """One line on stderr, once per process: a weaker sandbox is never silent, nor noisy."""
+    if not _WARNED:
         _WARNED.add(msg)
         print(f"sandbox: WARNING: {msg}", file=sys.stderr, flush=True)
 
