@@ -378,7 +378,8 @@ def _preexec(p):
     if p["landlock_abi"]:
         _landlock(p)
     # Root ignores RLIMIT_NPROC and file permissions: become nobody. Without namespaces that
-    # only works when nobody can reach the interpreter; otherwise we stay root (hook only).
+    # only works when nobody can reach the interpreter; otherwise we stay root (Landlock, the
+    # hook and the rlimits but RLIMIT_NPROC still hold).
     if p["root"] and (namespaces or not p["hidden"]):
         os.setgroups([])
         os.setgid(NOBODY)
