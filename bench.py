@@ -13,11 +13,15 @@ Prints one `name: value` line per measurement:
     repeat the first prompt plus each sample's own reply) on 16 puzzles x 8 through the
     sandbox, with shared-head prefill vs without (seconds, tokens prefilled, ratio);
   - SFT: tokens/s of rs_sft.sft_update and its fraction of the matmul peak
-    (6N FLOPs per token for full fine-tuning; the reduced count with --train-layers).
+    (6N FLOPs per token for full fine-tuning; the reduced count with --train-layers);
+  - deadline (only with --only deadline): what rollouts are charged against their
+    deadline (own time + tools + their share of each model batch) in a real evaluation,
+    64 searchqa questions x 8 = one 512-rollout wave and 16 chess puzzles x 8 (multi-turn,
+    retries), and how far past a 30 s deadline an llm() flood gets.
 
     python bench.py                         # everything (~12 min on a 2-core CPU)
     python bench.py --quick                 # smaller shapes, for a smoke run
-    python bench.py --only decode,multiturn # some sections (rollout, decode, sandbox, multiturn, sft)
+    python bench.py --only decode,multiturn # some sections (rollout, decode, sandbox, multiturn, sft, deadline)
 
 Ratios are what to trust on a shared machine; absolute numbers move with load.
 """
@@ -102,9 +106,9 @@ def main():
     ap.add_argument("--only", default="rollout,decode,sandbox,multiturn,sft", help="comma-separated sections")
     args = ap.parse_args()
     only = set(args.only.split(","))
-    if only - {"rollout", "decode", "sandbox", "multiturn", "sft"}:
+    if only - {"rollout", "decode", "sandbox", "multiturn", "sft", "deadline"}:
         raise SystemExit(f"bench.py: unknown section(s) {', '.join(sorted(only))}; "
-                         "choose from rollout, decode, sandbox, multiturn, sft")
+                         "choose from rollout, decode, sandbox, multiturn, sft, deadline")
     sys.stdout.reconfigure(line_buffering=True)  # each line as it is measured, also into a file
     q = args.quick
     torch.manual_seed(0)
@@ -125,6 +129,8 @@ def main():
         sandbox_overhead(e, P, G, NEW)
     if "multiturn" in only:
         multiturn(e, 4 if q else 16)
+    if "deadline" in only:
+        deadline(e, 8 if q else 64, 4 if q else 16)
     if "sft" in only:  # last: it changes the weights
         sft(model, prompts, q, peak)
     print(f"matmul_fp32_gflops_after: {matmul_gflops():.1f}")
@@ -205,6 +211,32 @@ def multiturn(e, n_puzzles):
         print(f"multiturn_{name}_prefill_tokens: {e.prefill_tokens - before}")
         print(f"multiturn_{name}_calls: {len(calls)} (prompt tokens {sum(len(c['prompt_ids']) for c in calls)})")
     print(f"multiturn_speedup: {out['unshared'] / out['shared']:.2f}")
+
+
+def deadline(e, n_questions, n_puzzles, flood_deadline=30.0):
+    """Charged seconds per rollout against rollout.run's deadline in real evaluations, and an
+    llm() flood (one rollout, ~600-token prompts, as fast as it can) against a 30 s deadline."""
+    from domains import chess, searchqa
+    sampling = {"temperature": 0.3, "top_k": 20, "top_p": 1.0}
+    timeout = rollout.run.__kwdefaults__["rollout_timeout"]
+    for name, domain, examples in (("searchqa", searchqa, searchqa.load_split("val")[:n_questions]),
+                                   ("chess", chess, chess.load_split("test")[:n_puzzles])):
+        t = time.time()
+        recs = rollout.run(e, domain, open(domain.H0).read(), examples, 8, seed=0, sampling=sampling, max_tokens=48)
+        charged = sorted(r["charged_s"] for r in recs)
+        print(f"deadline_{name}_rollouts: {len(recs)} in {time.time() - t:.1f} s, "
+              f"{sum(len(r['calls']) for r in recs)} llm calls, timeouts {sum(r['status'] == 'timeout' for r in recs)}")
+        print(f"deadline_{name}_charged_s: median {charged[len(charged) // 2]:.2f}, max {charged[-1]:.2f} "
+              f"(deadline {timeout:.0f} s)")
+    flood = ("def run(task, llm, tools):\n"
+             "    while True:\n"
+             "        llm('Summarise: ' + 'the cat sat on the mat. ' * 80, max_tokens=48)\n")
+    t = time.time()
+    rec = rollout.run(e, searchqa, flood, searchqa.load_split("val")[:1], 1, seed=0, sampling=sampling,
+                      max_tokens=48, rollout_timeout=flood_deadline)[0]
+    print(f"deadline_flood: {rec['status']} after {time.time() - t:.1f} s wall, {len(rec['calls'])} llm calls "
+          f"of {len(rec['calls'][0]['prompt_ids']) if rec['calls'] else 0} prompt tokens, charged "
+          f"{rec['charged_s']:.1f} s (deadline {flood_deadline:.0f} s)")
 
 
 def sft(model, prompts, q, peak):

@@ -21,6 +21,11 @@ import sandbox
 from run_dir import crash_point
 
 WAVE = 512  # rollouts per sandbox child: bounds threads/memory per child and is the engine's batch
+# Longest prompt one llm() call may send, in tokens after the chat template (also never more than
+# the model's context minus the completion). Our longest real prompts (chess retries) are ~1,000
+# tokens; sandbox.MAX_PROMPT_CHARS alone would let one call through at ~65k tokens, or ~700k with
+# 100k tiny messages, and a prefill that size takes gigabytes. Checked before anything is sampled.
+MAX_PROMPT_TOKENS = 4096
 
 
 def stable_seed(*parts) -> int:
@@ -46,14 +51,7 @@ def run(engine, domain, source: str, examples: list[dict], n: int, *, seed, samp
         states[rid] = state
         return tools
 
-    def llm_batch(calls):
-        reqs = [{"prompt_ids": engine.chat_ids(c["messages"]), "max_tokens": min(int(c["max_tokens"]), max_tokens),
-                 "stop": c.get("stop") or [], "seed": c["seed"], **sampling} for c in calls]
-        outs = engine.sample(reqs)
-        crash_point("sampling")
-        return [{"text": o["text"], "prompt_ids": r["prompt_ids"], "completion_ids": o["completion_ids"],
-                 "finish": o["finish"]} for r, o in zip(reqs, outs)]
-
+    llm_batch = make_llm_batch(engine, sampling, max_tokens)
     records = []
     for w in range(0, len(jobs), WAVE):
         wave = jobs[w:w + WAVE]
@@ -72,6 +70,39 @@ def run(engine, domain, source: str, examples: list[dict], n: int, *, seed, samp
         if progress is not None:
             progress.update(len(wave))
     return records
+
+
+def context_tokens(engine) -> int:
+    """The model's context length (vLLM's max_model_len where it is set lower)."""
+    return getattr(engine, "max_model_len", None) or engine.model.config.max_position_embeddings
+
+
+def make_llm_batch(engine, sampling: dict, max_tokens: int):
+    """The sandbox's llm_batch for this engine: chat template, the token cap, one engine.sample
+    for every call that fits. A call whose prompt is over MAX_PROMPT_TOKENS or the context gets
+    {"error"} (a ToolError in the harness) and is never prefilled."""
+    context = context_tokens(engine)
+
+    def llm_batch(calls):
+        outs, reqs, where = [None] * len(calls), [], []
+        for k, c in enumerate(calls):
+            ids = engine.chat_ids(c["messages"])
+            new = min(int(c["max_tokens"]), max_tokens)
+            cap = min(MAX_PROMPT_TOKENS, context - new)
+            if len(ids) > cap:
+                outs[k] = {"error": f"prompt of {len(ids)} tokens is over the {cap}-token cap "
+                                    f"(MAX_PROMPT_TOKENS={MAX_PROMPT_TOKENS}, context {context}, {new} new tokens)"}
+                continue
+            reqs.append({"prompt_ids": ids, "max_tokens": new, "stop": c.get("stop") or [], "seed": c["seed"],
+                         **sampling})
+            where.append(k)
+        for k, r, o in zip(where, reqs, engine.sample(reqs) if reqs else []):
+            outs[k] = {"text": o["text"], "prompt_ids": r["prompt_ids"], "completion_ids": o["completion_ids"],
+                       "finish": o["finish"]}
+        crash_point("sampling")
+        return outs
+
+    return llm_batch
 
 
 def score(domain, example, record, state) -> float:

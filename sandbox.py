@@ -11,55 +11,89 @@ ids, and a harness cannot see the reference answers, change the sampling or skip
     run_rollouts(source, jobs, llm_batch, make_tools_for, ...) -> one record per job
     run_python(code, ...) -> {"stdout", "error"}   # model-written code, e.g. a math tool
 
-What it protects against (a harness that cheats or wrecks the run, on purpose or by bug):
-- Hangs and waste: per-rollout and per-batch timeouts on the harness's own time (time spent
-  waiting for the parent's model or tools is not charged), a cap on llm()/tool calls per
-  rollout, RLIMIT_CPU, RLIMIT_AS (memory), RLIMIT_FSIZE, RLIMIT_NOFILE, no core dumps.
-  The child is killed (SIGKILL to its process group) when the batch ends, and dies with
-  the parent (PR_SET_PDEATHSIG). A dead, hung or garbling child costs that batch its
-  results ("crash" / "timeout" / "protocol" per unfinished rollout), never the parent.
-- New processes: RLIMIT_NPROC=0 once the rollout threads exist (binds in the kernel because
-  the child never runs as root, see below), and the audit hook blocks fork/exec/spawn/
-  subprocess/os.system/posix_spawn/kill.
-- Reading what it must not: an audit hook (sys.addaudithook) allows file opens and
-  directory listings only inside a scratch directory (read-write) and the standard library
-  (read-only; no site-packages); it blocks sockets, ctypes, sub-interpreters, sqlite
-  extensions, symlinks and chmod. The environment is scrubbed, stdin/stdout/stderr are
-  /dev/null (print() goes to a capped per-rollout buffer), cwd is a fresh scratch dir.
-- Kernel layer, as root (the usual case in a container or on a GPU box): the child gets
-  new network and mount namespaces (no network at all; the repo directory, the parent's
-  cwd and any non-world-searchable parent of the interpreter such as /root are covered
-  by empty tmpfs mounts, the interpreter re-bound read-only; scratch is a 64 MB tmpfs),
-  then drops to uid/gid 65534 (nobody) so file permissions and RLIMIT_NPROC bind.
-  As a normal user: a new user+network namespace where the kernel allows it (no network),
-  and RLIMIT_NPROC binds anyway; files readable by that user stay readable if the audit
-  hook is bypassed. As root without CAP_SYS_ADMIN (some containers): nobody if nobody can
-  reach the interpreter, else the child stays root with the hook and rlimits only (then
-  RLIMIT_NPROC does not bind; RLIMIT_AS still bounds threads). Linux only.
+The layers, from the inside out (all applied in every mode unless noted):
+- Audit hook (sys.addaudithook, Python, in the child): file opens and listings only inside
+  scratch (read-write) and the stdlib (read-only, no site-packages); blocks sockets, ctypes,
+  fork/exec/spawn/kill, sub-interpreters, sqlite extensions, symlinks, chmod, gc
+  introspection, sys.settrace. Its inputs are immutable default arguments (see
+  _make_audit_hook), so nothing a harness can reach reprograms it; it can still be fooled.
+- Landlock (kernel, unprivileged, Linux >= 5.13; applied in the forked child before exec,
+  after the mounts, before the uid drop, and inherited by everything the child execs): the
+  child may READ only the interpreter, its loader and system libraries, libpython and the
+  stdlib (not site-packages; not /proc, /sys, /tmp, /etc beyond ld.so.cache, the repo, the
+  data wherever WHALE_DATA points, other checkouts, $HOME), READ+WRITE only its scratch dir
+  and /dev/null, EXECUTE only the interpreter and its loader; whatever code opens the file
+  (sqlite, any C library). ABI >= 4: no TCP bind/connect; ABI >= 6: no signals or abstract
+  unix sockets outside the sandbox. Where Landlock is unavailable the run prints one
+  warning line and goes on without it (as it does with WHALE_SANDBOX_NO_LANDLOCK=1, which
+  the tests set to show what Landlock alone stops).
+- Namespaces: as root, new network and mount namespaces (no network at all; the repo, the
+  parent's cwd and any non-world-searchable parent of the interpreter such as /root are
+  covered by empty tmpfs mounts, the interpreter re-bound read-only; scratch is a 64 MB
+  tmpfs). As a normal user, a new user+network namespace where the kernel allows it.
+- nobody: as root the child drops to uid/gid 65534 when it can (with namespaces, or when
+  nobody can reach the interpreter), so file permissions and RLIMIT_NPROC bind; a normal
+  user's child runs as that user. PR_SET_NO_NEW_PRIVS: no setuid binary gives privileges.
+- rlimits: RLIMIT_NPROC=0 once the rollout threads exist, RLIMIT_CPU, RLIMIT_AS (memory),
+  RLIMIT_FSIZE, RLIMIT_NOFILE, no core dumps; the environment is scrubbed, stdin/stdout/
+  stderr are /dev/null (print() goes to a capped per-rollout buffer), cwd is scratch.
+- Parent checks (this process): 4 MB frames, decode errors, an iterative depth check
+  (MAX_DEPTH) right after decoding and before anything recursive, strict validation of every
+  message; llm() calls capped in characters, messages and (rollout.py) prompt tokens before
+  any prefill; call budgets; per-rollout deadlines that charge the harness's own time, its
+  tools and its share of every model batch; a batch timeout; SIGKILL to the child's process
+  group when the batch ends, PR_SET_PDEATHSIG. A dead, hung or garbling child costs that
+  batch its results ("crash" / "timeout" / "protocol" per unfinished rollout), never the run.
+
+Which layer stops what (strongest first; hostile/ holds a harness for every row, the file
+ones with the audit hook defeated first, see read_data_copy.py):
+
+    attack                                          stopped by
+    read data/answers, other checkouts, /proc,      Landlock; nobody's permissions (not for
+      /tmp, $HOME outside scratch (hook defeated)     world-readable files); tmpfs covers (root)
+    write or create files outside scratch, also     Landlock; nobody's permissions (not for
+      from C (sqlite ATTACH, VACUUM INTO)             /tmp); audit hook (Python-level opens)
+    rewrite the hook's tables/helpers/frame         audit hook (immutable defaults)
+    network                                         network namespace; Landlock (TCP); hook
+    new processes, threads                          RLIMIT_NPROC (not as root); audit hook
+    signal other processes                          Landlock scope; nobody; audit hook
+    memory, CPU, disk, fds                          rlimits; 64 MB tmpfs scratch (namespaces)
+    hang, sleep, llm()/tool flood                   parent: deadline incl. model and tool time
+    huge-token prompt, 100k messages                parent: message cap, token cap (before prefill)
+    deep/huge/garbled/forged messages               parent: frame cap, depth check, validation
+    see answers, fake scores, change sampling       design: they never leave the parent
 
 What it does NOT protect against (it is not a security boundary for hostile humans):
-- The audit hook is Python code in the same interpreter as the harness. It binds what it
-  uses at install time and blocks gc introspection and sys.settrace (the ways to reach its
-  closure), but deliberate in-process attacks can still defeat it: monkeypatching the
-  helpers of posixpath.realpath, crafted bytecode (marshal), other CPython bugs. What holds
-  then is the kernel layer above: no network, no new processes, nobody's file permissions,
-  and (as root) the covered directories; world-readable files elsewhere are readable.
-- File metadata (os.stat of any path) is not hidden; pathlib objects are refused as open()
-  arguments (pass str) because their __fspath__ could answer the hook and open() differently.
-- CPU contention with the parent and other processes, side channels, disk use outside the
-  64 MB tmpfs scratch when namespaces are unavailable (RLIMIT_FSIZE caps single files only).
-- Rollouts of one batch share the harness module and the scratch dir (they are threads in
-  one interpreter): module-level state is shared, and one rollout that kills the process
-  (os._exit, a crafted code object) takes the whole batch with it.
-- A rollout can forge protocol messages for other rollouts of its own batch (it can write
-  to the pipe). The parent validates everything and samples the model itself, so this can
-  only change that batch's (same harness's) own answers, never the recorded token ids.
+- The audit hook is Python in the same interpreter as the harness. Known ways past it: the
+  cwd race (it checks a relative path against the cwd of that moment; another rollout
+  thread moves the cwd before the kernel resolves it: hostile/read_data_copy.py), dir_fd=
+  arguments (the "open" event does not carry them), C code that opens files itself
+  (sqlite ATTACH), crafted bytecode, CPython bugs. Behind it: Landlock, nobody, namespaces.
+- Without Landlock (an old kernel, Landlock disabled at boot or blocked by a seccomp
+  filter): once the hook is defeated, files readable by the child's user outside the tmpfs
+  covers are readable (world-readable data copies included; as a root child, everything).
+- Landlock (ABI <= 7) does not cover file metadata (stat, access, readlink: any path's
+  existence and size are visible), chdir, UDP or raw sockets, or connecting to a path-based
+  unix socket; they are left to the hook, the network namespace and file permissions. As
+  root without namespaces and unable to become nobody the child stays root: then only the
+  hook guards UDP/raw sockets and unix sockets, and RLIMIT_NPROC does not bind.
+- CPU contention with the parent and other processes, side channels, kernel exploits,
+  disk use outside the 64 MB tmpfs when namespaces are unavailable (RLIMIT_FSIZE caps single
+  files only). pathlib objects are refused as open() arguments (pass str).
+- Rollouts of one batch share the harness module, the scratch dir and the cwd (they are
+  threads in one interpreter): one can read or change another's state, help it past the
+  hook, forge protocol messages for it (the parent validates them and samples the model
+  itself, so only that batch's own answers can change, never the recorded token ids), or
+  kill the process (os._exit, a crafted code object) and with it the whole batch.
+- A model batch, once started, is never cut short: a flood overruns its deadline by the
+  batch it is in.
 
 Deliberately left out: seccomp filters, cgroups, a pid namespace, per-rollout processes
 (one process per batch is what makes one big llm batch cheap).
 
-The child is this same file run with --child; keep its module-level imports light and
-never import subprocess/ctypes at module level (a harness could reach them via sys.modules).
+The child runs this same file, read from an inherited descriptor (_BOOT), as __main__ with
+--child; keep its module-level imports light and never import subprocess/ctypes at module
+level (a harness could reach them via sys.modules).
 """
 import json
 import os
@@ -74,7 +108,10 @@ import types
 
 MAX_MSG = 4 << 20            # bytes per pipe message, either direction
 MAX_PROMPT_CHARS = 262_144   # all message contents of one llm() call
+MAX_MESSAGES = 256           # messages in one llm() call (each adds chat-template tokens of its own)
 MAX_TOOL_ARGS = 65_536       # bytes of JSON arguments of one tool call
+MAX_DEPTH = 32               # nesting of lists/dicts in any message from the child (checked iteratively,
+                             # right after decoding, so nothing recursive ever sees deeper data)
 ANSWER_CHARS = 10_000
 STDOUT_CHARS = 2_000
 ERROR_CHARS = 2_000
@@ -112,6 +149,22 @@ def _frame(msg):
     return len(data).to_bytes(4, "big") + data
 
 
+def _too_deep(obj, limit=MAX_DEPTH):
+    """True if lists/dicts in obj nest deeper than limit. Iterative: a message nested 100,000
+    deep costs a loop, not the stack (json.dumps, copies and the trace writer all recurse)."""
+    if not isinstance(obj, (list, tuple, dict)):
+        return False
+    todo = [(obj, 1)]
+    while todo:
+        x, depth = todo.pop()
+        if depth > limit:
+            return True
+        for v in x.values() if isinstance(x, dict) else x:
+            if isinstance(v, (list, tuple, dict)):
+                todo.append((v, depth + 1))
+    return False
+
+
 # ----------------------------------------------------------------------------------------
 # Parent side: spawning the child, the message pump, run_rollouts, run_python.
 
@@ -145,24 +198,138 @@ def _plan():
         libc = ctypes.CDLL(None, use_errno=True)
         libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong,
                                ctypes.c_char_p]
+        libc.syscall.restype = ctypes.c_long
         exe = os.path.realpath(sys.executable)
         stdlib = os.path.realpath(os.path.dirname(os.__file__))
+        abi = libc.syscall(SYS_LANDLOCK_CREATE_RULESET, None, 0, LANDLOCK_CREATE_RULESET_VERSION)
+        why = None if abi >= 1 else {38: "this kernel has no Landlock (ENOSYS)",
+                                     95: "Landlock is disabled in this kernel (EOPNOTSUPP)"}.get(
+            ctypes.get_errno(), f"landlock_create_ruleset failed ({os.strerror(ctypes.get_errno())})")
         _PLAN.update(
             libc=libc, get_errno=ctypes.get_errno, exe=exe,
             base=os.path.commonpath([exe, stdlib]),  # holds the interpreter, libpython, stdlib
             hidden=_unsearchable_ancestor(exe) or _unsearchable_ancestor(stdlib),
             root=os.geteuid() == 0,
             namespaces=os.geteuid() == 0,  # set to False if mounting fails once
-            repo=os.path.dirname(os.path.realpath(__file__)))
+            repo=os.path.dirname(os.path.realpath(__file__)),
+            landlock_abi=max(0, abi), landlock_off=why, landlock_rules=_landlock_rules(exe, stdlib))
     return _PLAN
 
 
 # Linux constants (not exposed by the stdlib)
 CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWNET = 0x00020000, 0x10000000, 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 32, 4096, 16384, 1 << 18
-PR_SET_PDEATHSIG = 1
+PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
 _SYSTEM_DIRS = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/etc", "/proc", "/dev", "/sys",
                 "/tmp", "/var", "/run")
+
+# Landlock (include/uapi/linux/landlock.h): syscall numbers (the same on every architecture),
+# ruleset attribute fields by ABI version, access rights.
+SYS_LANDLOCK_CREATE_RULESET, SYS_LANDLOCK_ADD_RULE, SYS_LANDLOCK_RESTRICT_SELF = 444, 445, 446
+LANDLOCK_CREATE_RULESET_VERSION, LANDLOCK_RULE_PATH_BENEATH = 1, 1
+FS_EXECUTE, FS_WRITE_FILE, FS_READ_FILE, FS_READ_DIR = 1 << 0, 1 << 1, 1 << 2, 1 << 3
+FS_REMOVE_DIR, FS_REMOVE_FILE, FS_MAKE_DIR, FS_MAKE_REG = 1 << 4, 1 << 5, 1 << 7, 1 << 8
+FS_ABI1 = (1 << 13) - 1  # EXECUTE .. MAKE_SYM: everything ABI 1 knows (also char/block/fifo/socket/symlink)
+FS_REFER, FS_TRUNCATE, FS_IOCTL_DEV = 1 << 13, 1 << 14, 1 << 15  # since ABI 2, 3, 5
+FS_ON_FILES = FS_EXECUTE | FS_WRITE_FILE | FS_READ_FILE | FS_TRUNCATE | FS_IOCTL_DEV  # a rule on a file
+NET_BIND_TCP, NET_CONNECT_TCP = 1 << 0, 1 << 1  # since ABI 4
+SCOPE_ABSTRACT_UNIX_SOCKET, SCOPE_SIGNAL = 1 << 0, 1 << 1  # since ABI 6
+SCRATCH_RIGHTS = (FS_READ_FILE | FS_READ_DIR | FS_WRITE_FILE | FS_TRUNCATE | FS_MAKE_REG | FS_MAKE_DIR
+                  | FS_REMOVE_FILE | FS_REMOVE_DIR | FS_REFER)  # no exec, devices, fifos, sockets, symlinks
+_WARNED = set()
+
+
+def _warn_once(msg):
+    """One line on stderr, once per process: a weaker sandbox is never silent, nor noisy."""
+    if not _WARNED:
+        _WARNED.add(msg)
+        print(f"sandbox: WARNING: {msg}", file=sys.stderr, flush=True)
+
+
+def _elf_interpreter(path):
+    """The dynamic loader an ELF executable names in its PT_INTERP header (None: static or not ELF).
+    The kernel opens it for execution, so it needs Landlock's EXECUTE right."""
+    import struct  # parent only
+    with open(path, "rb") as f:
+        head = f.read(64)
+        if head[:4] != b"\x7fELF" or head[4] != 2:  # 64-bit ELF only
+            return None
+        end = "<" if head[5] == 1 else ">"
+        (phoff,), (phentsize, phnum) = struct.unpack_from(end + "Q", head, 32), struct.unpack_from(end + "HH", head, 54)
+        f.seek(phoff)
+        table = f.read(phentsize * phnum)
+        for k in range(phnum):
+            p_type, _, p_offset, _, _, p_filesz = struct.unpack_from(end + "IIQQQQ", table, k * phentsize)
+            if p_type == 3:  # PT_INTERP
+                f.seek(p_offset)
+                return os.path.realpath(f.read(p_filesz).rstrip(b"\0").decode())
+    return None
+
+
+def _landlock_rules(exe, stdlib):
+    """(path, rights) the child may use besides its scratch dir: what this interpreter needs to start
+    and import the standard library, nothing else. Found with strace on `python -s -S -B -P -c
+    'import json, threading, sqlite3 ...'` under the ruleset: ld.so, its cache, libc/libm (+ the
+    libraries lib-dynload links: libz, libffi, libsqlite3 ...), libpython, the stdlib. Left out on
+    purpose: /proc and /sys (CPython does not need them to start), locale files and /etc/localtime
+    (the child runs in the C locale, i.e. Python's UTF-8 mode, and in UTC), site-packages."""
+    import sysconfig  # parent only
+    ro = FS_READ_FILE | FS_READ_DIR
+    rules = [(exe, FS_READ_FILE | FS_EXECUTE), (stdlib, FS_READ_DIR)]
+    loader = _elf_interpreter(exe)
+    if loader:
+        rules.append((loader, FS_READ_FILE | FS_EXECUTE))
+    # A rule grants a whole hierarchy and cannot carve holes, so the stdlib is granted entry by
+    # entry, leaving out the third-party packages.
+    rules += [(os.path.realpath(os.path.join(stdlib, n)), ro) for n in sorted(os.listdir(stdlib))
+              if n not in ("site-packages", "dist-packages")]
+    rules += [(os.path.realpath(p), FS_READ_FILE) for p in sys.path if p.endswith(".zip") and os.path.isfile(p)]
+    arch = getattr(sys.implementation, "_multiarch", "") or "."
+    lib_dirs = sorted({os.path.realpath(d) for d in ("/lib64", "/usr/lib64", f"/lib/{arch}", f"/usr/lib/{arch}")
+                       if os.path.isdir(d)})
+    rules += [(d, FS_READ_FILE) for d in lib_dirs]
+    libdir = os.path.realpath(sysconfig.get_config_var("LIBDIR") or "/nonexistent")
+    if os.path.isdir(libdir) and libdir not in lib_dirs:  # libpython (pyenv), or a conda env's own libraries
+        rules += [(os.path.join(libdir, n), FS_READ_FILE) for n in sorted(os.listdir(libdir))
+                  if ".so" in n and os.path.isfile(os.path.join(libdir, n))]
+    return rules + [("/etc/ld.so.cache", FS_READ_FILE), ("/dev/null", FS_READ_FILE | FS_WRITE_FILE | FS_TRUNCATE)]
+
+
+def _landlock(p):
+    """In the forked child (before exec, after the mounts): restrict this process and everything
+    it execs to p["landlock_rules"] + read/write in scratch, for good. Raises OSError on failure."""
+    import struct  # already imported by the parent: no file access here
+    libc, abi = p["libc"], p["landlock_abi"]
+
+    def check(ret, what):
+        if ret < 0:
+            e = p["get_errno"]()
+            raise OSError(e, f"{what}: {os.strerror(e)}")
+        return ret
+
+    fs = FS_ABI1 | (FS_REFER if abi >= 2 else 0) | (FS_TRUNCATE if abi >= 3 else 0) | (FS_IOCTL_DEV if abi >= 5 else 0)
+    net = NET_BIND_TCP | NET_CONNECT_TCP if abi >= 4 else 0  # no rule allows a port: no TCP at all
+    scoped = SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL if abi >= 6 else 0  # only within the sandbox
+    attr = struct.pack("QQQ", fs, net, scoped)[:8 if abi < 4 else 16 if abi < 6 else 24]  # the ABI's struct size
+    check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(PR_SET_NO_NEW_PRIVS)")  # required unprivileged
+    ruleset = check(libc.syscall(SYS_LANDLOCK_CREATE_RULESET, attr, len(attr), 0), "landlock_create_ruleset")
+    try:
+        for path, rights in p["landlock_rules"] + [(p["scratch"], SCRATCH_RIGHTS)]:
+            try:
+                fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+            except FileNotFoundError:
+                continue
+            try:
+                if not stat.S_ISDIR(os.fstat(fd).st_mode):
+                    rights &= FS_ON_FILES
+                rule = struct.pack("=Qi", rights & fs, fd)  # struct landlock_path_beneath_attr (packed)
+                check(libc.syscall(SYS_LANDLOCK_ADD_RULE, ruleset, LANDLOCK_RULE_PATH_BENEATH, rule, 0),
+                      f"landlock_add_rule {path}")
+            finally:
+                os.close(fd)
+        check(libc.syscall(SYS_LANDLOCK_RESTRICT_SELF, ruleset, 0), "landlock_restrict_self")
+    finally:
+        os.close(ruleset)
 
 
 def _under(path, root):
@@ -206,8 +373,13 @@ def _preexec(p):
             _mounts(p)  # an error here fails the spawn; the parent retries without namespaces
     elif not p["root"]:
         libc.unshare(CLONE_NEWUSER | CLONE_NEWNET)  # best effort: no network; EPERM is fine
+    # The kernel's file view, in every mode: after the mounts (it forbids new ones), before the
+    # uid drop (opening the allowed paths may need root, e.g. under /root). It survives exec.
+    if p["landlock_abi"]:
+        _landlock(p)
     # Root ignores RLIMIT_NPROC and file permissions: become nobody. Without namespaces that
-    # only works when nobody can reach the interpreter; otherwise we stay root (hook only).
+    # only works when nobody can reach the interpreter; otherwise we stay root (Landlock, the
+    # hook and the rlimits but RLIMIT_NPROC still hold).
     if p["root"] and (namespaces or not p["hidden"]):
         os.setgroups([])
         os.setgid(NOBODY)
@@ -218,6 +390,10 @@ def _preexec(p):
     # Limits last: this forked copy of the parent may already be over RLIMIT_AS (exec resets it).
     for res, lim in p["limits"]:
         resource.setrlimit(res, (lim, lim))
+
+
+# The child's first code: read sandbox.py from the inherited descriptor and run it as __main__.
+_BOOT = "import os, sys; exec(compile(os.fdopen(int(sys.argv[4]), 'rb').read(), 'sandbox.py', 'exec'))"
 
 
 class _Child:
@@ -241,18 +417,28 @@ class _Child:
             os.chown(self.scratch, NOBODY, NOBODY)  # used when there is no tmpfs scratch
         c2p_r, c2p_w = os.pipe()
         p2c_r, p2c_w = os.pipe()
-        script = os.open(os.path.realpath(__file__), os.O_RDONLY)  # readable even once covered
+        # The child's code goes in as an open file: Landlock (and the tmpfs over the repo) keep
+        # it from opening sandbox.py by any path, /proc/self/fd/N included.
+        script = os.open(os.path.realpath(__file__), os.O_RDONLY)
+        landlock_abi = plan["landlock_abi"]
+        if os.environ.get("WHALE_SANDBOX_NO_LANDLOCK"):  # for tests that show what Landlock stops
+            landlock_abi = 0
+            _warn_once("WHALE_SANDBOX_NO_LANDLOCK is set: the kernel file layer (Landlock) is off; "
+                       "files outside scratch are protected only by the audit hook and file permissions")
+        elif not landlock_abi:
+            _warn_once(f"{plan['landlock_off']}: the kernel file layer is off; files outside scratch "
+                       "are protected only by the audit hook and file permissions")
         env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONHASHSEED": "0",
                "MALLOC_ARENA_MAX": "2", "HOME": self.scratch, "TMPDIR": self.scratch}
         # -s -S: no site-packages; -B: no .pyc writes; -P: no script dir on sys.path.
         # (Not -I: it would also ignore PYTHONHASHSEED, and set iteration order should not
         # differ between runs of the same harness.)
-        argv = [plan["exe"], "-s", "-S", "-B", "-P", f"/proc/self/fd/{script}", "--child",
-                str(p2c_r), str(c2p_w)]
+        argv = [plan["exe"], "-s", "-S", "-B", "-P", "-c", _BOOT, "--child", str(p2c_r), str(c2p_w), str(script)]
         stderr = None if os.environ.get("WHALE_SANDBOX_STDERR") else subprocess.DEVNULL
         try:
             for attempt in (0, 1):
-                p = dict(plan, limits=limits, covers=covers, scratch=self.scratch, ppid=os.getpid())
+                p = dict(plan, limits=limits, covers=covers, scratch=self.scratch, ppid=os.getpid(),
+                         landlock_abi=landlock_abi)
                 try:
                     self.proc = subprocess.Popen(
                         argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr,
@@ -321,6 +507,8 @@ class _Child:
                 raise _Bad(f"undecodable message ({type(e).__name__})")
             if not isinstance(msg, dict):
                 raise _Bad("message is not a JSON object")
+            if _too_deep(msg):  # before anything recursive (validation, records, traces) sees it
+                raise _Bad(f"message nested deeper than {MAX_DEPTH} levels")
             msgs.append(msg)
         if self.broken and not msgs:
             raise _Gone(self._describe_exit(self.broken))
@@ -358,6 +546,8 @@ def _llm_request(msg, max_llm_tokens):
     messages = msg.get("messages")
     if isinstance(messages, str):
         messages = [{"role": "user", "content": messages}]
+    if isinstance(messages, list) and len(messages) > MAX_MESSAGES:
+        raise ValueError(f"more than {MAX_MESSAGES} messages")
     if not (isinstance(messages, list) and messages and all(
             isinstance(m, dict) and set(m) == {"role", "content"} and m["role"] in ROLES
             and isinstance(m["content"], str) for m in messages)):
@@ -382,12 +572,23 @@ def run_rollouts(source, jobs, llm_batch, make_tools_for, *, rollout_timeout=60.
     """Run harness `source` once per job in one sandbox process; see the module docstring.
 
     jobs: [{"rid", "task", "seed"}]. llm_batch(calls) -> [{"text", "prompt_ids",
-    "completion_ids", "finish"}] for calls [{"rid", "messages", "max_tokens", "stop", "seed"}];
-    all pending llm() calls of the live rollouts go out as one batch. make_tools_for(rid) ->
-    {name: fn} runs in this process. Timeouts count the harness's own time only (not time in
-    llm_batch or tools); max_llm_calls / max_tool_calls per rollout bound the parent's time.
+    "completion_ids", "finish"} or {"error": str}] for calls [{"rid", "messages", "max_tokens",
+    "stop", "seed"}]; all pending llm() calls of the live rollouts go out as one batch, and an
+    {"error"} output refuses that one call (it raises ToolError in the harness; e.g. a prompt
+    over the model's context). make_tools_for(rid) -> {name: fn} runs in this process.
     concurrency: rollout threads in the child (None: all jobs at once). cpu_s: RLIMIT_CPU of
-    the child (None: batch_timeout + 10). Returns one record per job, in order.
+    the child (None: batch_timeout + 10). Returns one record per job, in order; "charged_s" is
+    what the rollout was charged against rollout_timeout.
+
+    What counts against rollout_timeout: the harness's own time, the tools it called, and its
+    share of every llm batch it was in (the batch's seconds / its rows). Shares, not whole
+    batches: 512 legitimate rollouts sampled together each pay 1/512 of the batch they shared,
+    so our real batch sizes never time out, while a rollout that floods llm() pays for all the
+    model time it alone caused, so in n rollouts a flood costs at most n * rollout_timeout of
+    model time (the same as n slow harnesses), and a flooding rollout stops within one batch of
+    its deadline (the batch it is in when it passes it; its thread is then refused). A batch
+    itself is never cut short. batch_timeout counts the harness's own time in this child only
+    (model time is bounded per rollout as above and by max_llm_calls / max_tool_calls).
 
     In the harness, a refused or failed llm()/tools.<name>() call raises ToolError (the
     sandbox defines that name in the harness module); llm() takes exactly (messages,
@@ -395,7 +596,7 @@ def run_rollouts(source, jobs, llm_batch, make_tools_for, *, rollout_timeout=60.
     """
     n = len(jobs)
     recs = [{"rid": j["rid"], "answer": None, "status": None, "error": None, "calls": [],
-             "tool_calls": [], "stdout": "", "wall_s": 0.0} for j in jobs]
+             "tool_calls": [], "stdout": "", "wall_s": 0.0, "charged_s": 0.0} for j in jobs]
     if n == 0:
         return recs
     tools = [make_tools_for(j["rid"]) for j in jobs]
@@ -407,8 +608,8 @@ def run_rollouts(source, jobs, llm_batch, make_tools_for, *, rollout_timeout=60.
     # The harness clock: wall time minus the time this process spent in llm_batch and tools.
     busy, t_start = 0.0, time.monotonic()
     clock = lambda: time.monotonic() - t_start - busy
-    # Per rollout: used = harness seconds charged so far; run_since = clock when it last
-    # started running (None while it waits for a reply or is not running).
+    # Per rollout: used = seconds charged so far (own time, its tools, its model shares);
+    # run_since = clock when it last started running (None while it waits for a reply).
     st = [{"used": 0.0, "run_since": None, "t0": None, "n_llm": 0, "n_tool": 0, "call": None,
            "freed": False} for _ in range(n)]
     live, waiting, queued = set(), {}, list(range(n))[::-1]  # waiting: i -> clock at request
@@ -426,6 +627,7 @@ def run_rollouts(source, jobs, llm_batch, make_tools_for, *, rollout_timeout=60.
         r = recs[i]
         r["status"], r["error"], r["answer"], r["stdout"] = status, error, answer, stdout
         r["wall_s"] = time.monotonic() - st[i]["t0"] if st[i]["t0"] else 0.0
+        r["charged_s"] = st[i]["used"] + (clock() - st[i]["run_since"] if st[i]["run_since"] is not None else 0.0)
         unfinished -= 1
 
     def finish_all(status, error):
@@ -434,8 +636,11 @@ def run_rollouts(source, jobs, llm_batch, make_tools_for, *, rollout_timeout=60.
                 finish(i, status, error)
 
     def reply(i, ok, value):
+        if st[i]["used"] > rollout_timeout:  # its tools or model share took it past the deadline
+            finish(i, "timeout", f"rollout timeout ({rollout_timeout} s, model and tool time included)")
+            ok, value = False, "rollout timed out"  # so that its thread unwinds
         child.send({"t": "reply", "rid": i, "ok": ok, ("value" if ok else "error"): value})
-        st[i]["run_since"] = clock()
+        st[i]["run_since"] = clock() if recs[i]["status"] is None else None
 
     def on_tool(i, msg):
         nonlocal busy
@@ -458,7 +663,9 @@ def run_rollouts(source, jobs, llm_batch, make_tools_for, *, rollout_timeout=60.
                 value = fn(*args, **kwargs)
             except Exception as e:
                 rec["error"] = _last_line(e)
-            busy += time.monotonic() - t
+            t = time.monotonic() - t
+            busy += t
+            st[i]["used"] += t  # only this rollout waited for it
         if rec["error"] is None:
             try:
                 try:
@@ -494,13 +701,18 @@ def run_rollouts(source, jobs, llm_batch, make_tools_for, *, rollout_timeout=60.
                           "stop": stop, "seed": _call_seed(jobs[i].get("seed", 0), len(recs[i]["calls"]))})
         t = time.monotonic()
         outs = llm_batch(calls)
-        busy += time.monotonic() - t
+        t = time.monotonic() - t
+        busy += t
         assert len(outs) == len(calls), "llm_batch must answer every call"
         for i, call, out in zip(order, calls, outs):
+            del waiting[i]
+            st[i]["used"] += t / len(calls)  # its share of the batch (see the docstring)
+            if "error" in out:  # refused by the engine side, e.g. over the context: nothing sampled
+                reply(i, False, f"llm: {out['error']}"[:ERROR_CHARS])
+                continue
             recs[i]["calls"].append({"messages": call["messages"], "prompt_ids": out["prompt_ids"],
                                      "completion_ids": out["completion_ids"], "text": out["text"],
                                      "finish": out["finish"]})
-            del waiting[i]
             reply(i, True, out["text"])
 
     def on_message(msg):
@@ -666,50 +878,91 @@ _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
 
 
 def _make_audit_hook(scratch, read_roots, deny_roots):
-    """The policy, as a closure over values bound now (so rebinding os.path.realpath or the
-    module constants later does not change it); see the module docstring for its limits."""
-    realpath, fsdecode, os_stat, isdir = os.path.realpath, os.fsdecode, os.stat, stat.S_ISDIR
-    blocked, prefixes, modules, path_events = _BLOCKED_EVENTS, _BLOCKED_PREFIXES, _BLOCKED_MODULES, _PATH_EVENTS
-    write_flags = _WRITE_FLAGS
+    """The policy as one flat function whose every input is a default argument bound now: strings,
+    tuples, frozensets, ints and builtin functions, none of them mutable. It reads no global name
+    and has no closure, so rebinding anything in this module, in os/posixpath or in builtins
+    (all reachable by the harness, e.g. via sys.modules["__main__"]) does not change it, and its
+    frame (reachable from the traceback of every PermissionError it raises) holds nothing it could
+    be reprogrammed through. It resolves paths itself (os.path.realpath looks its helpers up in
+    posixpath at call time). What still defeats it is listed in the module docstring."""
+    path_events = tuple((event, tuple(specs)) for event, specs in _PATH_EVENTS.items())
 
-    def inside(p, roots):
-        for r in roots:
-            if p == r or p.startswith(r + "/"):
-                return True
-        return False
-
-    def check(path, write):
-        if type(path) is int:
-            return  # an already-open descriptor: its path was checked when it was opened
-        if type(path) not in (str, bytes):
-            raise PermissionError("sandbox: paths must be str or bytes")
-        p = realpath(fsdecode(path))
-        if inside(p, (scratch,)):
-            return
-        if write or not inside(p, read_roots) or inside(p, deny_roots):
-            raise PermissionError(f"sandbox: access to {p!r} is blocked")
-
-    def hook(event, args):
+    def hook(event, args, scratch=scratch, scratch_dir=scratch + "/",
+             read_roots=frozenset(read_roots), read_dirs=tuple(r + "/" for r in read_roots),
+             deny_roots=frozenset(deny_roots), deny_dirs=tuple(r + "/" for r in deny_roots),
+             blocked=_BLOCKED_EVENTS, prefixes=_BLOCKED_PREFIXES, modules=_BLOCKED_MODULES,
+             path_event_names=frozenset(e for e, _ in path_events), path_events=path_events,
+             write_flags=_WRITE_FLAGS, getcwd=os.getcwd, lstat=os.lstat, readlink=os.readlink,
+             os_stat=os.stat, type=type, str=str, bytes=bytes, int=int,
+             PermissionError=PermissionError, OSError=OSError):
         if event in blocked or event.startswith(prefixes):
             raise PermissionError(f"sandbox: {event} is blocked")
         if event == "open":
             path, mode, flags = args
-            check(path, bool(flags & write_flags) or any(c in (mode or "") for c in "wax+"))
-            if type(path) is not int:
+            write = (type(flags) is int and flags & write_flags != 0) or (type(mode) is str and (
+                "w" in mode or "a" in mode or "x" in mode or "+" in mode))
+            todo = [(path, write)]
+        elif event == "import":
+            name = args[0]
+            if type(name) is not str or name.partition(".")[0] in modules:
+                raise PermissionError(f"sandbox: import of {name} is blocked")
+            if args[1] is None:
+                return
+            todo = [(args[1], False)]  # an extension module: only the stdlib's own
+        elif event in path_event_names:
+            todo = []
+            for name, specs in path_events:
+                if name == event:
+                    for k, write in specs:
+                        todo.append((args[k] if args[k] is not None else ".", write))
+        else:
+            return
+        for path, write in todo:
+            if type(path) is int:
+                continue  # an already-open descriptor: its path was checked when it was opened
+            if type(path) is bytes:
+                path = path.decode("utf-8", "surrogateescape")
+            elif type(path) is not str:
+                raise PermissionError("sandbox: paths must be str or bytes")
+            # resolve symlinks and .. like os.path.realpath (a missing component stays as written)
+            if not path.startswith("/"):
+                path = getcwd() + "/" + path
+            parts, done, links = path.split("/")[::-1], [], 0
+            while parts:
+                part = parts.pop()
+                if part == "" or part == ".":
+                    continue
+                if part == "..":
+                    if done:
+                        done.pop()
+                    continue
+                done.append(part)
+                here = "/" + "/".join(done)
                 try:
-                    is_dir = isdir(os_stat(path).st_mode)
+                    is_link = lstat(here).st_mode & 0o170000 == 0o120000
+                except OSError:
+                    continue
+                if is_link:
+                    links += 1
+                    if links > 40:
+                        raise PermissionError("sandbox: too many levels of symbolic links")
+                    target = readlink(here)
+                    done.pop()
+                    if target.startswith("/"):
+                        done = []
+                    parts.extend(target.split("/")[::-1])
+            p = "/" + "/".join(done)
+            if not (p == scratch or p.startswith(scratch_dir)):
+                if write or not (p in read_roots or p.startswith(read_dirs)) or (
+                        p in deny_roots or p.startswith(deny_dirs)):
+                    raise PermissionError(f"sandbox: access to {p!r} is blocked")
+            if event == "open":
+                try:
+                    is_dir = os_stat(p).st_mode & 0o170000 == 0o040000
                 except OSError:
                     is_dir = False
                 if is_dir:  # a directory fd would let dir_fd= calls escape the path check
                     raise PermissionError("sandbox: opening directories is blocked")
-        elif event == "import":
-            if args[0].partition(".")[0] in modules:
-                raise PermissionError(f"sandbox: import of {args[0]} is blocked")
-            if args[1] is not None:  # an extension module: only the stdlib's own
-                check(args[1], False)
-        elif event in path_events:
-            for k, write in path_events[event]:
-                check(args[k] if args[k] is not None else ".", write)
 
     return hook
 
@@ -817,6 +1070,8 @@ def _child_main(rfd, wfd):
     def call(i, payload):
         """Send one llm/tool call of rollout i to the parent and wait for its reply."""
         slots[i][0].clear()
+        if _too_deep(payload):  # the parent would call it a protocol violation and end the whole batch
+            raise ToolError(f"arguments nested too deep (a call may nest {MAX_DEPTH} levels in all)")
         try:
             send(dict(payload, t="call", rid=i))
         except (TypeError, ValueError) as e:

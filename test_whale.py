@@ -934,10 +934,10 @@ def jobs(n, **task):
     return [{"rid": 100 + r, "task": dict(task, q=f"q{r}", repo=str(REPO)), "seed": r} for r in range(n)]
 
 
-def run(source, n=2, log=None, **kw):
+def run(source, n=2, log=None, task=None, **kw):
     kw = {"rollout_timeout": 1.0, "batch_timeout": 10.0, "mem_mb": 256, "max_llm_tokens": CAP, **kw}
     llm_batch = kw.pop("llm_batch", None) or fake_llm([] if log is None else log)
-    return sandbox.run_rollouts(source, jobs(n), llm_batch, tools_for, **kw)
+    return sandbox.run_rollouts(source, jobs(n, **(task or {})), llm_batch, tools_for, **kw)
 
 
 def our_children():
@@ -954,30 +954,12 @@ def our_children():
     return kids
 
 
-def expectation(path):
-    return json.loads(re.search(r"^EXPECT: (.*)$", path.read_text(), re.M).group(1))
+def expectation(path, key="EXPECT"):
+    m = re.search(rf"^{key}: (.*)$", path.read_text(), re.M)
+    return json.loads(m.group(1)) if m else None
 
 
-# ----------------------------------------------------------------------------------------
-# The hostile suite: one attack per file, exact outcome, then a normal harness still works.
-
-def test_hostile_suite_is_complete():
-    assert len(HOSTILE) >= 22
-    for path in HOSTILE:
-        doc = path.read_text().split('"""')[1]
-        assert doc.startswith("Attack"), path.name
-        expectation(path)
-
-
-@pytest.mark.parametrize("path", HOSTILE, ids=lambda p: p.stem)
-def test_hostile_harness(path, monkeypatch):
-    monkeypatch.setenv("WHALE_TEST_SECRET", "hunter2")  # must never reach the child
-    PWNED.unlink(missing_ok=True)
-    exp = expectation(path)
-    log = []
-    t0 = time.monotonic()
-    recs = run(path.read_text(), n=2, log=log)
-    assert time.monotonic() - t0 < 8.0
+def check_outcome(recs, exp):
     for rec in recs:
         assert rec["status"] == exp["status"], rec
         if exp["error"] is None:
@@ -986,6 +968,8 @@ def test_hostile_harness(path, monkeypatch):
             assert exp["error"] in rec["error"], rec
         if "answer" in exp:
             assert rec["answer"] == exp["answer"], rec
+        if "answer_prefix" in exp:
+            assert (rec["answer"] or "").startswith(exp["answer_prefix"]), rec
         if "answer_len" in exp:
             assert len(rec["answer"]) == exp["answer_len"]
         if "stdout_len" in exp:
@@ -994,14 +978,228 @@ def test_hostile_harness(path, monkeypatch):
             assert len(rec["calls"]) == exp["n_calls"]
         if "n_tool_calls" in exp:
             assert len(rec["tool_calls"]) == exp["n_tool_calls"]
+
+
+@pytest.fixture(scope="session")
+def hostile_files(tmp_path_factory):
+    """What the file-system attacks go after, outside the repository and world-readable (as a
+    WHALE_DATA copy or a second checkout would be): {"data": dir, "checkout": dir}, both in the task."""
+    root = Path(f"/tmp/whale_hostile_{os.getpid()}")
+    data, checkout = root / "data" / "searchqa", root / "checkout" / "data" / "searchqa"
+    for d in (data, checkout):
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "test.jsonl.gz").write_bytes((REPO / "data" / "searchqa" / "test.jsonl.gz").read_bytes())
+    (root / "checkout" / "sandbox.py").write_bytes((REPO / "sandbox.py").read_bytes())
+    for dirpath, dirs, files in os.walk(root):
+        os.chmod(dirpath, 0o755)
+        for f in files:
+            os.chmod(os.path.join(dirpath, f), 0o644)
+    yield {"data": str(root / "data"), "checkout": str(root / "checkout")}
+    import shutil
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def timed(llm_batch, times):
+    def timed_batch(calls):
+        t = time.monotonic()
+        try:
+            return llm_batch(calls)
+        finally:
+            times.append(time.monotonic() - t)
+    return timed_batch
+
+
+# ----------------------------------------------------------------------------------------
+# The hostile suite: one attack per file, exact outcome, then a normal harness still works.
+
+ISSUE_20_ATTACKS = {"read_data_copy", "read_other_checkout", "sqlite_attach", "sqlite_vacuum_into",
+                    "mutate_hook_tables", "deep_tool_args", "deep_tool_args_forged", "huge_token_prompt",
+                    "llm_flood"}
+
+
+def test_hostile_suite_is_complete():
+    assert ISSUE_20_ATTACKS <= {p.stem for p in HOSTILE}
+    for path in HOSTILE:  # test_hostile_harness runs every one of these files
+        doc = path.read_text().split('"""')[1]
+        assert doc.startswith("Attack"), path.name
+        assert expectation(path) is not None, path.name
+
+
+@pytest.mark.parametrize("path", HOSTILE, ids=lambda p: p.stem)
+def test_hostile_harness(path, monkeypatch, hostile_files, request):
+    monkeypatch.setenv("WHALE_TEST_SECRET", "hunter2")  # must never reach the child
+    monkeypatch.delenv("WHALE_SANDBOX_NO_LANDLOCK", raising=False)
+    PWNED.unlink(missing_ok=True)
+    exp = expectation(path)
+    if exp.get("needs") == "landlock" and not sandbox._plan()["landlock_abi"]:
+        pytest.skip(f"no Landlock here ({sandbox._plan()['landlock_off']})")
+    log, times = [], []
+    real = exp.get("engine") == "real"  # attacks on the model itself go to the real engine
+    if real:
+        import rollout
+        llm_batch = rollout.make_llm_batch(request.getfixturevalue("hf"), {"temperature": 1.0, "top_k": 0, "top_p": 1.0}, CAP)
+    else:
+        llm_batch = fake_llm(log)
+    timeout = exp.get("rollout_timeout", 1.0)
+    t0 = time.monotonic()
+    recs = run(path.read_text(), n=2, llm_batch=timed(llm_batch, times), task=hostile_files, rollout_timeout=timeout)
+    assert time.monotonic() - t0 < 8.0
+    check_outcome(recs, exp)
+    for rec in recs:
         assert "hunter2" not in json.dumps(rec)
         for call in rec["calls"]:  # whatever the harness did, recorded calls are what the parent sampled
-            assert call["text"] == "fake" and call["completion_ids"][1] <= CAP
+            assert len(call["completion_ids"]) <= CAP if real else (call["text"] == "fake" and call["completion_ids"][1] <= CAP)
+        if rec["status"] == "timeout":  # model time counts: a flood overruns its deadline by one batch at most
+            assert rec["charged_s"] <= timeout + max(times, default=0.0) + 0.25, rec
+        json.dumps(mh._drop_token_ids(rec), default=str)  # phase B writes every record like this
     assert not PWNED.exists()
     assert our_children() == []  # the sandbox process was killed and reaped
     # the parent is alive (we are running) and the machinery still works
     recs = run(NORMAL, n=2)
     assert [(r["status"], r["answer"]) for r in recs] == [("ok", "fake!"), ("ok", "fake!")]
+
+
+BYPASS = [p for p in HOSTILE if expectation(p, "EXPECT_WITHOUT_LANDLOCK")]
+
+
+@pytest.mark.parametrize("path", BYPASS, ids=lambda p: p.stem)
+def test_without_landlock_the_attack_gets_through(path, monkeypatch, hostile_files):
+    """The same attacks with the kernel file layer switched off (a test-only variable) succeed:
+    so the audit hook really is defeated (or never sees them), and Landlock is what stops them."""
+    monkeypatch.setenv("WHALE_SANDBOX_NO_LANDLOCK", "1")
+    PWNED.unlink(missing_ok=True)
+    exp = expectation(path, "EXPECT_WITHOUT_LANDLOCK")
+    if sandbox._plan()["hidden"] and not sandbox._plan()["namespaces"]:
+        pytest.skip("the child stays root here: nothing to compare with")
+    try:
+        check_outcome(run(path.read_text(), n=2, task=hostile_files, rollout_timeout=exp.get("rollout_timeout", 1.0)), exp)
+        assert PWNED.exists() == bool(exp.get("pwned"))
+    finally:
+        PWNED.unlink(missing_ok=True)
+
+
+def _python_nobody_can_run():
+    """An interpreter 'nobody' can start (the one running the tests may live under /root)."""
+    for exe in (sys.executable, "/usr/bin/python3"):
+        if not os.path.exists(exe):
+            continue
+        stdlib = subprocess.run([exe, "-S", "-c", "import os; print(os.path.dirname(os.__file__))"],
+                                capture_output=True, text=True).stdout.strip()
+        if stdlib and not sandbox._unsearchable_ancestor(os.path.realpath(exe)) \
+                and not sandbox._unsearchable_ancestor(stdlib):
+            return exe
+    return None
+
+
+def _run_as_nobody(harness, task, env=()):
+    """run_rollouts in a separate parent process that is not root (uid 65534), 2 rollouts."""
+    import tempfile
+    exe = _python_nobody_can_run()
+    if os.geteuid() != 0 or exe is None:
+        pytest.skip("needs root (to start a non-root parent) and an interpreter nobody can run")
+    code = tempfile.mkdtemp(prefix="whale_nonroot_", dir="/tmp")
+    try:
+        os.chmod(code, 0o755)
+        for name, text in (("sandbox.py", (REPO / "sandbox.py").read_text()), ("harness.py", harness)):
+            Path(code, name).write_text(text)
+            os.chmod(Path(code, name), 0o644)
+        script = textwrap.dedent(f"""
+            import json, os, sys
+            sys.path.insert(0, {code!r})
+            import sandbox
+            jobs = [{{"rid": i, "task": {task!r}, "seed": i}} for i in range(2)]
+            recs = sandbox.run_rollouts(open({code!r} + "/harness.py").read(), jobs, lambda calls: [],
+                                        lambda rid: {{}}, rollout_timeout=5.0, mem_mb=256)
+            print(json.dumps({{"uid": os.getuid(), "recs": recs}}))""")
+
+        def drop():
+            os.setgroups([])
+            os.setgid(sandbox.NOBODY)
+            os.setuid(sandbox.NOBODY)
+        r = subprocess.run([exe, "-c", script], cwd=code, preexec_fn=drop, capture_output=True, text=True,
+                           timeout=120, env={"PATH": "/usr/bin:/bin", "HOME": code, **dict(env)})
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout.strip().splitlines()[-1]), r.stderr
+    finally:
+        import shutil
+        shutil.rmtree(code, ignore_errors=True)
+
+
+def test_landlock_binds_when_the_parent_is_not_root(hostile_files):
+    if not sandbox._plan()["landlock_abi"]:
+        pytest.skip("no Landlock here")
+    path = REPO / "hostile" / "read_data_copy.py"
+    out, _ = _run_as_nobody(path.read_text(), hostile_files)
+    assert out["uid"] == sandbox.NOBODY
+    check_outcome(out["recs"], expectation(path))  # the kernel refused
+    out, err = _run_as_nobody(path.read_text(), hostile_files, env={"WHALE_SANDBOX_NO_LANDLOCK": "1"})
+    check_outcome(out["recs"], expectation(path, "EXPECT_WITHOUT_LANDLOCK"))  # nobody may read it otherwise
+    assert err.count("kernel file layer") == 1  # said once, on stderr
+
+
+def test_landlock_binds_when_the_child_stays_root(monkeypatch, hostile_files):
+    """Root without a mount namespace (a container without CAP_SYS_ADMIN): if nobody cannot reach
+    the interpreter the child stays root, and Landlock is the file layer that still holds."""
+    if os.geteuid() != 0 or not sandbox._plan()["landlock_abi"]:
+        pytest.skip("needs root and Landlock")
+    monkeypatch.setitem(sandbox._plan(), "namespaces", False)
+    who = run("import os\ndef run(task, llm, tools):\n    return str(os.getuid())\n", n=1)[0]["answer"]
+    for name in ("read_data_copy", "read_proc_bypass", "sqlite_attach"):
+        path = REPO / "hostile" / f"{name}.py"
+        exp = expectation(path)
+        check_outcome(run(path.read_text(), n=2, task=hostile_files, rollout_timeout=exp.get("rollout_timeout", 1.0)), exp)
+    assert not PWNED.exists()
+    if who == "0":  # and without it, root reads everything once the hook is defeated
+        monkeypatch.setenv("WHALE_SANDBOX_NO_LANDLOCK", "1")
+        path = REPO / "hostile" / "read_data_copy.py"
+        check_outcome(run(path.read_text(), n=2, task=hostile_files, rollout_timeout=5.0),
+                      expectation(path, "EXPECT_WITHOUT_LANDLOCK"))
+
+
+def test_landlock_off_is_said_once(monkeypatch, capfd):
+    monkeypatch.setattr(sandbox, "_WARNED", set())
+    monkeypatch.setenv("WHALE_SANDBOX_NO_LANDLOCK", "1")
+    for _ in range(2):
+        assert sandbox.run_python("print(1)") == {"stdout": "1\n", "error": None}
+    err = capfd.readouterr().err
+    assert err.count("sandbox: WARNING") == 1 and "kernel file layer (Landlock) is off" in err
+
+
+def test_the_audit_hook_reads_nothing_a_harness_can_reach(tmp_path):
+    """The hook's inputs are bound, immutable default arguments: no globals, no builtins looked up
+    at call time, no closure cells, no Python helper (os.path.realpath) that could be swapped."""
+    import dis
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    (scratch / "etc").symlink_to("/etc")
+    stdlib = os.path.realpath(os.path.dirname(os.__file__))
+    hook = sandbox._make_audit_hook(str(scratch), (stdlib,), (stdlib + "/site-packages",))
+    assert hook.__closure__ is None
+    assert not {i.opname for i in dis.get_instructions(hook)} & {
+        "LOAD_GLOBAL", "LOAD_NAME", "LOAD_DEREF", "LOAD_CLASSDEREF", "STORE_GLOBAL", "MAKE_FUNCTION"}
+
+    def frozen(x):
+        if isinstance(x, (tuple, frozenset)):
+            return all(map(frozen, x))
+        return x is None or type(x) in (str, int, bool, type(len)) or (
+            isinstance(x, type) and x.__module__ == "builtins")
+    assert all(map(frozen, hook.__defaults__)), hook.__defaults__
+    # and it still means what it says: symlinks and .. resolved, writes only in scratch
+    cwd = os.getcwd()
+    os.chdir(scratch)
+    try:
+        hook("open", ("notes.txt", "w", 0))
+        hook("open", (os.path.join(stdlib, "os.py"), "r", 0))
+        for args in (("etc/passwd", "r", 0), ("sub/../../x", "r", 0), (os.path.join(stdlib, "os.py"), "a", 0),
+                     (stdlib + "/site-packages/x.py", "r", 0), (b"/etc/passwd", None, os.O_RDONLY)):
+            with pytest.raises(PermissionError, match="sandbox: access to"):
+                hook("open", args)
+        with pytest.raises(PermissionError, match="opening directories"):
+            hook("open", (".", "r", 0))
+        with pytest.raises(PermissionError, match="blocked"):
+            hook("os.rename", ("notes.txt", "/tmp/x", None, None))
+    finally:
+        os.chdir(cwd)
 
 
 # ----------------------------------------------------------------------------------------
@@ -1040,7 +1238,7 @@ def test_concurrent_rollouts_share_one_llm_batch_and_are_recorded_exactly():
     assert first[0]["max_tokens"] == CAP  # the harness's default 256, capped by the parent
     # per-call seeds are a function of (job seed, call index) only: same again on a rerun
     again = run(TWO_CALLS, n=n)
-    strip = lambda rs: [{k: v for k, v in x.items() if k != "wall_s"} for x in rs]
+    strip = lambda rs: [{k: v for k, v in x.items() if k not in ("wall_s", "charged_s")} for x in rs]
     assert strip(again) == strip(recs)
     assert len({c["seed"] for _, calls in log for c in calls}) == 2 * n
 
@@ -1143,10 +1341,69 @@ def run(task, llm, tools):
     assert log[-1][0] - log[0][0] > 0.3
 
 
-def test_model_time_is_not_charged_to_the_harness():
+def test_model_time_is_charged_by_share_of_each_batch():
     log = []
-    recs = run(TWO_CALLS, n=3, llm_batch=fake_llm(log, delay=1.3), rollout_timeout=1.0, batch_timeout=2.0)
-    assert [r["status"] for r in recs] == ["ok"] * 3  # 2.6 s of model time > both timeouts
+    recs = run(TWO_CALLS, n=3, llm_batch=fake_llm(log, delay=1.2), rollout_timeout=1.0, batch_timeout=2.0)
+    assert [r["status"] for r in recs] == ["ok"] * 3  # 2 batches of 1.2 s shared by 3 rollouts: 0.8 s each
+    assert all(0.8 <= r["charged_s"] < 1.0 for r in recs), [r["charged_s"] for r in recs]
+
+
+def test_an_llm_flood_stops_within_one_batch_of_its_deadline():
+    src = 'def run(task, llm, tools):\n    while True:\n        llm("again")\n'
+    log = []
+    t0 = time.monotonic()
+    rec = run(src, n=1, llm_batch=fake_llm(log, delay=0.3), rollout_timeout=1.0, max_llm_calls=1000)[0]
+    assert rec["status"] == "timeout" and "rollout timeout" in rec["error"]
+    assert 1.0 < rec["charged_s"] <= 1.0 + 0.3 + 0.2 and len(rec["calls"]) == len(log) <= 4
+    assert time.monotonic() - t0 < 1.0 + 0.3 + 2.0  # wall time too (startup included)
+
+
+def test_tool_time_is_charged_to_the_rollout_that_called():
+    src = 'def run(task, llm, tools):\n    if task["q"] == "q0":\n        while True:\n            tools.slow()\n    return llm("hi")\n'
+    rec0, rec1 = sandbox.run_rollouts(src, jobs(2), fake_llm([]), lambda rid: {"slow": lambda: time.sleep(0.3)},
+                                      rollout_timeout=1.0, max_llm_tokens=CAP)
+    assert rec0["status"] == "timeout" and 1.0 < rec0["charged_s"] <= 1.5 and len(rec0["tool_calls"]) <= 4
+    assert rec1["status"] == "ok" and rec1["charged_s"] < 0.5  # the other rollout does not pay for them
+
+
+def test_llm_batch_can_refuse_one_call():
+    src = """
+def run(task, llm, tools):
+    try:
+        return llm("bad " + task["q"])
+    except ToolError as e:
+        return "refused: " + str(e)
+"""
+    inner = fake_llm([])
+
+    def llm_batch(calls):
+        outs = inner(calls)
+        return [{"error": "too long"} if c["messages"][0]["content"] == "bad q1" else o for c, o in zip(calls, outs)]
+    r0, r1 = run(src, n=2, llm_batch=llm_batch)
+    assert (r0["answer"], len(r0["calls"])) == ("fake", 1)
+    assert (r1["status"], r1["answer"], r1["calls"]) == ("ok", "refused: llm: too long", [])
+
+
+def test_prompts_over_the_token_cap_are_refused_before_prefill(hf, monkeypatch):
+    import rollout
+    prefilled = []
+    sample = hf.sample
+    monkeypatch.setattr(hf, "sample", lambda reqs: prefilled.extend(len(r["prompt_ids"]) for r in reqs) or sample(reqs))
+    llm_batch = rollout.make_llm_batch(hf, {"temperature": 0.0, "top_k": 0, "top_p": 1.0}, 8)
+    short = [{"role": "user", "content": "Say hi."}]
+    long = [{"role": "user", "content": "hello " * 5000}]
+    call = {"rid": 0, "max_tokens": 8, "stop": [], "seed": 0}
+    over, fine = llm_batch([dict(call, messages=long), dict(call, messages=short)])
+    assert over["error"].startswith("prompt of 5") and "-token cap" in over["error"]
+    assert isinstance(fine["text"], str) and prefilled == [len(hf.chat_ids(short))]  # the long one never ran
+    monkeypatch.setattr(rollout, "MAX_PROMPT_TOKENS", 5)
+    assert "over the 5-token cap" in llm_batch([dict(call, messages=short)])[0]["error"] and len(prefilled) == 1
+    # the context bounds it too: prompt + completion must fit
+    monkeypatch.setattr(rollout, "MAX_PROMPT_TOKENS", 10 ** 6)
+    limit = rollout.context_tokens(hf) - 8
+    huge = [{"role": "user", "content": "hello " * (limit + 10)}]
+    assert f"over the {limit}-token cap" in llm_batch([dict(call, messages=huge)])[0]["error"]
+    assert len(prefilled) == 1
 
 
 def test_batch_timeout():
