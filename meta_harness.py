@@ -11,8 +11,9 @@ One harness phase = one search = one archive directory on disk:
                 that choice every iteration, but the incumbent is replaced only when a
                 one-sided paired sign test on the same examples says the gain is beyond noise
                 (see `accept`). The phase returns the incumbent.
-  stopping      should_stop(history) after every iteration; history[i] = the archive's best
-                success rate after iteration i (switch.py's harness_done takes exactly that).
+  stopping      should_stop(history, spent) after every iteration; history[i] = the archive's best
+                success rate after iteration i (switch.py's harness_done takes exactly that),
+                spent = the target rollouts of this phase so far.
 
 Archive layout (this is everything a proposer may read: harness-split traces only, never the
 reference answers, never the test split):
@@ -481,7 +482,8 @@ def search_phase(incumbent_src, domain, examples, evaluate, validate_run, propos
     evaluate(source, examples, phase_tag) -> rollout records (phase_tag = the candidate name;
     seeding by example rather than by tag gives every candidate the same random numbers,
     which makes the paired test sharper). validate_run(source) -> reason or None.
-    should_stop(history) is asked after every iteration, iteration 0 included."""
+    should_stop(history, spent) is asked after every iteration, iteration 0 included; spent = the
+    target rollouts this phase has used so far. The result's iteration_lines are iterations.jsonl's."""
     os.makedirs(archive_dir, exist_ok=True)
     ids = [str(ex["id"]) for ex in examples]
     allowed = sorted(domain.PROMPT_AXES) if prompt_only_base is not None else None
@@ -509,7 +511,7 @@ def search_phase(incumbent_src, domain, examples, evaluate, validate_run, propos
     while True:
         iters = _read_jsonl(iters_path)
         history = [line["archive_best"] for line in iters]
-        if iters and should_stop(list(history)):
+        if iters and should_stop(list(history), _sum_costs(archive_dir).get("rollouts", 0)):
             break
         it = len(iters)
         incumbent = iters[-1]["incumbent"] if iters else cand_name(0)
@@ -559,4 +561,4 @@ def search_phase(incumbent_src, domain, examples, evaluate, validate_run, propos
     inc = by_name[iters[-1]["incumbent"]]
     return dict(best_source=inc["source"], best_scores=inc["scores"], iterations=len(iters),
                 counters=_sum_costs(archive_dir), history=history, incumbent=inc["name"],
-                paper_choice=iters[-1]["paper_choice"])
+                paper_choice=iters[-1]["paper_choice"], iteration_lines=iters)

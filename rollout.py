@@ -13,14 +13,31 @@ Left out: asynchronous/streaming rollouts across phases (each call returns when
 its rollouts are done) and rollouts on several machines.
 """
 import hashlib
+import os
+import signal
 import time
 
 import numpy as np
 
 import sandbox
-from run_dir import crash_point
 
 WAVE = 512  # rollouts per sandbox child: bounds threads/memory per child and is the engine's batch
+
+
+_CRASH_COUNTS = {}
+
+
+def crash_point(name: str):
+    """Testing aid for crash-anywhere resume (it lives here, in the lowest module that needs it:
+    rs_sft.py, whale.py and run_dir.py call it too): with WHALE_CRASH_AT=name:N in the
+    environment, the N-th arrival at `name` kills this process with SIGKILL, as a
+    power cut would. Points: sampling, sft, harness_eval, checkpoint, checkpoint_swap."""
+    want, _, n = os.environ.get("WHALE_CRASH_AT", "").partition(":")
+    if want == name:
+        _CRASH_COUNTS[name] = _CRASH_COUNTS.get(name, 0) + 1
+        if _CRASH_COUNTS[name] == int(n or 1):
+            os.kill(os.getpid(), signal.SIGKILL)
+
 
 
 def stable_seed(*parts) -> int:
