@@ -355,7 +355,7 @@ def render_summary(run):
     if "test_gain" in s:
         score_rows.append(("gain final − initial (paired over the same questions)",
                            mean_ci(s["test_gain"], s.get("test_gain_se"), lo=-1.0)))
-    return (f'<h2 id="summary">Summary</h2>' + kv_table(rows) +
+    return ('<h2 id="summary">Summary</h2>' + kv_table(rows) +
             f"<h3>Test mean@{esc(k)} on {esc(n_q)} questions (± SE [95% interval])</h3>" + kv_table(score_rows))
 
 

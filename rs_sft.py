@@ -31,9 +31,7 @@ trajectory is that of one process with the same global batch (up to float
 round-off): same minibatches, same normaliser, same clipped gradient.
 """
 import contextlib
-import datetime
 import math
-import os
 import random
 import time
 
@@ -41,7 +39,7 @@ import torch
 import torch.nn.functional as F
 
 import rollout
-from run_dir import crash_point
+from rollout import crash_point
 
 IGNORE = -100  # label value that cross_entropy skips
 
@@ -109,25 +107,7 @@ def sequences(record) -> list[tuple[list[int], list[int]]]:
 
 
 # -----------------------------------------------------------------------------
-# data parallel plumbing (a no-op without torchrun)
-
-def ddp_setup(device: str = "cpu") -> tuple[int, int, str]:
-    """(rank, world, device) of this process. Under torchrun (WORLD_SIZE > 1) this
-    joins the process group: gloo on CPU, nccl on CUDA with one GPU per rank."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world <= 1:
-        return 0, 1, device
-    import torch.distributed as dist
-    cuda = device.startswith("cuda")
-    if cuda:
-        device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
-        torch.cuda.set_device(device)
-    if not dist.is_initialized():
-        # rank 0 alone evaluates and searches harnesses while the other ranks wait in a
-        # broadcast; that can take hours on CPU, far past the default 10-30 min timeout
-        dist.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(hours=48))
-    return dist.get_rank(), dist.get_world_size(), device
-
+# data parallel: the DDP wrapper and the gather (the process group and the state broadcast are run_dir.py's)
 
 def ddp_wrap(model, find_unused: bool = False):
     """The DDP wrapper phase A trains through (None in a single process). Call it
@@ -142,16 +122,6 @@ def ddp_wrap(model, find_unused: bool = False):
     from torch.nn.parallel import DistributedDataParallel as DDP
     dev = next(model.parameters()).device
     return DDP(model, device_ids=[dev.index] if dev.type == "cuda" else None, find_unused_parameters=find_unused)
-
-
-def broadcast(obj, world: int):
-    """Rank 0's copy of a picklable object, on every rank (identity in one process)."""
-    if world <= 1:
-        return obj
-    import torch.distributed as dist
-    box = [obj]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
 
 
 # -----------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """
-The run directory runs/<name>/: everything a run writes, and how it resumes.
+The run directory runs/<name>/ and the loop's bookkeeping in it: everything a run writes,
+how it resumes, and the one DDP sync point.
 
   config.json        vars(args) of the run
   metrics.jsonl      one line per rollout step, harness iteration and evaluation, and a
@@ -22,31 +23,25 @@ The first test evaluation of (base model, h0) is the same for every method of a 
 and seed, so it is cached in ~/.cache/whale/evals and reused (eval_key says what it
 depends on).
 
+Run is the loop's handle on all of this (whale.py calls it, and nothing below it does): open
+or resume, the state a checkpoint saves, metrics lines, the rollout budget spent so far, and
+under torchrun the rank, with rank 0's state broadcast to the others after each phase.
+
 Left out: keeping every checkpoint (only latest and best-on-validation stay).
 """
+import datetime
 import hashlib
 import json
 import os
 import shutil
-import signal
+import sys
 import tempfile
+import time
 from pathlib import Path
 
 import torch
 
-
-_CRASH_COUNTS = {}
-
-
-def crash_point(name: str):
-    """Testing aid for crash-anywhere resume: with WHALE_CRASH_AT=name:N in the
-    environment, the N-th arrival at `name` kills this process with SIGKILL, as a
-    power cut would. Points: sampling, sft, harness_eval, checkpoint, checkpoint_swap."""
-    want, _, n = os.environ.get("WHALE_CRASH_AT", "").partition(":")
-    if want == name:
-        _CRASH_COUNTS[name] = _CRASH_COUNTS.get(name, 0) + 1
-        if _CRASH_COUNTS[name] == int(n or 1):
-            os.kill(os.getpid(), signal.SIGKILL)
+from rollout import crash_point
 
 
 def write_json(path, obj):
@@ -179,12 +174,24 @@ def plot_curve(run: Path, evals: list[dict], title: str):
     return run / "curve.png"
 
 
-def eval_key(args: dict, harness: str, examples, n: int, split: str) -> str:
-    """Everything an evaluation's result depends on: model, engine, harness source, the
-    exact examples, samples per example, seed and sampling settings."""
-    ids = ",".join(e["id"] for e in examples)
+# the code that decides a score: the harness runner, the sampler (and the domain file itself)
+SCORING_CODE = ("sandbox.py", "rollout.py", "engine.py", "vllm_engine.py", "domains/__init__.py")
+
+
+def eval_key(args: dict, domain, harness: str, examples, n: int, split: str) -> str:
+    """Everything an evaluation's result depends on: model, engine, seed and sampling settings,
+    the harness source, the exact examples and samples per example, and the bytes of the code
+    that decides a score (SCORING_CODE and the domain's verifier and tools) and of the domain's
+    data files, so that a fork that changes any of them, or swaps the data in through
+    WHALE_DATA, never reads a stale entry."""
+    h = hashlib.sha256()
+    root = Path(__file__).resolve().parent
+    for path in [*(root / f for f in SCORING_CODE), Path(domain.__file__),
+                 *sorted(p for p in Path(domain.DATA).iterdir() if p.is_file())]:
+        h.update(path.name.encode() + b"\0" + (path.read_bytes() if path.exists() else b"") + b"\0")
     parts = [args[k] for k in ("domain", "model", "engine", "seed", "temperature", "top_k", "top_p", "max_tokens")]
-    return hashlib.sha256(json.dumps([*parts, harness, ids, n, split], default=str).encode()).hexdigest()[:24]
+    h.update(json.dumps([*parts, harness, [e["id"] for e in examples], n, split], default=str).encode())
+    return h.hexdigest()[:24]
 
 
 def load_cached_eval(key):
@@ -200,3 +207,105 @@ def store_cached_eval(key, res):
     if key and not res.get("cached"):
         (cache_dir() / "evals").mkdir(parents=True, exist_ok=True)
         write_json(cache_dir() / "evals" / f"{key}.json", res)
+
+
+# -----------------------------------------------------------------------------
+# The loop's handle on its run directory
+
+class Run:
+    """One run, new or resumed: its directory, the state its checkpoints save, metrics.jsonl,
+    the progress bar and, under torchrun, this process's rank. Only rank 0 writes files."""
+
+    def __init__(self, a, open_run):
+        self.rank, self.world, self.device = ddp_setup(a.device)
+        self.dir, self.args = broadcast(open_run(a) if self.rank == 0 else None, self.world)
+        saved = self.dir / "checkpoint" / "state.json"
+        self.state = read_json(saved) if saved.exists() else None  # None: a new run (see start)
+        if self.rank == 0 and self.state:  # cut metrics.jsonl back to what the checkpoint has seen
+            self.state["metrics_lines"] = truncate_metrics(self.dir, self.state["metrics_lines"])
+        elif self.rank == 0:
+            truncate_metrics(self.dir, 0)
+
+    def model_path(self, model):
+        """Where the weights come from: the checkpoint of a resumed run, else --model."""
+        return str(self.dir / "checkpoint") if self.state else model
+
+    def start(self, initial_state, optimizer):
+        """Take the initial state (a new run) or the resumed one; restore the optimizer; log a start line."""
+        from tqdm import tqdm
+        if self.state is None:
+            self.state = initial_state
+        elif (self.dir / "checkpoint" / "optimizer.pt").exists():
+            optimizer.load_state_dict(torch.load(self.dir / "checkpoint" / "optimizer.pt"))
+        self.t0 = time.time() - self.state["seconds"]
+        a = self.args
+        self.bar = tqdm(total=a.budget, initial=self.state["rollouts"], unit="rollout", desc=f"{a.method} {a.domain}",
+                        dynamic_ncols=True, disable=self.rank != 0)
+        self.log({"event": "start", "commit": code_version(), "argv": sys.argv[1:]})  # which code made this run
+
+    def elapsed(self):
+        return time.time() - self.t0
+
+    def log(self, row):
+        """One line of metrics.jsonl and the console (rank 0); `rollouts` is the run's total so far."""
+        if self.rank != 0:
+            return
+        row = {"t": round(self.elapsed(), 1), **row, "rollouts": self.state["rollouts"]}
+        log_metrics(self.dir, row, self.state)
+        self.bar.write(" ".join(f"{k}={round(v, 4) if isinstance(v, float) else v}" for k, v in row.items()
+                                if not isinstance(v, (list, dict)) and v is not None))
+
+    def spend(self, rollouts, **counters):
+        """Book target rollouts (the budget every method shares) and other counters (tokens, proposer calls)."""
+        self.state["rollouts"] += rollouts
+        for k, v in counters.items():
+            self.state["counters"][k] = self.state["counters"].get(k, 0) + v
+
+    def checkpoint(self, engine, optimizer, model_changed: bool):
+        if self.rank == 0:
+            self.state["seconds"] = self.elapsed()
+            save_checkpoint(self.dir, engine, optimizer, self.state, model_changed=model_changed)
+
+    def keep_checkpoint_as(self, name):
+        copy_checkpoint(self.dir, "checkpoint", name)
+
+    def load_weights(self, name, engine):
+        """Put the weights of checkpoint `name` (e.g. best_val) into the engine."""
+        from safetensors.torch import load_file
+        engine.model.load_state_dict(load_file(self.dir / name / "model.safetensors"), strict=False)
+        engine.sync_weights()
+
+    def sync(self):
+        """The one DDP sync point: every rank takes rank 0's state (a no-op in one process)."""
+        self.state = broadcast(self.state, self.world)
+
+
+# -----------------------------------------------------------------------------
+# Data parallel plumbing (a no-op without torchrun)
+
+def ddp_setup(device: str = "cpu") -> tuple[int, int, str]:
+    """(rank, world, device) of this process. Under torchrun (WORLD_SIZE > 1) this
+    joins the process group: gloo on CPU, nccl on CUDA with one GPU per rank."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return 0, 1, device
+    import torch.distributed as dist
+    cuda = device.startswith("cuda")
+    if cuda:
+        device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
+        torch.cuda.set_device(device)
+    if not dist.is_initialized():
+        # rank 0 alone evaluates and searches harnesses while the other ranks wait in a
+        # broadcast; that can take hours on CPU, far past the default 10-30 min timeout
+        dist.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(hours=48))
+    return dist.get_rank(), dist.get_world_size(), device
+
+
+def broadcast(obj, world: int):
+    """Rank 0's copy of a picklable object, on every rank (identity in one process)."""
+    if world <= 1:
+        return obj
+    import torch.distributed as dist
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]

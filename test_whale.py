@@ -1480,7 +1480,7 @@ def test_run_python():
 
 
 # ==============================================================================================
-# data-parallel phase A under torchrun (rs_sft.ddp_*)
+# data-parallel phase A under torchrun (run_dir.ddp_setup, rs_sft.ddp_wrap)
 # ==============================================================================================
 
 # torchrun with 2 gloo ranks gives one process's losses, gradient norms and weights.
@@ -1491,7 +1491,8 @@ DDP_SCRIPT = textwrap.dedent(r"""
     import json, os, sys
     import torch
     import engine, rs_sft
-    rank, world, device = rs_sft.ddp_setup("cpu")
+    import run_dir
+    rank, world, device = run_dir.ddp_setup("cpu")
     model, tok = engine.load_model("embedded")
     texts = [("What is 2+3?", "2+3 = 5."), ("Name a colour.", "Blue."), ("Capital of France?", "Paris."),
              ("Say hi.", "Hello there, friend!"), ("Largest planet?", "Jupiter is the largest planet."),
@@ -2089,7 +2090,7 @@ def ok_validate(source):
 
 
 def stop_after(n):
-    return lambda history: len(history) >= n
+    return lambda history, spent: len(history) >= n
 
 
 def quiet(_):

@@ -1,23 +1,22 @@
 """
-WHALE: Weight-Harness Alternating LEarning (arXiv 2609.00196), the whole loop.
+WHALE: Weight-Harness Alternating LEarning (arXiv 2609.00196), the whole loop in one file.
 
-An LLM agent is its weights plus its harness (the code that builds prompts,
-calls tools, parses answers and decides when to stop). WHALE improves both:
-  phase A (rs_sft.py)        roll out under the current harness, keep verified
-                             rollouts, fine-tune on the model's own tokens;
-  phase B (meta_harness.py)  a proposer (proposers.py) writes new harness files from
-                             an archive of candidates, scores and traces; the best carries on;
-  switch.py                  decides when to change phase (fixed or adaptive).
-Methods (all at the same budget of target rollouts): whale, fst (harness search
-may change prompt text only), weight-only, harness-only, stagewise (all weight
-steps first, then all harness search), and eval (score a model + harness).
+An LLM agent is its weights plus its harness (the code that builds prompts, calls tools,
+parses answers and decides when to stop). WHALE improves both, alternating
+  phase A (rs_sft.py)        roll out under the current harness, keep the verified rollouts,
+                             fine-tune on the model's own tokens;
+  phase B (meta_harness.py)  a proposer (proposers.py) writes new harness files from an
+                             archive of candidates, scores and traces; the best carries on;
+and switch.py decides when to change phase. Every method spends the same budget of target
+rollouts; METHODS below says, as data, what each one does with it.
 
     python whale.py --domain searchqa                  # WHALE on the embedded model
     python whale.py --domain math --method weight-only
     python whale.py --resume runs/searchqa-whale-s0    # continue after a crash
 
-Left out on purpose: multi-node training and asynchronous rollouts. Data-parallel
-phase A runs under torchrun (see README); everything else is this one process.
+The run's bookkeeping (run directory, checkpoints, metrics.jsonl, resume, the DDP broadcast)
+is run_dir.py; command-line checks are run_setup.py. Left out on purpose: multi-node training
+and asynchronous rollouts. Data-parallel phase A runs under torchrun (see README).
 """
 import os
 
@@ -25,11 +24,11 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # spinning OpenMP threads s
 import dataclasses
 import importlib
 import sys
-import time
+import types
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from run_setup import UserError, open_run  # check_args, the run directory: before the loop
+from run_setup import UserError, open_run  # every command-line mistake, found before the loop
 
 
 def arg(default, help):
@@ -106,216 +105,239 @@ def parse_args(argv=None) -> Args:
     return Args(**vars(p.parse_args(argv)))
 
 
+
+
+# -----------------------------------------------------------------------------
+# The methods, as data: the loop below reads these fields and never a method's name.
+
+@dataclass(frozen=True)
+class Method:
+    first: str                 # the phase a run starts in: "A" (weights) or "B" (harness)
+    weights_until: str | None  # what ends a weight phase: "switch" (switch.py's policy), "share" (the
+                               # method's share of the budget) or "budget" (the run's end); None: no phase A
+    harness_until: str | None  # what ends a harness phase: "switch" or "budget"; None: no phase B
+    prompt_only: bool = False  # FST: a candidate may change only the domain's PROMPT_AXES
+    one_pass: bool = False     # the run ends with its first harness phase (no weight phase after it)
+
+
+METHODS = {
+    "whale":        Method("A", weights_until="switch", harness_until="switch"),
+    "fst":          Method("A", weights_until="switch", harness_until="switch", prompt_only=True),
+    "weight-only":  Method("A", weights_until="budget", harness_until=None),
+    "harness-only": Method("B", weights_until=None, harness_until="budget", one_pass=True),
+    "stagewise":    Method("A", weights_until="share", harness_until="budget", one_pass=True),
+}  # --method eval runs no phase: it scores (model, --harness) on test and stops
+
+
 def main(a: Args):
-    import meta_harness
-    import rollout
     import rs_sft
     import run_dir as rd
     import switch
     from engine import load_engine
-    from tqdm import tqdm
 
-    # ---- under torchrun every rank rolls out and trains its shard of phase A (rs_sft.py);
-    # rank 0 alone writes files, logs, evaluates and runs phase B, and hands its state on
-    rank, world, device = rs_sft.ddp_setup(a.device)
-
-    # ---- the run directory: new, or resumed from its last checkpoint
-    run, a = rs_sft.broadcast(open_run(a) if rank == 0 else None, world)
-    ckpt = run / "checkpoint"
-    state = rd.read_json(ckpt / "state.json") if (ckpt / "state.json").exists() else None
-    if rank == 0:
-        kept = rd.truncate_metrics(run, state["metrics_lines"] if state else 0)
-        if state:
-            state["metrics_lines"] = kept
-
+    run = rd.Run(a, open_run)  # new or resumed: directory, state, metrics.jsonl, DDP rank, progress bar
+    a = run.args               # a resumed run keeps the settings it started with
     domain = importlib.import_module(f"domains.{a.domain}")
     splits = {s: domain.load_split(s) for s in ("weight", "harness", "val", "test")}  # checked in check_args
-    test, val = splits[a.test_split][:a.test_limit or None], splits["val"][:a.val_limit or None]
-    search_set = splits["harness"][:a.harness_examples or None]
-    sampling = {"temperature": a.temperature, "top_k": a.top_k, "top_p": a.top_p}
-    h0 = Path(a.harness or domain.H0).read_text()
-    engine = load_engine(str(ckpt) if state else a.model, engine=a.engine, device=device, tp=a.tp, seed=a.seed,
-                         chat_format=a.chat_format)
-    policy = switch.parse_schedule(a.schedule)
-    steps_per_epoch = max(1, len(splits["weight"]) // a.prompts_per_step)
-    step_cost = a.prompts_per_step * a.group                       # one phase-A rollout step
-    iter_cost = len(search_set) * a.harness_n * a.candidates       # one phase-B iteration
+    s = types.SimpleNamespace(  # what the phases below share; fixed for the whole run
+        a=a, method=METHODS.get(a.method), domain=domain, policy=switch.parse_schedule(a.schedule),
+        pool=splits["weight"], search_set=splits["harness"][:a.harness_examples or None],
+        val=splits["val"][:a.val_limit or None], test=splits[a.test_split][:a.test_limit or None],
+        h0=Path(a.harness or domain.H0).read_text(),
+        sampling={"temperature": a.temperature, "top_k": a.top_k, "top_p": a.top_p},
+        engine=load_engine(run.model_path(a.model), engine=a.engine, device=run.device, tp=a.tp, seed=a.seed,
+                           chat_format=a.chat_format),
+        steps_per_epoch=max(1, len(splits["weight"]) // a.prompts_per_step))
+    s.step_cost = a.prompts_per_step * a.group                      # target rollouts of one RSFT step
+    s.iter_cost = len(s.search_set) * a.harness_n * a.candidates    # ... of one harness iteration
+    s.weight_share = switch.weight_share(s.policy, s.steps_per_epoch, s.step_cost, s.iter_cost,
+                                         len(s.search_set) * a.harness_n)  # stagewise's weight stage
+    s.optimizer = rs_sft.make_optimizer(rs_sft.set_trainable(s.engine.model, a.train_layers), a.lr)
+    s.ddp_model = rs_sft.ddp_wrap(s.engine.model)  # None in one process
+    run.start(initial_state={
+        "phase": s.method.first if s.method else "A", "done": s.method is None, "cycle": 0, "steps": 0,
+        "rollouts": 0, "harness": s.h0, "loader": rs_sft.new_loader(len(s.pool), a.seed), "phase_rewards": [],
+        "evals": [], "best_val": None, "pending_eval": "initial", "seconds": 0.0, "metrics_lines": 0,
+        "counters": {"prompt_tokens": 0, "completion_tokens": 0, "proposer_calls": 0, "proposer_prompt_tokens": 0,
+                     "proposer_completion_tokens": 0, "proposer_seconds": 0.0, "proposer_cost_usd": 0.0,
+                     "harness_candidates": 0, "harness_invalid": 0}}, optimizer=s.optimizer)
 
-    if state is None:
-        state = {"phase": "B" if a.method == "harness-only" else "A", "cycle": 0, "steps": 0, "rollouts": 0,
-                 "harness": h0, "loader": rs_sft.new_loader(len(splits["weight"]), a.seed), "phase_rewards": [],
-                 "evals": [], "best_val": None, "pending_eval": "initial", "done": False, "seconds": 0.0,
-                 "metrics_lines": 0, "counters": {"prompt_tokens": 0, "completion_tokens": 0, "proposer_calls": 0,
-                              "proposer_prompt_tokens": 0, "proposer_completion_tokens": 0, "proposer_seconds": 0.0,
-                              "proposer_cost_usd": 0.0, "harness_candidates": 0, "harness_invalid": 0}}
-    trainable = rs_sft.set_trainable(engine.model, a.train_layers)
-    optimizer = rs_sft.make_optimizer(trainable, a.lr)
-    ddp_model = rs_sft.ddp_wrap(engine.model)  # None in one process
-    if (ckpt / "optimizer.pt").exists():
-        import torch
-        optimizer.load_state_dict(torch.load(ckpt / "optimizer.pt"))
-    t_start = time.time() - state["seconds"]
-    bar = tqdm(total=a.budget, initial=state["rollouts"], unit="rollout", desc=f"{a.method} {a.domain}",
-               dynamic_ncols=True, disable=rank != 0)
+    # ---- the algorithm: initial evaluation; phase A / phase B until the budget is spent; final test
+    if run.state["pending_eval"] and run.rank == 0:
+        after_phase(run, s)        # a new run's initial evaluation, or one a crash interrupted
+    run.sync()
+    while not run.state["done"]:
+        if run.state["phase"] == "A":
+            weight_phase(run, s)   # RSFT steps under the current harness (every rank) until the phase ends
+        elif run.rank == 0:
+            harness_phase(run, s)  # one Meta-Harness search from the current harness (rank 0 alone)
+        if run.rank == 0:
+            after_phase(run, s)    # validation (+ test subset) mean@k; keep the best checkpoint on val
+        run.sync()                 # DDP: every rank takes rank 0's state and decisions
+    if run.rank == 0:
+        finish(run, s)
 
-    def log(row):
-        if rank != 0:
-            return
-        row = {"t": round(time.time() - t_start, 1), **row, "rollouts": state["rollouts"]}  # cumulative
-        rd.log_metrics(run, row, state)
-        bar.write(" ".join(f"{k}={round(v, 4) if isinstance(v, float) else v}" for k, v in row.items()
-                           if not isinstance(v, (list, dict)) and v is not None))
 
-    log({"event": "start", "commit": rd.code_version(), "argv": sys.argv[1:]})  # which code made this run
+# -----------------------------------------------------------------------------
+# The two phases
 
-    def checkpoint(model_changed: bool):
-        if rank != 0:
-            return
-        state["seconds"] = time.time() - t_start
-        rd.save_checkpoint(run, engine, optimizer, state, model_changed=model_changed)
-
-    def evaluate(split, examples, n, tag, harness=None):
-        """mean@n of (current weights, harness). The first test evaluation of (model, h0)
-        is the same for every method of a domain and seed, so it is cached and reused."""
-        harness = harness or state["harness"]
-        key = rd.eval_key(vars(a), harness, examples, n, split) if tag == "initial" else None
-        res = rd.load_cached_eval(key)
-        if res is None or "per_example" not in res:  # (entries from before per-example scores were kept)
-            with tqdm(total=len(examples) * n, unit="rollout", desc=f"eval {split} mean@{n}", leave=False) as pb:
-                res = rollout.evaluate(engine, domain, harness, examples, n, seed=(a.seed, split), sampling=sampling,
-                                       max_tokens=a.max_tokens, progress=pb)
-            res["per_example"] = rollout.per_example_means(res.pop("records"))  # for paired test gains
-        rd.store_cached_eval(key, res)
-        point = {"split": split, "tag": tag, "cycle": state["cycle"], "rollouts": state["rollouts"],
-                 **{k: res[k] for k in ("mean", "se", "n", "examples")}}
-        if split == "test":
-            point["per_example"] = res["per_example"]
-        state["evals"].append(point)
-        log({"event": "eval", **point, "seconds": round(res["seconds"], 1)})
-        return point
-
-    def after_phase():
-        """Evaluate the new (weights, harness) on validation (and a test subset); keep the best on val."""
-        tag, better = state["pending_eval"], False
-        if tag == "initial":
-            evaluate("test", test, a.test_n, "initial")
-        if a.method != "eval":
-            v = evaluate("val", val, a.val_n, tag)
-            if a.test_subset and tag != "initial":
-                evaluate("test_subset", test[:a.test_subset], a.test_n, tag)
-            better = state["best_val"] is None or v["mean"] > state["best_val"]["mean"]
-            if better:
-                state["best_val"] = {**v, "harness": state["harness"]}
-        state["pending_eval"] = None
-        checkpoint(model_changed=False)
-        if better:
-            rd.copy_checkpoint(run, "checkpoint", "best_val")
-
-    # ---- the alternating loop: phase A and phase B until the rollout budget is spent
-    stagewise_weight = switch.weight_share(policy, steps_per_epoch, step_cost, iter_cost, len(search_set) * a.harness_n)
-    while True:
-        if state["pending_eval"] and rank == 0:
-            after_phase()
-        state = rs_sft.broadcast(state, world)  # the one sync point: all ranks take rank 0's decisions
-        if state["done"] or a.method == "eval":
-            break
-        if state["phase"] == "A":
-            # phase A: one RSFT rollout step (rollouts -> verified -> SFT) under the current harness
-            m = rs_sft.rollout_step(engine, domain, state["harness"], splits["weight"], state["loader"], optimizer,
-                                    batch=a.prompts_per_step, group=a.group, seed=(a.seed, "A", state["steps"]),
-                                    sampling=sampling, max_kept_per_prompt=a.max_kept_per_prompt,
-                                    minibatch=a.minibatch, micro_batch=a.micro_batch, clip=a.clip,
-                                    max_tokens=a.max_tokens, progress=bar, ddp_model=ddp_model,
-                                    shard=(rank, world))
-            state["rollouts"] += m["rollouts"]
-            state["steps"] += 1
-            state["phase_rewards"].append(m["train_reward"])
-            for k in ("prompt_tokens", "completion_tokens"):
-                state["counters"][k] += m[k]
-            log({"event": "rollout_step", "cycle": state["cycle"], "step": state["steps"], **m,
+def weight_phase(run, s):
+    """Phase A: one RSFT rollout step after another (rollouts under the current harness ->
+    keep the verified ones -> SFT on their model-written tokens) until the phase is over."""
+    import rs_sft
+    a, st = s.a, run.state
+    while st["phase"] == "A":
+        m = rs_sft.rollout_step(s.engine, s.domain, st["harness"], s.pool, st["loader"], s.optimizer,
+                                batch=a.prompts_per_step, group=a.group, seed=(a.seed, "A", st["steps"]),
+                                sampling=s.sampling, max_kept_per_prompt=a.max_kept_per_prompt,
+                                minibatch=a.minibatch, micro_batch=a.micro_batch, clip=a.clip,
+                                max_tokens=a.max_tokens, progress=run.bar, ddp_model=s.ddp_model,
+                                shard=(run.rank, run.world))
+        run.spend(m["rollouts"], prompt_tokens=m["prompt_tokens"], completion_tokens=m["completion_tokens"])
+        st["steps"] += 1
+        st["phase_rewards"].append(m["train_reward"])
+        run.log({"event": "rollout_step", "cycle": st["cycle"], "step": st["steps"], **m,
                  "step_rollouts": m["rollouts"]})
-            left = a.budget - state["rollouts"]
-            if left < step_cost:
-                # budget spent: the run ends after this weight phase (stagewise still owes its harness stage)
-                over, state["done"] = True, a.method != "stagewise"
-            elif a.method == "weight-only" or (a.method != "stagewise" and left < iter_cost + step_cost):
-                over = False  # no room for another harness phase: this weight phase runs to the end
-            elif a.method == "stagewise":
-                over = state["rollouts"] >= stagewise_weight * a.budget
-            else:
-                over = policy.weight_done(state["phase_rewards"], steps_per_epoch)
-            if over:
-                state.update(phase="B", phase_rewards=[], pending_eval=f"A{state['cycle']}")
-            checkpoint(model_changed=True)
-        elif rank == 0:  # the other ranks wait in the broadcast above
-            # phase B: Meta-Harness search from the current harness, in its own archive
-            archive = run / "archive" / f"phase{state['cycle']:02d}"
-            reserve = step_cost if a.method in ("whale", "fst") else 0  # leave room for the final weight phase
-
-            def should_stop(history):  # -> why the phase ends (a string), or False
-                spent = meta_harness.spent_rollouts(str(archive))
-                if state["rollouts"] + spent + iter_cost + reserve > a.budget:
-                    return f"budget: {state['rollouts'] + spent} of {a.budget} rollouts spent, an iteration costs {iter_cost}"
-                return a.method in ("whale", "fst") and policy.harness_done(history) and "switch policy: harness phase done"
-
-            def eval_candidate(source, examples, tag):
-                records = rollout.run(engine, domain, source, examples, a.harness_n, seed=(a.seed, "B", state["cycle"]),
-                                      sampling=sampling, max_tokens=a.max_tokens, progress=bar)
-                rd.crash_point("harness_eval")
-                return records
-
-            def validate_run(source):
-                rec = rollout.run(engine, domain, source, search_set[:1], 1, seed=(a.seed, "validate"),
-                                  sampling=sampling, max_tokens=a.max_tokens, rollout_timeout=60)[0]
-                return None if rec["status"] == "ok" else f"{rec['status']}: {rec['error']}"
-
-            res = meta_harness.search_phase(
-                state["harness"], domain, search_set, eval_candidate, validate_run, make_proposer(a, domain, engine),
-                archive_dir=str(archive), k=a.candidates, should_stop=should_stop, accept_alpha=a.accept_alpha,
-                prompt_only_base=h0 if a.method == "fst" else None,
-                log=lambda e: log({"event": e.pop("event"), "cycle": state["cycle"], **e}))  # console + metrics.jsonl
-            state["rollouts"] += res["counters"].get("rollouts", 0)
-            for k in ("proposer_calls", "proposer_prompt_tokens", "proposer_completion_tokens", "proposer_seconds",
-                      "proposer_cost_usd", "candidates", "invalid"):  # the proposer's cost, in summary.json
-                key = k if k.startswith("proposer") else f"harness_{k}"
-                state["counters"][key] = round(state["counters"].get(key, 0) + res["counters"].get(k, 0), 6)
-            state["harness"] = res["best_source"]
-            (run / "harnesses").mkdir(exist_ok=True)
-            (run / "harnesses" / f"cycle{state['cycle']:02d}.py").write_text(state["harness"])
-            state.update(phase="A", cycle=state["cycle"] + 1, pending_eval=f"B{state['cycle']}",
-                         done=a.method in ("harness-only", "stagewise"))
-            checkpoint(model_changed=False)
-    if rank == 0:
-        finish(a, run, state, engine, evaluate, test, checkpoint, bar, t_start)
+        if weight_phase_over(run, s):
+            st.update(phase="B", phase_rewards=[], pending_eval=f"A{st['cycle']}")
+        run.checkpoint(s.engine, s.optimizer, model_changed=True)
 
 
-def finish(a, run, state, engine, evaluate, test, checkpoint, bar, t_start):
-    """Final test mean@k, the best-on-validation checkpoint on test, summary.json, curve.png."""
+def weight_phase_over(run, s) -> bool:
+    """Asked after every RSFT step. A weight phase ends when the budget buys no further step (the
+    run ends with it, unless the method still owes its harness stage), else as the method says."""
+    a, st, m = s.a, run.state, s.method
+    left = a.budget - st["rollouts"]
+    if left < s.step_cost:
+        st["done"] = not (m.one_pass and m.harness_until)  # stagewise's harness stage comes next
+        return True
+    if m.weights_until == "budget":
+        return False
+    if m.weights_until == "share":
+        return st["rollouts"] >= s.weight_share * a.budget
+    if left < s.iter_cost + s.step_cost:
+        return False  # no room for another harness phase and a weight step after it: run to the end
+    return s.policy.weight_done(st["phase_rewards"], s.steps_per_epoch)
+
+
+def harness_phase(run, s):
+    """Phase B: a Meta-Harness search from the current harness in its own archive (it resumes from
+    the archive after a crash); the search's incumbent carries on."""
+    import meta_harness
+    import rollout
+    a, st, m = s.a, run.state, s.method
+    archive = run.dir / "archive" / f"phase{st['cycle']:02d}"
+    reserve = 0 if m.one_pass else s.step_cost  # room for the weight phase that follows the search
+
+    def should_stop(history):  # -> why the phase ends (a sentence), or False
+        spent = st["rollouts"] + meta_harness.spent_rollouts(str(archive))
+        if spent + s.iter_cost + reserve > a.budget:
+            return f"budget: {spent} of {a.budget} rollouts spent, an iteration costs {s.iter_cost}"
+        return m.harness_until == "switch" and s.policy.harness_done(history) and "switch policy: harness phase done"
+
+    def evaluate(source, examples, tag):  # one candidate on the search set
+        records = rollout.run(s.engine, s.domain, source, examples, a.harness_n, seed=(a.seed, "B", st["cycle"]),
+                              sampling=s.sampling, max_tokens=a.max_tokens, progress=run.bar)
+        rollout.crash_point("harness_eval")
+        return records
+
+    def validate_run(source):  # one rollout of one example: does it run at all?
+        rec = rollout.run(s.engine, s.domain, source, s.search_set[:1], 1, seed=(a.seed, "validate"),
+                          sampling=s.sampling, max_tokens=a.max_tokens, rollout_timeout=60)[0]
+        return None if rec["status"] == "ok" else f"{rec['status']}: {rec['error']}"
+
+    res = meta_harness.search_phase(
+        st["harness"], s.domain, s.search_set, evaluate, validate_run, make_proposer(a, s.domain, s.engine),
+        archive_dir=str(archive), k=a.candidates, should_stop=should_stop, accept_alpha=a.accept_alpha,
+        prompt_only_base=s.h0 if m.prompt_only else None,
+        log=lambda e: run.log({"event": e.pop("event"), "cycle": st["cycle"], **e}))  # a resumed search replays
+    c = res["counters"]                                                               # its finished events
+    run.spend(c.get("rollouts", 0), **{k: c.get(k, 0) for k in ("proposer_calls", "proposer_prompt_tokens",
+              "proposer_completion_tokens", "proposer_seconds", "proposer_cost_usd")},
+              harness_candidates=c.get("candidates", 0), harness_invalid=c.get("invalid", 0))
+    st["harness"] = res["best_source"]
+    (run.dir / "harnesses").mkdir(exist_ok=True)
+    (run.dir / "harnesses" / f"cycle{st['cycle']:02d}.py").write_text(st["harness"])
+    st.update(phase="A", cycle=st["cycle"] + 1, pending_eval=f"B{st['cycle']}", done=m.one_pass)
+    run.checkpoint(s.engine, s.optimizer, model_changed=False)
+
+
+# -----------------------------------------------------------------------------
+# Evaluation
+
+def evaluate(run, s, split, examples, n, tag, harness=None):
+    """mean@n of (current weights, harness) on examples; logged and kept in the state. The initial
+    test evaluation of (model, h0) is the same for every method of a domain and seed: cached."""
     import rollout
     import run_dir as rd
-    bar.close()
-    tests = {e["tag"]: e for e in state["evals"] if e["split"] == "test"}
-    if a.method != "eval" and "final" not in tests:
-        tests["final"] = evaluate("test", test, a.test_n, "final")
-        checkpoint(model_changed=False)
+    from tqdm import tqdm
+    a, st = s.a, run.state
+    harness = harness or st["harness"]
+    key = rd.eval_key(vars(a), s.domain, harness, examples, n, split) if tag == "initial" else None
+    res = rd.load_cached_eval(key)
+    if res is None:
+        with tqdm(total=len(examples) * n, unit="rollout", desc=f"eval {split} mean@{n}", leave=False) as bar:
+            res = rollout.evaluate(s.engine, s.domain, harness, examples, n, seed=(a.seed, split),
+                                   sampling=s.sampling, max_tokens=a.max_tokens, progress=bar)
+        res["per_example"] = rollout.per_example_means(res.pop("records"))  # for paired gains
+        rd.store_cached_eval(key, res)
+    point = {"split": split, "tag": tag, "cycle": st["cycle"], "rollouts": st["rollouts"],
+             **{k: res[k] for k in ("mean", "se", "n", "examples")}}
+    if split == "test":
+        point["per_example"] = res["per_example"]
+    st["evals"].append(point)
+    run.log({"event": "eval", **point, "seconds": round(res["seconds"], 1)})
+    return point
+
+
+def after_phase(run, s):
+    """After a phase (and at the start): validation mean@k (+ the test subset of the curves), and
+    the best checkpoint on validation kept aside. At the start, the initial test evaluation."""
+    a, st = s.a, run.state
+    tag, better = st["pending_eval"], False
+    if tag is None:
+        return
+    if tag == "initial":
+        evaluate(run, s, "test", s.test, a.test_n, "initial")
+    if s.method is not None:
+        v = evaluate(run, s, "val", s.val, a.val_n, tag)
+        if a.test_subset and tag != "initial":
+            evaluate(run, s, "test_subset", s.test[:a.test_subset], a.test_n, tag)
+        better = st["best_val"] is None or v["mean"] > st["best_val"]["mean"]
+        if better:
+            st["best_val"] = {**v, "harness": st["harness"]}
+    st["pending_eval"] = None
+    run.checkpoint(s.engine, s.optimizer, model_changed=False)
+    if better:
+        run.keep_checkpoint_as("best_val")
+
+
+def finish(run, s):
+    """The final test mean@k, the best-on-validation checkpoint scored on test, summary.json."""
+    import rollout
+    import run_dir as rd
+    a, st = s.a, run.state
+    run.bar.close()
+    tests = {e["tag"]: e for e in st["evals"] if e["split"] == "test"}
+    if s.method is not None and "final" not in tests:
+        tests["final"] = evaluate(run, s, "test", s.test, a.test_n, "final")
+        run.checkpoint(s.engine, s.optimizer, model_changed=False)
     initial = tests["initial"]
     final = tests.get("final", initial)
-    best = state["best_val"]
+    best = st["best_val"]
     if best is None or best["tag"] == "initial":
         best_val_test = initial
-    elif best["rollouts"] == state["rollouts"] and best["harness"] == state["harness"]:
+    elif best["rollouts"] == st["rollouts"] and best["harness"] == st["harness"]:
         best_val_test = final
     else:  # the point chosen on validation is an earlier one: load it and score it on the full test split
-        from safetensors.torch import load_file
-        engine.model.load_state_dict(load_file(run / "best_val" / "model.safetensors"), strict=False)
-        engine.sync_weights()
-        best_val_test = evaluate("test", test, a.test_n, "best_val", harness=best["harness"])
-        tests["best_val"] = best_val_test
+        run.load_weights("best_val", s.engine)
+        best_val_test = tests["best_val"] = evaluate(run, s, "test", s.test, a.test_n, "best_val",
+                                                     harness=best["harness"])
     best_test = max(tests.values(), key=lambda e: e["mean"])
     gain, gain_se = rollout.paired_gain(initial["per_example"], final["per_example"])
-    state["seconds"] = time.time() - t_start
+    seconds = run.elapsed()
     summary = {"method": a.method, "domain": a.domain, "seed": a.seed, "model": a.model,
-               "rollouts": state["rollouts"], "budget": a.budget, "cycles": state["cycle"], "steps": state["steps"],
+               "rollouts": st["rollouts"], "budget": a.budget, "cycles": st["cycle"], "steps": st["steps"],
                "test_mean8_initial": initial["mean"], "test_mean8_initial_se": initial["se"],
                "test_mean8_final": final["mean"], "test_mean8_final_se": final["se"],
                "test_gain": gain, "test_gain_se": gain_se,  # final - initial, SE paired over the same questions
@@ -324,27 +346,27 @@ def finish(a, run, state, engine, evaluate, test, checkpoint, bar, t_start):
                "best_test_note": "selected on the test split (the paper's metric), over the full-test evaluations "
                                  f"of this run: {sorted(tests)}",
                "test_split": a.test_split, "test_examples": initial["examples"], "test_n": a.test_n,
-               "test_subset_curve": a.test_subset, **state["counters"], "seconds": round(state["seconds"], 1)}
-    rd.write_json(run / "summary.json", summary)
-    rd.plot_curve(run, state["evals"], f"{a.method} on {a.domain} (seed {a.seed})")
-    print(f"\n{a.method} on {a.domain}, seed {a.seed}: {state['rollouts']} target rollouts in "
-          f"{state['seconds'] / 60:.1f} min")
+               "test_subset_curve": a.test_subset, **st["counters"], "seconds": round(seconds, 1)}
+    rd.write_json(run.dir / "summary.json", summary)
+    rd.plot_curve(run.dir, st["evals"], f"{a.method} on {a.domain} (seed {a.seed})")
+    print(f"\n{a.method} on {a.domain}, seed {a.seed}: {st['rollouts']} target rollouts in {seconds / 60:.1f} min")
     print(f"  {a.test_split} mean@{a.test_n} ({initial['examples']} questions)  initial {initial['mean']:.3f} "
           f"+- {initial['se']:.3f}   final {final['mean']:.3f} +- {final['se']:.3f}")
     print(f"  gain {gain:+.3f} +- {gain_se:.3f} (SE of the per-question differences)")
-    if a.method != "eval":
-        print(f"  best-on-validation checkpoint: {a.test_split} {best_val_test['mean']:.3f} +- {best_val_test['se']:.3f}")
-    print(f"  files: {run}/ (summary.json, metrics.jsonl, harnesses/, checkpoint/, curve.png)")
+    if s.method is not None:
+        print(f"  best-on-validation checkpoint: {a.test_split} {best_val_test['mean']:.3f} "
+              f"+- {best_val_test['se']:.3f}")
+    print(f"  files: {run.dir}/ (summary.json, metrics.jsonl, harnesses/, checkpoint/, curve.png)")
     try:  # the page is a view of the files above: if it breaks, the run is still whole
         import report
-        print(f"  report: {report.write_report(run)}")
+        print(f"  report: {report.write_report(run.dir)}")
     except Exception as e:
         print(f"whale: warning: report.html not written ({type(e).__name__}: {e}); "
-              f"retry with python report.py {run}", file=sys.stderr)
+              f"retry with python report.py {run.dir}", file=sys.stderr)
 
 
 # -----------------------------------------------------------------------------
-# helpers of the loop
+# The proposer of phase B
 
 def make_proposer(a: Args, domain, engine):
     import proposers
