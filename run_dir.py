@@ -259,7 +259,8 @@ class Run:
         """Book target rollouts (the budget every method shares) and other counters (tokens, proposer calls)."""
         self.state["rollouts"] += rollouts
         for k, v in counters.items():
-            self.state["counters"][k] = self.state["counters"].get(k, 0) + v
+            v = self.state["counters"].get(k, 0) + v
+            self.state["counters"][k] = round(v, 6) if isinstance(v, float) else v  # seconds, dollars
 
     def checkpoint(self, engine, optimizer, model_changed: bool):
         if self.rank == 0:

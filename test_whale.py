@@ -2090,7 +2090,7 @@ def ok_validate(source):
 
 
 def stop_after(n):
-    return lambda history, spent: len(history) >= n
+    return lambda history: len(history) >= n
 
 
 def quiet(_):
