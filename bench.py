@@ -50,7 +50,7 @@ def matmul_gflops(n=2048, reps=5):
 def squad_prompts(e, n, target_tokens=250):
     """n chat prompts of ~target_tokens: a real SQuAD passage + its question."""
     from domains import searchqa
-    passages = {p["id"]: p for p in searchqa._index()[1]}
+    passages = {p["id"]: p for p in searchqa.passages()}
     out = []
     for ex in searchqa.load_split("test"):
         p = passages[ex["answer"]["passage_id"]]["text"]

@@ -238,7 +238,7 @@ def _read_jsonl(path):
     return out
 
 
-def _append_jsonl(path, obj):
+def append_jsonl(path, obj):
     with open(path, "a+") as f:
         f.seek(0, os.SEEK_END)
         if f.tell():  # after a crash mid-line, start on a fresh line so the next one parses
@@ -471,7 +471,7 @@ def _finish_candidate(c, archive_dir, archive, examples, ids, evaluate, validate
             f.write(str(reason).strip() + "\n")
         c["invalid"] = str(reason)
         line = _summary_line(c)
-        _append_jsonl(os.path.join(archive_dir, "summary.jsonl"), line)
+        append_jsonl(os.path.join(archive_dir, "summary.jsonl"), line)
         log(_candidate_event(line))
         return
     t1 = time.time()
@@ -492,7 +492,7 @@ def _finish_candidate(c, archive_dir, archive, examples, ids, evaluate, validate
     _write_json(os.path.join(d, "scores.json"), s)
     c["scores"] = s
     line = _summary_line(c)
-    _append_jsonl(os.path.join(archive_dir, "summary.jsonl"), line)
+    append_jsonl(os.path.join(archive_dir, "summary.jsonl"), line)
     _write_frontier(archive_dir)
     log(_candidate_event(line))
 
@@ -589,7 +589,7 @@ def search_phase(incumbent_src, domain, examples, evaluate, validate_run, propos
     done = {line.get("cand") for line in _read_jsonl(summary_path)}
     for c in archive:
         if (c["scores"] or c["invalid"]) and c["name"] not in done:
-            _append_jsonl(summary_path, _summary_line(c))
+            append_jsonl(summary_path, _summary_line(c))
     # Resumed: replay the finished work's events in the order they happened (each iteration's
     # candidates, then the iteration), so a log cut back to a checkpoint is whole.
     finished = _read_jsonl(summary_path)
@@ -657,7 +657,7 @@ def search_phase(incumbent_src, domain, examples, evaluate, validate_run, propos
                     cost=dict(cost, iterations=1, accepted=int(accepted)))
         # The line that ends the phase says why (should_stop sees this iteration's history too).
         line["stop_reason"] = stop_reason(iters + [line], should_stop, max_empty)
-        _append_jsonl(iters_path, line)
+        append_jsonl(iters_path, line)
         log(_iteration_event(line))
 
     archive = load_archive(archive_dir)

@@ -783,7 +783,7 @@ def _command_proposer(domain, command, timeout, digest_chars, workdir_root=None)
             f.write(prompt)
         with open(os.path.join(archive_dir, "PROPOSE.log"), "w") as f:
             f.write((out or "") + ("\n--- stderr ---\n" + err if err else ""))
-        mh._append_jsonl(os.path.join(archive_dir, "proposer_calls.jsonl"), dict(
+        mh.append_jsonl(os.path.join(archive_dir, "proposer_calls.jsonl"), dict(
             time=round(t0, 3), command=command, exit=rc, timed_out=timed_out, seconds=round(seconds, 3),
             files=[f for f, _ in files], errors=list(propose.errors), usage={k_: v for k_, v in usage.items()
                                                                             if k_ != "errors"}))

@@ -3128,7 +3128,7 @@ def splice_def(source, new_src):
 
 
 def test_searchqa_splits():
-    passages = searchqa._read_jsonl_gz(os.path.join(searchqa.DATA, "passages.jsonl.gz"))
+    passages = searchqa.passages()
     assert len(passages) == 2067 and len({p["id"] for p in passages}) == 2067
     pids = {p["id"] for p in passages}
     seen, articles = set(), {}
@@ -3166,7 +3166,7 @@ def test_searchqa_verify():
 
 
 def test_searchqa_search():
-    passages = searchqa._index()[1]
+    passages = searchqa.passages()
     for i in range(0, len(passages), 97):  # a question made from a passage's own words finds it
         text = passages[i]["text"]
         assert searchqa.retrieve(text[:300], 1) == [i]

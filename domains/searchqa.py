@@ -69,6 +69,11 @@ _INDEX = None  # (bm25s.BM25, passages): built once per process on first search 
 _INDEX_LOCK = threading.Lock()
 
 
+def passages():
+    """The retrieval pool: every SQuAD dev paragraph as {"id", "title", "text"} (loaded once)."""
+    return _index()[1]
+
+
 def _index():
     global _INDEX
     with _INDEX_LOCK:
@@ -102,12 +107,12 @@ def search(query, k=1, max_chars=200):
     _check_int("k", k)
     _check_int("max_chars", max_chars)
     k, max_chars = min(k, MAX_K), min(max_chars, MAX_CHARS)  # clamp, so a greedy harness cannot flood the prompt
-    passages = _index()[1]
+    pool = passages()
     hits = []
     for i, d in enumerate(retrieve(query[:MAX_QUERY_CHARS], k)):
-        text = passages[d]["text"]
+        text = pool[d]["text"]
         text = text[:max_chars] + " ..." if len(text) > max_chars else text
-        hits.append(f"[{i + 1}] {passages[d]['title']}: {text}")
+        hits.append(f"[{i + 1}] {pool[d]['title']}: {text}")
     return "\n".join(hits) if hits else "No results."
 
 
