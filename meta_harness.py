@@ -228,7 +228,7 @@ def read_text(path, default=None):
         return default
 
 
-def _read_jsonl(path):
+def read_jsonl(path):
     out = []
     for line in (read_text(path, "") or "").splitlines():
         try:
@@ -264,7 +264,7 @@ def load_archive(archive_dir):
 
 
 def read_traces(cand):
-    return _read_jsonl(os.path.join(cand["dir"], "traces.jsonl"))
+    return read_jsonl(os.path.join(cand["dir"], "traces.jsonl"))
 
 
 def rank_key(cand):
@@ -321,6 +321,53 @@ def _drop_token_ids(obj):
     if isinstance(obj, list):
         return [_drop_token_ids(v) for v in obj]
     return obj
+
+
+# -----------------------------------------------------------------------------
+# A finished run's archive, packed: results/ keeps one archive.zip per run instead of the folder
+
+ZIP_TIME = (1980, 1, 1, 0, 0, 0)  # every member gets this time, so packing the same folder gives the same bytes
+
+
+def pack_archive(run_dir):
+    """run_dir/archive/ -> run_dir/archive.zip (names sorted, times fixed, deflated), then the
+    folder is removed. A finished run's record: a run that is still going needs the folder."""
+    import shutil
+    import zipfile
+    folder, target = os.path.join(run_dir, "archive"), os.path.join(run_dir, "archive.zip")
+    if not os.path.isdir(folder):
+        return None
+    tmp = target + ".tmp"
+    with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED, compresslevel=9) as z:
+        for root, dirs, files in os.walk(folder):
+            dirs.sort()
+            for name in sorted(files):
+                path = os.path.join(root, name)
+                info = zipfile.ZipInfo(os.path.relpath(path, folder), ZIP_TIME)
+                info.compress_type, info.external_attr = zipfile.ZIP_DEFLATED, 0o644 << 16
+                with open(path, "rb") as f:
+                    z.writestr(info, f.read())
+    os.replace(tmp, target)
+    shutil.rmtree(folder)
+    return target
+
+
+def unpacked_archive(run_dir):
+    """The folder that holds run_dir's archive: archive/ itself, or a temporary copy unpacked
+    from archive.zip (removed when this process ends); None when the run has neither.
+    (To unpack one by hand: python -m zipfile -e archive.zip archive/)"""
+    import atexit
+    import shutil
+    import tempfile
+    import zipfile
+    folder, packed = os.path.join(run_dir, "archive"), os.path.join(run_dir, "archive.zip")
+    if os.path.isdir(folder) or not os.path.isfile(packed):
+        return folder if os.path.isdir(folder) else None
+    tmp = tempfile.mkdtemp(prefix="whale_archive_")
+    atexit.register(shutil.rmtree, tmp, True)
+    with zipfile.ZipFile(packed) as z:
+        z.extractall(tmp)
+    return tmp
 
 
 # -----------------------------------------------------------------------------
@@ -391,7 +438,7 @@ def static_check(source):
 def _sum_costs(archive_dir):
     total = Counter()
     for name in ("summary.jsonl", "iterations.jsonl"):
-        for line in _read_jsonl(os.path.join(archive_dir, name)):
+        for line in read_jsonl(os.path.join(archive_dir, name)):
             total.update({k: v for k, v in (line.get("cost") or {}).items() if isinstance(v, (int, float))})
     return {k: round(v, 6 if k.endswith("usd") else 3) if isinstance(v, float) else v for k, v in total.items()}
 
@@ -557,7 +604,7 @@ def stop_reason(iters, should_stop, max_empty=EMPTY_ITERATIONS_TO_STOP):
 
 
 def search_phase(incumbent_src, domain, examples, evaluate, validate_run, propose, *, archive_dir,
-                 k=3, should_stop, prompt_only_base=None, accept_alpha=0.1, log=print,
+                 k=3, should_stop, affordable=None, prompt_only_base=None, accept_alpha=0.1, log=print,
                  max_empty=EMPTY_ITERATIONS_TO_STOP, backoff=BACKOFF):
     """Run (or resume) one Meta-Harness search. Returns dict(best_source, best_scores,
     iterations, counters, history, incumbent, paper_choice, stop_reason).
@@ -566,7 +613,10 @@ def search_phase(incumbent_src, domain, examples, evaluate, validate_run, propos
     seeding by example rather than by tag gives every candidate the same random numbers,
     which makes the paired test sharper). validate_run(source) -> reason or None.
     should_stop(history) is asked after every iteration, iteration 0 included; it may return
-    a string, which becomes the recorded stop reason. log(event dict) gets every event."""
+    a string, which becomes the recorded stop reason. affordable() -> how many candidates the
+    budget still pays for (None: always k): an iteration proposes min(k, affordable()), so the
+    last one of a phase can be smaller and a run spends its whole budget. log(event dict) gets
+    every event."""
     os.makedirs(archive_dir, exist_ok=True)
     ids = [str(ex["id"]) for ex in examples]
     allowed = sorted(domain.PROMPT_AXES) if prompt_only_base is not None else None
@@ -586,24 +636,24 @@ def search_phase(incumbent_src, domain, examples, evaluate, validate_run, propos
         if c["scores"] and c["scores"].get("example_ids") != ids:
             raise ValueError(f"{c['name']} was scored on other examples than these")
     # Crash between scores.json and its summary line: add the missing lines (append-only).
-    done = {line.get("cand") for line in _read_jsonl(summary_path)}
+    done = {line.get("cand") for line in read_jsonl(summary_path)}
     for c in archive:
         if (c["scores"] or c["invalid"]) and c["name"] not in done:
             append_jsonl(summary_path, _summary_line(c))
     # Resumed: replay the finished work's events in the order they happened (each iteration's
     # candidates, then the iteration), so a log cut back to a checkpoint is whole.
-    finished = _read_jsonl(summary_path)
-    for line in _read_jsonl(iters_path):
+    finished = read_jsonl(summary_path)
+    for line in read_jsonl(iters_path):
         for cand in finished:
             if cand.get("iteration") == line["iteration"]:
                 log(_candidate_event(cand, replayed=True))
         log(_iteration_event(line, replayed=True))
     for cand in finished:  # of the iteration a crash interrupted
-        if cand.get("iteration") is not None and cand["iteration"] >= len(_read_jsonl(iters_path)):
+        if cand.get("iteration") is not None and cand["iteration"] >= len(read_jsonl(iters_path)):
             log(_candidate_event(cand, replayed=True))
 
     while True:
-        iters = _read_jsonl(iters_path)
+        iters = read_jsonl(iters_path)
         history = [line["archive_best"] for line in iters]
         reason = stop_reason(iters, should_stop, max_empty)
         if reason:
@@ -621,7 +671,8 @@ def search_phase(incumbent_src, domain, examples, evaluate, validate_run, propos
                 wait = min(backoff[1], backoff[0] * 2 ** (fails - 1))
                 log(dict(event="proposer_backoff", seconds=wait, failed_calls=fails))
                 time.sleep(wait)
-            cands, cost, errors, exhausted = _propose(propose, archive_dir, k, log)
+            k_now = k if affordable is None else max(1, min(k, affordable()))  # should_stop ends a phase at 0
+            cands, cost, errors, exhausted = _propose(propose, archive_dir, k_now, log)
             failed = not cands
             nxt = max([c["num"] for c in archive] + [0]) + 1
             for j, cand in enumerate(cands):

@@ -19,10 +19,10 @@ The page follows the run's order:
 
 Everything the page shows comes from the run directory (run_dir.py and meta_harness.py describe
 it) through the readers in the first section below (read_run, read_phase, read_candidate,
-read_traces): the only functions that know the run's file names, so a packed archive changes
-only them. They tolerate missing
-and extra fields: old runs, runs in progress, resumed runs, runs whose traces were not kept
-(runs committed under results/ have no traces.jsonl: git ignores them; the page says so).
+read_traces): the only functions that know the run's file names. A committed run's archive is
+packed into archive.zip (results/); read_run reads it through meta_harness.unpacked_archive. They
+tolerate missing and extra fields: old runs, runs in progress, resumed runs, runs whose traces
+were not kept (the cpu grid's runs were committed without traces.jsonl; the page says so).
 Fields the page does not know are listed as "other fields", so new ones show up.
 
 The page is one file with inline CSS and inline SVG and no script at all; a Content-Security-
@@ -44,7 +44,8 @@ import re
 import sys
 from pathlib import Path
 
-from meta_harness import sign_test  # the run's own acceptance test (meta_harness needs only the standard library)
+# the run's own acceptance test, and a packed archive read (meta_harness needs only the standard library)
+from meta_harness import sign_test, unpacked_archive
 
 HERE = Path(__file__).resolve().parent
 PASS = 0.5  # a rollout "succeeds" when its verifier score is above this (rs_sft.py keeps the same ones)
@@ -121,7 +122,8 @@ def read_phase(archive_dir):
 def read_run(run_dir):
     """Everything the page needs from a run directory; a missing file gives None or []."""
     d = Path(run_dir)
-    archive = d / "archive"
+    archive = unpacked_archive(d)  # archive/, or a temporary copy of a committed run's archive.zip
+    archive = Path(archive) if archive else d / "archive"
     phases = [read_phase(p) for p in sorted(archive.iterdir()) if p.is_dir()] if archive.is_dir() else []
     harness_dir = d / "harnesses"
     harnesses = {p.name: read_text(p, "") for p in sorted(harness_dir.glob("*.py"))} if harness_dir.is_dir() else {}
@@ -135,6 +137,7 @@ def run_files_mtime(run_dir):
     d = Path(run_dir)
     paths = [d / "metrics.jsonl", d / "summary.json", d / "config.json", d / "checkpoint" / "state.json"]
     paths += list((d / "archive").glob("*/iterations.jsonl")) + list((d / "archive").glob("*/summary.jsonl"))
+    paths.append(d / "archive.zip")
     return max([p.stat().st_mtime for p in paths if p.exists()] + [0.0])
 
 

@@ -1,7 +1,8 @@
 """
-Tables and curves from finished runs: results/RESULTS.md and results/curve_<domain>.png.
+Tables and curves from finished runs: <root>/RESULTS.md and <root>/curve_<domain>.png beside the runs.
 
-    python results.py results/runs/cpu --out results [--readme README.md]
+    python results.py results/runs/cpu --out results/runs/cpu [--readme README.md]
+    python results.py results/runs/cpu --pack     # each finished run's archive/ -> archive.zip
 
 Reads every <run>/summary.json (+ config.json, metrics.jsonl) below the given folder and
 reports, per domain and method, the mean over seeds with a 95% confidence interval
@@ -94,9 +95,53 @@ def table(runs):
             gain = fmt(gains) if len(rs) > 1 else f"{100 * gains[0]:+.1f} ± {100 * rs[0]['sum']['test_gain_se']:.1f} (SE)"
         rows.append(f"| {d} | {m} | {len(rs)} | {rs[0]['sum']['test_examples']} | {fmt(g('test_mean8_final'))} | "
                     f"{gain} | {fmt(g('test_mean8_best_val'))} | "
-                    f"{fmt(g('test_mean8_initial'))} | {sum(g('rollouts')) / len(rs):.0f} | "
+                    f"{fmt(g('test_mean8_initial'))} | {spent(rs)} | "
                     f"{sum(g('proposer_calls')) / len(rs):.0f} | {sum(g('seconds')) / len(rs) / 60:.1f} | "
                     f"{fmt(g('test_mean8_best_test'))} |")
+    return "\n".join(rows)
+
+
+def spent(rs):
+    """Target rollouts of a cell, 'spent / budget' where the runs spent less than their budget
+    (a harness phase whose last full iteration did not fit: the stagewise runs of the cpu grid)."""
+    got, budget = sum(r["sum"]["rollouts"] for r in rs) / len(rs), sum(r["cfg"]["budget"] for r in rs) / len(rs)
+    return f"{got:.0f}" if got == budget else f"{got:.0f} of {budget:.0f}"
+
+
+def diagnostics(runs):
+    """What each side had to learn from, per cell (mean over seeds): phase A's RSFT steps, training
+    reward, kept rollouts and trained (model-written) tokens per step and optimizer steps (from
+    metrics.jsonl); phase B's proposed candidates, how many were valid, and accepted (from the
+    run's archive, folder or archive.zip)."""
+    import meta_harness as mh
+    cells = {}
+    for r in runs:
+        steps = [m for m in r["metrics"] if m.get("event") == "rollout_step"]
+        c = {"steps": len(steps), "reward": [m["train_reward"] for m in steps], "kept": [m["kept"] for m in steps],
+             "opt": sum(m.get("opt_steps", 0) for m in steps),
+             "tokens": [m["trained_tokens"] for m in steps if "trained_tokens" in m],
+             "proposed": 0, "valid": 0, "accepted": 0}
+        archive = mh.unpacked_archive(r["dir"])
+        for phase in sorted(os.listdir(archive)) if archive else []:
+            d = os.path.join(archive, phase)
+            for cand in mh.load_archive(d):
+                if cand["num"] > 0:  # cand_000 is the incoming harness, not a proposal
+                    c["proposed"] += 1
+                    c["valid"] += cand["scores"] is not None
+            c["accepted"] += sum(bool(line.get("accepted")) for line in mh.read_jsonl(os.path.join(d, "iterations.jsonl")))
+        cells.setdefault(r["cell"], []).append(c)
+    rows = ["| domain | method | seeds | RSFT steps | train reward (%) | kept / step (min-max) | optimizer steps | "
+            "trained tokens / step | candidates proposed | valid | accepted |", "|" + "---|" * 11]
+    mean = lambda xs: sum(xs) / len(xs) if xs else 0.0
+    for (d, m), cs in sorted(cells.items()):
+        kept = [k for c in cs for k in c["kept"]]
+        tokens = [t for c in cs for t in c["tokens"]]
+        per = lambda key: f"{mean([c[key] for c in cs]):.1f}".removesuffix(".0")
+        reward = [x for c in cs for x in c["reward"]]
+        rows.append(f"| {d} | {m} | {len(cs)} | {per('steps')} | " + (f"{100 * mean(reward):.1f}" if reward else "-") + " | "
+                    + (f"{mean(kept):.1f} ({min(kept)}-{max(kept)})" if kept else "-") + f" | {per('opt')} | "
+                    + (f"{mean(tokens):.0f}" if tokens else "-" if not kept else "not logged") + " | "
+                    + f"{per('proposed')} | {per('valid')} | {per('accepted')} |")
     return "\n".join(rows)
 
 
@@ -238,19 +283,32 @@ GRID_METHODS = ("whale", "whale-adaptive", "weight-only", "harness-only", "fst",
 GRID_SEEDS = (0, 1, 2)
 
 
+# domains the CPU grid does not run, with the measurement that says why (python headroom.py ...)
+NOT_RUN = {"chess": "not run at CPU scale: base model 0.0 with h0, the best hand-picked harness 0.8 ± 0.3 "
+                    "(test mean@8 on 200 questions, `python headroom.py --domain chess --split test --limit 200 "
+                    "--n 8 --temperature 0.3`): every method would compare numbers indistinguishable from 0, "
+                    "at 3-5 h a cell here"}
+
+
 def coverage(runs, root: Path):
-    """Which cells of the grid have finished seeds, and which runs started but did not finish."""
+    """Which cells of the grid have finished seeds, which runs started but did not finish, and
+    for a domain left out (NOT_RUN) the verdict that says why instead of empty cells."""
     done = {}
     for r in runs:
         done.setdefault((r["cfg"]["domain"], label(r["cfg"])), []).append(r["cfg"]["seed"])
     open_runs = sorted(c.parent for c in root.glob("*/config.json") if not (c.parent / "summary.json").exists())
     rows = ["| domain | " + " | ".join(GRID_METHODS) + " |", "|---|" + "---|" * len(GRID_METHODS)]
+    left_out = []
     for d in GRID_DOMAINS:
-        rows.append(f"| {d} | " + " | ".join(
-            ", ".join(f"s{x}" for x in sorted(done.get((d, m), []))) or "-" for m in GRID_METHODS) + " |")
+        cells = [", ".join(f"s{x}" for x in sorted(done.get((d, m), []))) or "-" for m in GRID_METHODS]
+        if d in NOT_RUN and "-" in cells:
+            cells, left_out = [c if c != "-" else "not run*" for c in cells], left_out + [d]
+        rows.append(f"| {d} | " + " | ".join(cells) + " |")
     n = sum(len(v) for (d, m), v in done.items() if d in GRID_DOMAINS and m in GRID_METHODS)
     text = (f"{n} of {len(GRID_DOMAINS) * len(GRID_METHODS) * len(GRID_SEEDS)} runs of the grid "
             f"(domains x methods x seeds {list(GRID_SEEDS)}) have finished:\n\n" + "\n".join(rows) + "\n")
+    for d in left_out:
+        text += f"\n\\* {d}: {NOT_RUN[d]}.\n"
     if open_runs:
         text += "\nStarted, not finished (`python whale.py --resume DIR` continues one): " + \
                 ", ".join(f"`{d}`" for d in open_runs) + "\n"
@@ -292,25 +350,42 @@ def curves(runs, out: Path):
     return made
 
 
-BEGIN, END = "<!-- results.py: begin -->", "<!-- results.py: end -->"
+def markers(root):
+    """The two lines of a README between which results.py writes the summary of the runs under root."""
+    return f"<!-- results.py {root}: begin -->", f"<!-- results.py {root}: end -->"
 
 
-def into_readme(path: Path, body: str):
-    """Replace what stands between the README's BEGIN and END lines, so its numbers are never typed by hand."""
+def into_readme(path: Path, root, body: str):
+    """Replace what stands between the README's two marker lines for root, so its numbers are never
+    typed by hand."""
+    begin, end = markers(root)
     text = path.read_text()
-    if text.count(BEGIN) != 1 or text.count(END) != 1 or text.index(BEGIN) > text.index(END):
-        raise SystemExit(f"results.py: {path} needs one '{BEGIN}' line and one '{END}' line after it")
-    head, rest = text.split(BEGIN)
-    path.write_text(head + BEGIN + "\n" + body + "\n" + END + rest.split(END, 1)[1])
+    if text.count(begin) != 1 or text.count(end) != 1 or text.index(begin) > text.index(end):
+        raise SystemExit(f"results.py: {path} needs one '{begin}' line and one '{end}' line after it")
+    head, rest = text.split(begin)
+    path.write_text(head + begin + "\n" + body + "\n" + end + rest.split(end, 1)[1])
+
+
+def pack(root: Path):
+    """Pack the archive of every finished run under root (or root itself) into its archive.zip,
+    and drop its curve.png (report.html draws the curve): a run record of a handful of files."""
+    import meta_harness as mh
+    for s in sorted([root / "summary.json"] if (root / "summary.json").exists() else root.glob("*/summary.json")):
+        if mh.pack_archive(s.parent):
+            print(f"packed {s.parent}/archive.zip")
+        (s.parent / "curve.png").unlink(missing_ok=True)
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("root", help="folder holding run directories")
+    ap.add_argument("--pack", action="store_true", help="only pack each finished run's archive/ into archive.zip")
     ap.add_argument("--out", default="results", help="where RESULTS.md and the curves go")
-    ap.add_argument("--readme", default="", help="also put the tables into this file, between its "
-                    f"'{BEGIN}' and '{END}' lines")
+    ap.add_argument("--readme", default="", help="also write the summary (the main table and the claims) into "
+                    "this file, between its two marker lines for this root (see markers)")
     a = ap.parse_args()
+    if a.pack:
+        return pack(Path(a.root))
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     runs = load(Path(a.root))
@@ -320,21 +395,24 @@ def main():
     cell_labels(runs)
     pngs, head_to_head = curves(runs, out), claims(runs)
     readme_flag = f" --readme {a.readme}" if a.readme else ""
-    body = (f"Generated by `python results.py {a.root} --out {a.out}{readme_flag}` at commit {commit} from "
+    made = (f"Generated by `python results.py {a.root} --out {a.out}{readme_flag}` at commit {commit} from "
             f"{len(runs)} finished runs. Mean over seeds ± 95% CI (t). 'final' = the last checkpoint; "
             "'best-on-val' = the checkpoint chosen on the validation split, scored on test; "
-            "'best-on-test' is the paper's metric, selected on the test split itself.\n\n" + table(runs) + "\n\n"
-            + ("### The paper's claims, head to head\n\n" + CLAIMS_NOTE + head_to_head + "\n\n" if head_to_head else "")
-            + "### Grid coverage\n\n" + coverage(runs, Path(a.root)) + "\n"
+            "'best-on-test' is the paper's metric, selected on the test split itself.\n\n")
+    claims_text = ("### The paper's claims, head to head\n\n" + CLAIMS_NOTE + head_to_head + "\n\n"
+                   if head_to_head else "")
+    body = (made + table(runs) + "\n\n" + "### What each side had to learn from\n\n" + diagnostics(runs) + "\n\n"
+            + claims_text + "### Grid coverage\n\n" + coverage(runs, Path(a.root)) + "\n"
             + "### Runs: code and command\n\n" + provenance(runs) + "\n")
     images = lambda where: "\n".join(f"![{p.stem}]({where}{p.name})" for p in pngs) + "\n"
     text = "# Results\n\n" + body + "\n" + images("")
-    if a.readme:
-        readme = Path(a.readme)
-        into_readme(readme, body + "\n" + images(os.path.relpath(out, readme.parent) + "/"))
     (out / "RESULTS.md").write_text(text)
+    if a.readme:  # the summary only: the full tables are in RESULTS.md
+        readme = Path(a.readme)
+        rel = os.path.relpath(out, readme.parent) + "/"
+        into_readme(readme, a.root, made + table(runs) + "\n\n" + claims_text
+                    + f"Diagnostics, grid coverage and the command of every run: [{rel}RESULTS.md]({rel}RESULTS.md).\n")
     print(text)
-
 
 if __name__ == "__main__":
     main()

@@ -122,6 +122,20 @@ def make_llm_batch(engine, sampling: dict, max_tokens: int):
     return llm_batch
 
 
+def reply(engine, prompt: str, max_tokens: int, *, sampling: dict, seed: int) -> dict:
+    """One model reply to one user message outside any harness (the `self` proposer writing
+    harness code): {"text", "prompt_tokens", "completion_tokens", "finish"}. The reply is cut
+    to what the model's context has room for; a prompt that fills it is a ValueError."""
+    ids = engine.chat_ids([{"role": "user", "content": prompt}])
+    context = context_tokens(engine)
+    if len(ids) >= context:
+        raise ValueError(f"prompt of {len(ids)} tokens does not fit the model's {context}-token context")
+    out = engine.sample([{"prompt_ids": ids, "max_tokens": min(max_tokens, context - len(ids)), "stop": [],
+                          "seed": seed, **sampling}])[0]
+    return {"text": out["text"], "prompt_tokens": len(ids), "completion_tokens": len(out["completion_ids"]),
+            "finish": out.get("finish")}
+
+
 def score(domain, example, record, state) -> float:
     """The verifier's verdict; a rollout that crashed, hung or broke the protocol scores 0,
     and a verifier that chokes on junk scores it 0 rather than ending the run."""

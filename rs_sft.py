@@ -260,7 +260,8 @@ def rollout_step(engine, domain, harness: str, pool: list[dict], loader: dict, o
             "kept": len(kept), "kept_frac": len(kept) / max(len(records), 1), "sequences": len(seqs),
             "loss": upd["loss"], "grad_norm": upd.get("grad_norm"), "opt_steps": upd["opt_steps"],
             "skipped_update": upd["skipped"],
-            "sft_tokens": upd["tokens"], "sft_tokens_per_s": upd.get("tokens_per_s"),
+            "sft_tokens": upd["tokens"], "trained_tokens": upd["trained_tokens"],
+            "sft_tokens_per_s": upd.get("tokens_per_s"),
             "sft_seconds": upd["seconds"], "rollout_seconds": t_roll, "epoch": loader["epoch"],
             **{k: v for k, v in rollout.totals(records).items() if k != "rollouts"}}
 

@@ -212,6 +212,19 @@ def store_cached_eval(key, res):
 # -----------------------------------------------------------------------------
 # The loop's handle on its run directory
 
+# what a run counts besides its target rollouts (summary.json has each one, 0 if it never happened)
+COUNTERS = ("prompt_tokens", "completion_tokens", "optimizer_steps", "proposer_calls", "proposer_prompt_tokens",
+            "proposer_completion_tokens", "proposer_seconds", "proposer_cost_usd", "harness_candidates",
+            "harness_invalid", "harness_accepted")
+
+
+def new_state(phase, done, harness, loader):
+    """The state of a run that has not started: everything a checkpoint saves and a resume reads."""
+    return {"phase": phase, "done": done, "cycle": 0, "steps": 0, "rollouts": 0, "harness": harness,
+            "loader": loader, "phase_rewards": [], "evals": [], "best_val": None, "pending_eval": "initial",
+            "seconds": 0.0, "metrics_lines": 0, "counters": dict.fromkeys(COUNTERS, 0),
+            "kept_per_step": [], "trained_tokens_per_step": []}
+
 class Run:
     """One run, new or resumed: its directory, the state its checkpoints save, metrics.jsonl,
     the progress bar and, under torchrun, this process's rank. Only rank 0 writes files."""
@@ -266,6 +279,54 @@ class Run:
         if self.rank == 0:
             self.state["seconds"] = self.elapsed()
             save_checkpoint(self.dir, engine, optimizer, self.state, model_changed=model_changed)
+
+    def write_summary(self, tests, best_val_test):
+        """summary.json: the run's numbers in one file (results.py's tables read these). tests: the
+        full-test evaluations by tag (initial, final, best_val); best_val_test: the one of them that
+        scores the checkpoint chosen on validation."""
+        from rollout import paired_gain
+        a, st = self.args, self.state
+        initial, final = tests["initial"], tests.get("final", tests["initial"])
+        best_test = max(tests.values(), key=lambda e: e["mean"])
+        gain, gain_se = paired_gain(initial["per_example"], final["per_example"])
+        c = {**dict.fromkeys(COUNTERS, 0), **st["counters"]}
+        summary = {
+            "method": a.method, "domain": a.domain, "seed": a.seed, "model": a.model, "rollouts": st["rollouts"],
+            "budget": a.budget, "cycles": st["cycle"], "steps": st["steps"],
+            "test_mean8_initial": initial["mean"], "test_mean8_initial_se": initial["se"],
+            "test_mean8_final": final["mean"], "test_mean8_final_se": final["se"],
+            "test_gain": gain, "test_gain_se": gain_se,  # final - initial, SE paired over the same questions
+            "test_mean8_best_val": best_val_test["mean"], "test_mean8_best_val_se": best_val_test["se"],
+            "test_mean8_best_test": best_test["mean"], "test_mean8_best_test_se": best_test["se"],
+            "best_test_note": "selected on the test split (the paper's metric), over the full-test evaluations "
+                              f"of this run: {sorted(tests)}",
+            "test_split": a.test_split, "test_examples": initial["examples"], "test_n": a.test_n,
+            "test_subset_curve": a.test_subset, **c, "seconds": round(self.elapsed(), 1),
+            # what each side had to learn from: phase A's kept rollouts and trained (model-written)
+            # tokens per RSFT step; phase B's candidates that were valid, and accepted
+            "kept_per_step": st.get("kept_per_step", []), "trained_tokens_per_step": st.get("trained_tokens_per_step", []),
+            "harness_valid": c["harness_candidates"] - c["harness_invalid"]}
+        write_json(self.dir / "summary.json", summary)
+        return summary
+
+    def print_summary(self, s):
+        a = self.args
+        print(f"\n{a.method} on {a.domain}, seed {a.seed}: {s['rollouts']} target rollouts in {s['seconds'] / 60:.1f} min")
+        print(f"  {a.test_split} mean@{a.test_n} ({s['test_examples']} questions)  initial {s['test_mean8_initial']:.3f} "
+              f"+- {s['test_mean8_initial_se']:.3f}   final {s['test_mean8_final']:.3f} +- {s['test_mean8_final_se']:.3f}")
+        print(f"  gain {s['test_gain']:+.3f} +- {s['test_gain_se']:.3f} (SE of the per-question differences)")
+        if a.method != "eval":
+            print(f"  best-on-validation checkpoint: {a.test_split} {s['test_mean8_best_val']:.3f} "
+                  f"+- {s['test_mean8_best_val_se']:.3f}")
+        print(f"  files: {self.dir}/ (summary.json, metrics.jsonl, harnesses/, checkpoint/, curve.png)")
+
+    def write_report(self):
+        try:  # the page is a view of the files above: if it breaks, the run is still whole
+            import report
+            print(f"  report: {report.write_report(self.dir)}")
+        except Exception as e:
+            print(f"whale: warning: report.html not written ({type(e).__name__}: {e}); "
+                  f"retry with python report.py {self.dir}", file=sys.stderr)
 
     def keep_checkpoint_as(self, name):
         copy_checkpoint(self.dir, "checkpoint", name)

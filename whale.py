@@ -105,8 +105,6 @@ def parse_args(argv=None) -> Args:
     return Args(**vars(p.parse_args(argv)))
 
 
-
-
 # -----------------------------------------------------------------------------
 # The methods, as data: the loop below reads these fields and never a method's name.
 
@@ -154,13 +152,8 @@ def main(a: Args):
                                          len(s.search_set) * a.harness_n)  # stagewise's weight stage
     s.optimizer = rs_sft.make_optimizer(rs_sft.set_trainable(s.engine.model, a.train_layers), a.lr)
     s.ddp_model = rs_sft.ddp_wrap(s.engine.model)  # None in one process
-    run.start(initial_state={
-        "phase": s.method.first if s.method else "A", "done": s.method is None, "cycle": 0, "steps": 0,
-        "rollouts": 0, "harness": s.h0, "loader": rs_sft.new_loader(len(s.pool), a.seed), "phase_rewards": [],
-        "evals": [], "best_val": None, "pending_eval": "initial", "seconds": 0.0, "metrics_lines": 0,
-        "counters": {"prompt_tokens": 0, "completion_tokens": 0, "proposer_calls": 0, "proposer_prompt_tokens": 0,
-                     "proposer_completion_tokens": 0, "proposer_seconds": 0.0, "proposer_cost_usd": 0.0,
-                     "harness_candidates": 0, "harness_invalid": 0}}, optimizer=s.optimizer)
+    run.start(rd.new_state(phase=s.method.first if s.method else "A", done=s.method is None, harness=s.h0,
+                           loader=rs_sft.new_loader(len(s.pool), a.seed)), optimizer=s.optimizer)
 
     # ---- the algorithm: initial evaluation; phase A / phase B until the budget is spent; final test
     if run.state["pending_eval"] and run.rank == 0:
@@ -193,9 +186,12 @@ def weight_phase(run, s):
                                 minibatch=a.minibatch, micro_batch=a.micro_batch, clip=a.clip,
                                 max_tokens=a.max_tokens, progress=run.bar, ddp_model=s.ddp_model,
                                 shard=(run.rank, run.world))
-        run.spend(m["rollouts"], prompt_tokens=m["prompt_tokens"], completion_tokens=m["completion_tokens"])
+        run.spend(m["rollouts"], prompt_tokens=m["prompt_tokens"], completion_tokens=m["completion_tokens"],
+                  optimizer_steps=m["opt_steps"])
         st["steps"] += 1
         st["phase_rewards"].append(m["train_reward"])
+        for k in ("kept", "trained_tokens"):  # what phase A had to learn from, step by step (summary.json)
+            st.setdefault(f"{k}_per_step", []).append(m[k])
         run.log({"event": "rollout_step", "cycle": st["cycle"], "step": st["steps"], **m,
                  "step_rollouts": m["rollouts"]})
         if weight_phase_over(run, s):
@@ -228,11 +224,15 @@ def harness_phase(run, s):
     a, st, m = s.a, run.state, s.method
     archive = run.dir / "archive" / f"phase{st['cycle']:02d}"
     reserve = 0 if m.one_pass else s.step_cost  # room for the weight phase that follows the search
+    cand_cost = len(s.search_set) * a.harness_n   # one candidate on the search set
+
+    def affordable():  # candidates the budget still pays for: the last iteration may be smaller
+        left = a.budget - st["rollouts"] - meta_harness.spent_rollouts(str(archive)) - reserve
+        return max(0, min(a.candidates, left // cand_cost))
 
     def should_stop(history):  # -> why the phase ends (a sentence), or False
-        spent = st["rollouts"] + meta_harness.spent_rollouts(str(archive))
-        if spent + s.iter_cost + reserve > a.budget:
-            return f"budget: {spent} of {a.budget} rollouts spent, an iteration costs {s.iter_cost}"
+        if affordable() == 0:
+            return f"budget: {a.budget - reserve} rollouts spent or reserved, a candidate costs {cand_cost}"
         return m.harness_until == "switch" and s.policy.harness_done(history) and "switch policy: harness phase done"
 
     def evaluate(source, examples, tag):  # one candidate on the search set
@@ -248,13 +248,15 @@ def harness_phase(run, s):
 
     res = meta_harness.search_phase(
         st["harness"], s.domain, s.search_set, evaluate, validate_run, make_proposer(a, s.domain, s.engine),
-        archive_dir=str(archive), k=a.candidates, should_stop=should_stop, accept_alpha=a.accept_alpha,
+        archive_dir=str(archive), k=a.candidates, should_stop=should_stop, affordable=affordable,
+        accept_alpha=a.accept_alpha,
         prompt_only_base=s.h0 if m.prompt_only else None,
         log=lambda e: run.log({"event": e.pop("event"), "cycle": st["cycle"], **e}))  # a resumed search replays
     c = res["counters"]                                                               # its finished events
     run.spend(c.get("rollouts", 0), **{k: c.get(k, 0) for k in ("proposer_calls", "proposer_prompt_tokens",
               "proposer_completion_tokens", "proposer_seconds", "proposer_cost_usd")},
-              harness_candidates=c.get("candidates", 0), harness_invalid=c.get("invalid", 0))
+              harness_candidates=c.get("candidates", 0), harness_invalid=c.get("invalid", 0),
+              harness_accepted=c.get("accepted", 0))
     st["harness"] = res["best_source"]
     (run.dir / "harnesses").mkdir(exist_ok=True)
     (run.dir / "harnesses" / f"cycle{st['cycle']:02d}.py").write_text(st["harness"])
@@ -314,7 +316,6 @@ def after_phase(run, s):
 
 def finish(run, s):
     """The final test mean@k, the best-on-validation checkpoint scored on test, summary.json."""
-    import rollout
     import run_dir as rd
     a, st = s.a, run.state
     run.bar.close()
@@ -333,37 +334,9 @@ def finish(run, s):
         run.load_weights("best_val", s.engine)
         best_val_test = tests["best_val"] = evaluate(run, s, "test", s.test, a.test_n, "best_val",
                                                      harness=best["harness"])
-    best_test = max(tests.values(), key=lambda e: e["mean"])
-    gain, gain_se = rollout.paired_gain(initial["per_example"], final["per_example"])
-    seconds = run.elapsed()
-    summary = {"method": a.method, "domain": a.domain, "seed": a.seed, "model": a.model,
-               "rollouts": st["rollouts"], "budget": a.budget, "cycles": st["cycle"], "steps": st["steps"],
-               "test_mean8_initial": initial["mean"], "test_mean8_initial_se": initial["se"],
-               "test_mean8_final": final["mean"], "test_mean8_final_se": final["se"],
-               "test_gain": gain, "test_gain_se": gain_se,  # final - initial, SE paired over the same questions
-               "test_mean8_best_val": best_val_test["mean"], "test_mean8_best_val_se": best_val_test["se"],
-               "test_mean8_best_test": best_test["mean"], "test_mean8_best_test_se": best_test["se"],
-               "best_test_note": "selected on the test split (the paper's metric), over the full-test evaluations "
-                                 f"of this run: {sorted(tests)}",
-               "test_split": a.test_split, "test_examples": initial["examples"], "test_n": a.test_n,
-               "test_subset_curve": a.test_subset, **st["counters"], "seconds": round(seconds, 1)}
-    rd.write_json(run.dir / "summary.json", summary)
     rd.plot_curve(run.dir, st["evals"], f"{a.method} on {a.domain} (seed {a.seed})")
-    print(f"\n{a.method} on {a.domain}, seed {a.seed}: {st['rollouts']} target rollouts in {seconds / 60:.1f} min")
-    print(f"  {a.test_split} mean@{a.test_n} ({initial['examples']} questions)  initial {initial['mean']:.3f} "
-          f"+- {initial['se']:.3f}   final {final['mean']:.3f} +- {final['se']:.3f}")
-    print(f"  gain {gain:+.3f} +- {gain_se:.3f} (SE of the per-question differences)")
-    if s.method is not None:
-        print(f"  best-on-validation checkpoint: {a.test_split} {best_val_test['mean']:.3f} "
-              f"+- {best_val_test['se']:.3f}")
-    print(f"  files: {run.dir}/ (summary.json, metrics.jsonl, harnesses/, checkpoint/, curve.png)")
-    try:  # the page is a view of the files above: if it breaks, the run is still whole
-        import report
-        print(f"  report: {report.write_report(run.dir)}")
-    except Exception as e:
-        print(f"whale: warning: report.html not written ({type(e).__name__}: {e}); "
-              f"retry with python report.py {run.dir}", file=sys.stderr)
-
+    run.print_summary(run.write_summary(tests, best_val_test))
+    run.write_report()
 
 # -----------------------------------------------------------------------------
 # The proposer of phase B
@@ -373,23 +346,13 @@ def make_proposer(a: Args, domain, engine):
     import rollout
 
     def llm_text(prompt, max_tokens):  # the `self` proposer: the policy model writes harness code
-        ids = engine.chat_ids([{"role": "user", "content": prompt}])
-        context = getattr(engine.model.config, "max_position_embeddings", None) or len(ids) + max_tokens
-        if len(ids) >= context:  # an error for this candidate, not a crash of the run
-            raise ValueError(f"prompt of {len(ids)} tokens does not fit the model's {context}-token context; "
-                             "lower --proposer-digest-chars")
-        req = {"prompt_ids": ids, "max_tokens": min(max_tokens, context - len(ids)),
-               "temperature": a.temperature, "top_k": a.top_k, "top_p": a.top_p, "stop": [],
-               "seed": rollout.stable_seed(a.seed, "proposer", prompt)}
-        out = engine.sample([req])[0]
-        return {"text": out["text"], "prompt_tokens": len(ids), "completion_tokens": len(out["completion_ids"]),
-                "finish": out.get("finish")}
+        return rollout.reply(engine, prompt, max_tokens, sampling={"temperature": a.temperature, "top_k": a.top_k,
+                             "top_p": a.top_p}, seed=rollout.stable_seed(a.seed, "proposer", prompt))
     return proposers.make_proposer(a.proposer, domain, llm_text=llm_text, base_url=a.proposer_url or None,
                                    model=a.proposer_model or None, api_key_env=a.proposer_api_key_env,
                                    command=a.proposer_command or None, rng_seed=a.seed,
                                    max_tokens=a.proposer_max_tokens, timeout=a.proposer_timeout or None,
                                    digest_chars=a.proposer_digest_chars, reply_format=a.proposer_format)
-
 
 if __name__ == "__main__":
     try:
