@@ -454,7 +454,8 @@ def render_evals(evals):
 
 A_COLUMNS = [("step", "step", 0), ("rollouts", "rollouts", 0), ("train_reward", "training reward", 3),
              ("kept", "kept rollouts", 0), ("kept_frac", "kept share", 3), ("sequences", "sequences", 0),
-             ("sft_tokens", "trained tokens", 0), ("loss", "loss", 4), ("grad_norm", "grad norm", 3),
+             ("trained_tokens", "trained tokens", 0), ("sft_tokens", "tokens through the model", 0),
+             ("loss", "loss", 4), ("grad_norm", "grad norm", 3),
              ("opt_steps", "optimizer steps", 0), ("errors", "errors", 0)]
 A_KNOWN = {c for c, _, _ in A_COLUMNS} | {"t", "event", "cycle", "prompts", "skipped_update", "sft_tokens_per_s",
                                           "sft_seconds", "rollout_seconds", "epoch", "prompt_tokens",

@@ -9,20 +9,21 @@ names with its saved settings, refusing a resume that would change what the run 
 """
 import importlib
 import os
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
-METHODS = ("whale", "fst", "weight-only", "harness-only", "stagewise", "eval")
-
-
 class UserError(Exception):
     """A mistake in the command line or the inputs: one line, exit code 2."""
 
 
 def check_args(a):
-    """Every mistake a command line can hold, found before a run directory exists."""
-    if a.method not in METHODS:
-        raise UserError(f"unknown method {a.method!r}; choose one of {', '.join(METHODS)}")
+    """Every mistake a command line can hold, found before a run directory exists. `a` is whale.Args;
+    the method table METHODS lives beside it in whale.py, and the checks read its fields."""
+    methods = sys.modules[type(a).__module__].METHODS  # whale.py's (also when it runs as __main__)
+    if a.method not in methods and a.method != "eval":
+        raise UserError(f"unknown method {a.method!r}; choose one of {', '.join([*methods, 'eval'])}")
+    method = methods.get(a.method)  # None: --method eval
     if not (ROOT / "domains" / f"{a.domain}.py").exists() or a.domain.startswith("_"):
         raise UserError(f"unknown domain {a.domain!r}; choose searchqa, math or chess")
     if a.test_split not in ("test", "val"):
@@ -72,7 +73,7 @@ def check_args(a):
         if value and a.proposer != needs:
             raise UserError(f"{flag} is only used by --proposer {needs}, not --proposer {a.proposer}")
     step = a.prompts_per_step * a.group
-    if a.method in ("whale", "fst", "weight-only", "stagewise") and a.budget < step:
+    if method and method.weights_until and a.budget < step:
         raise UserError(f"--budget {a.budget} buys no rollout step ({a.prompts_per_step} prompts x {a.group} = {step})")
     if a.temperature < 0 or not 0 < a.top_p <= 1:
         raise UserError("--temperature must be >= 0 and --top-p in (0, 1]")
@@ -85,7 +86,7 @@ def check_args(a):
             sizes[split] = len(domain.load_split(split))
         except Exception as e:
             raise UserError(f"cannot load the {a.domain} {split} split from {domain.DATA}: {type(e).__name__}: {e}")
-    if a.method in ("whale", "fst") and isinstance(policy, switch.Patience):  # the paper's patience at a small budget
+    if method and method.weights_until == "switch" and isinstance(policy, switch.Patience):  # (a small budget)
         min_w = policy.min_w or switch.epochs_to_steps(0.2, max(1, sizes["weight"] // a.prompts_per_step))
         if min_w * step >= a.budget:
             raise UserError(f"--schedule {a.schedule}: the first weight phase lasts at least {min_w} steps "

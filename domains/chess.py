@@ -27,8 +27,8 @@ Why "the harness may not choose moves" holds, and where it is only a rule:
 - play() is a move budget: only legal moves count, the first wrong one ends the puzzle, so a harness gets at
   most len(line) // 2 + 1 counted moves (1 or 2) and cannot search by trial and error.
 - Nothing stops a harness from writing its own move generator in pure Python, or from picking a move out of
-  the legal list without asking the model. The proposer rules forbid both (the model chooses every move) and
-  meta_harness may reject sources that look like an engine, but that check is a rule, not a wall.
+  the legal list without asking the model. The proposer rules forbid both (the model chooses every move), but
+  nothing in the code checks it: it is a rule for proposers, not a wall (read the candidates' diffs).
 - legal_moves_san() writes a mating move with "+", never "#": "#" would hand a harness the answer to every
   mate in 1 (and the last move of every mate in 2) without the model. Checks and captures stay visible: that
   is plain notation a chess GUI shows, and pointing the model at forcing moves is a fair harness idea.
