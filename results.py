@@ -241,7 +241,7 @@ def claims(runs, compact=False):
     rows = ["| domain | A | B | claim (A > B) | seeds | A - B, final test mean@8 (points) | verdict (95%) | "
             "A reaches B's final at (curve questions) | rollouts A / B | minutes A / B |", "|" + "---|" * 10]
     if compact:
-        rows = ["| domain | claim (A > B) | A - B | seeds | A - B, final test mean@8 (points) | verdict (95%) |",
+        rows = ["| domain | claim (A > B) | A - B | seeds | A - B, final test mean@8 (points, 95%) | verdict |",
                 "|---|---|---|---|---|---|"]
     for d in sorted({c[0] for c in cells}):
         for ma, mb, what, where in CLAIMS:
@@ -274,8 +274,9 @@ def claims(runs, compact=False):
                      else f"{sum(got) / len(got):.0f}% of A's rollouts" if got else "not reached") + \
                     (f" ({len(got)}/{len(seeds)} seeds)" if len(seeds) > 1 else "")
             avg = lambda cell, k: sum(cell[s]["sum"][k] for s in seeds) / len(seeds)
-            if compact:
-                rows.append(f"| {d} | {what} | {ma} - {mb} | {len(diffs)} | {diff} | {verdict(m, half)} |")
+            if compact:  # the interval only: RESULTS.md says which of the two it is
+                short = f"{m:+.1f} ± {half:.1f}" + (" (1.96 SE)" if len(diffs) == 1 else "")
+                rows.append(f"| {d} | {what} | {ma} - {mb} | {len(diffs)} | {short} | {verdict(m, half)} |")
                 continue
             rows.append(f"| {d} | {ma} | {mb} | {what} | {len(diffs)} | {diff} | {verdict(m, half)} | {reach} | "
                         f"{avg(A, 'rollouts'):.0f} / {avg(B, 'rollouts'):.0f} | "
