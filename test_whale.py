@@ -339,6 +339,7 @@ def test_two_call_trajectory_records_exact_tokens(hf):
     recs = rollout.run(hf, searchqa, two_call_harness(), ex, 2, seed=0,
                        sampling={"temperature": 1.0, "top_k": 20, "top_p": 1.0})
     assert len(recs) == 4
+    by_id = {e["id"]: e for e in ex}
     for r in recs:
         assert r["status"] == "ok", r["error"]
         assert len(r["calls"]) == 2 and len(r["tool_calls"]) == 1
@@ -346,7 +347,15 @@ def test_two_call_trajectory_records_exact_tokens(hf):
             assert c["prompt_ids"] == hf.chat_ids(c["messages"])  # exactly what the model saw
             assert hf.tokenizer.decode(c["completion_ids"], skip_special_tokens=True).startswith(c["text"])
         assert r["answer"] == r["calls"][1]["text"]
-        assert "answer" not in json.dumps(r["calls"][0]["messages"]).lower() or True
+        # and what it saw is the harness's text and nothing else: the question, its own first reply,
+        # the tool's output (so no reference answer can have reached the prompt)
+        first, second = r["calls"]
+        question, hit = by_id[r["example_id"]]["task"]["question"], r["tool_calls"][0]
+        assert hit["name"] == "search" and hit["args"] == [question] and hit["error"] is None
+        assert first["messages"] == [{"role": "user", "content": "Say a word about: " + question}]
+        assert second["messages"] == first["messages"] + [
+            {"role": "assistant", "content": first["text"]},
+            {"role": "user", "content": "Context: " + hit["result"] + "\nAnswer in <answer></answer>."}]
     # the task the harness saw has no reference answer in it
     assert all(set(e["task"]) == {"question"} for e in ex)
 
@@ -865,6 +874,8 @@ ISSUE_20_ATTACKS = {"read_data_copy", "read_other_checkout", "sqlite_attach", "s
 
 
 def test_hostile_suite_is_complete():
+    # test_hostile_harness runs every file in hostile/ (nothing there is left out by its name)
+    assert [p.name for p in HOSTILE] == sorted(p.name for p in (ROOT / "hostile").iterdir())
     assert ISSUE_20_ATTACKS <= {p.stem for p in HOSTILE}
     for path in HOSTILE:  # test_hostile_harness runs every one of these files
         doc = path.read_text().split('"""')[1]
@@ -1411,9 +1422,13 @@ def test_searchqa_h0_and_primitives_splice():
             compile(src, "<candidate>", "exec")
             mod = load_harness(src)
             assert callable(mod.run) and hasattr(mod, axis)
+            scores = []
             for reply in (f"<answer>{gold}</answer>", f"The answer is {gold}.", "", "<search>x</search>"):
                 answer = mod.run(ex["task"], scripted_llm(then=reply), tools)
                 assert answer is None or isinstance(answer, str)
+                scores.append(searchqa.verify(ex, answer, None))
+            # a tagged answer scores with every variant, an untagged one only with the forgiving parsers
+            assert scores == [1.0, float(axis == "extract_answer"), 0.0, 0.0], (axis, alt[:60], scores)
             if axis == "extract_answer":  # the forgiving parsers recover untagged answers
                 for reply in ("<answer>Leonardo da Vinci</answer>", "The answer is: Leonardo da Vinci.\nHe painted"):
                     assert mod.extract_answer(reply, "Who painted the Mona Lisa?") == "Leonardo da Vinci"
@@ -1536,6 +1551,7 @@ def test_math_h0_defines_every_axis_and_runs():
 
 def test_math_every_primitive_splices_compiles_and_runs():
     h0 = Path(M.H0).read_text()
+    # code then a boxed answer; an unboxed answer; code that fails; a bare statement; nothing
     scripts = [["```python\nx = 6 * 7\nx\n```", "\\boxed{42}"], ["The answer is 42."],
                ["```py\nprint(1/0)\n```"] * 5, ["total = 6 * 7"] * 5, [""] * 5]
     for axis, alts in M.PRIMITIVES.items():
@@ -1546,10 +1562,15 @@ def test_math_every_primitive_splices_compiles_and_runs():
             source = mh.splice(h0, axis, alt)
             assert source != h0
             h = load_harness(source)
+            scores = []
             for script in scripts:
                 out = h.run({"problem": "What is 6 * 7?"}, scripted_llm(script), FakeTools())
                 assert out is None or isinstance(out, str)
-                M.verify(ex_of("42"), out, None)
+                scores.append(M.verify(ex_of("42"), out, None))
+            # every variant answers the boxed reply (unless it allows one turn: no turn to read the
+            # tool output in), only the answer-recovering ones the unboxed one, none of the others
+            boxed = 0.0 if axis == "MAX_TURNS" and h.MAX_TURNS == 1 else 1.0
+            assert scores == [boxed, float(axis == "recover_answer"), 0.0, 0.0, 0.0], (axis, alt[:60], scores)
 
 
 def test_math_primitives_help_where_designed():
@@ -2254,8 +2275,16 @@ def test_search_logs_paper_choice_but_keeps_incumbent_on_noise(tmp_path):
     mh.search_phase(H0, DOMAIN, EXAMPLES, evaluate, ok_validate, proposers.make_proposer("primitives", DOMAIN),
                     archive_dir=d, k=3, should_stop=stop_after(4), log=quiet)
     its = [json.loads(x) for x in open(os.path.join(d, "iterations.jsonl"))]
-    assert any(x["paper_choice"] != x["incumbent"] for x in its)  # the argmax chased a lucky draw
-    assert all(x["test"] is None or x["test"]["p"] > 0.1 or x["accepted"] for x in its)
+    assert {x["incumbent"] for x in its} == {"cand_000"}  # no candidate is better, none got in
+    tested = [x for x in its if x["test"]]
+    # the paper's argmax chased a lucky draw: a candidate that merely scored higher on this sample
+    assert tested and all(x["paper_choice"] != x["incumbent"] and x["paper_success"] > x["incumbent_success"]
+                          for x in tested)
+    # and the paired test is what kept it out: accepted exactly when it wins and p <= alpha, never here
+    for x in tested:
+        t = x["test"]
+        assert (t["cand"], t["vs"]) == (x["paper_choice"], "cand_000") and t["alpha"] == 0.1
+        assert x["accepted"] == (t["b"] > t["c"] and t["p"] <= t["alpha"]) and t["p"] > t["alpha"]
 
 
 # ---- liveness: every search phase ends ---------------------------------------------------------
@@ -2374,7 +2403,7 @@ def test_command_agent_cannot_edit_the_archive_into_a_win(tmp_path, attack):
     if "scores in its directory" in attack or "outside new" in attack:
         assert "changed files outside new/" in errors and "cand_000/" in errors
     elif "real archive" in attack:
-        assert "the archive itself changed" in errors and "restored" in errors or "removed" in errors
+        assert "the archive itself changed" in errors and ("restored" in errors or "removed" in errors)
     else:
         assert "integrity: ignored new/cand_2.py" in errors
     calls = [json.loads(x) for x in open(d / "proposer_calls.jsonl")]
@@ -3385,8 +3414,9 @@ def test_report_cli_writes_an_index_of_a_grid_and_refuses_a_bad_path(tiny_refere
 def test_every_committed_run_has_its_report_and_the_index_links_them():
     grid = ROOT / "results" / "runs" / "cpu"
     runs = report.find_runs(grid)
-    assert len(runs) >= 38
+    assert runs and runs == sorted(d for d in grid.iterdir() if d.is_dir())  # every directory there is a run
     index = (grid / "index.html").read_text()
+    assert sorted(re.findall(r'href="([^"]+/report\.html)"', index)) == [f"{d.name}/report.html" for d in runs]
     for d in runs:
         assert (d / "report.html").exists(), f"{d} has no report.html: run python report.py {grid.relative_to(ROOT)}"
         page = (d / "report.html").read_text()
