@@ -52,6 +52,7 @@ import report
 import results
 import rollout
 import rs_sft
+import run_dir
 import run_setup
 import sandbox
 import switch
@@ -3139,6 +3140,74 @@ def test_sigkill_anywhere_then_resume_matches_an_uninterrupted_run(tmp_path, tin
     assert rows[-1]["event"] == "eval" and rows[-1]["tag"] == "final"
 
 
+# ---- the methods, and what the cached initial evaluation is keyed on ---------------------------
+
+def test_the_methods_table_has_every_method_the_command_line_accepts():
+    # run_setup checks --method against its list; whale.METHODS says, as data, what each one does;
+    # eval is the one method that runs no phase (it scores the model and the harness, and stops)
+    assert set(whale.METHODS) | {"eval"} == set(run_setup.METHODS) and "eval" not in whale.METHODS
+
+
+def test_eval_key_changes_with_the_scoring_code_and_the_data_and_nothing_else(tmp_path):
+    """The initial evaluation is cached under run_dir.eval_key: a fork that changes what decides a
+    score (a scoring code file, the domain's file with its verifier, a data file) must not read a
+    stale entry, and what decides nothing (a training setting, another file) must not miss one."""
+    assert all((ROOT / f).is_file() for f in run_dir.SCORING_CODE)  # a renamed file would hash as empty
+    assert {"sandbox.py", "rollout.py", "engine.py"} <= set(run_dir.SCORING_CODE)
+    # eval_key reads the scoring code beside run_dir.py: a copy of the repository's, free to edit
+    repo = tmp_path / "repo"
+    for f in ("run_dir.py", *run_dir.SCORING_CODE):
+        (repo / f).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / f, repo / f)
+    spec = importlib.util.spec_from_file_location("run_dir_copy", repo / "run_dir.py")
+    copy_of_run_dir = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(copy_of_run_dir)
+    domain_file, data = tmp_path / "toy.py", tmp_path / "data"
+    domain_file.write_text("def verify(example, answer, state=None):\n    return 1.0\n")
+    data.mkdir()
+    for split in ("test", "val"):
+        (data / f"{split}.jsonl.gz").write_bytes(gzip.compress(b'{"id": "a", "task": {}, "answer": {}}\n', mtime=0))
+    toy = types.SimpleNamespace(__file__=str(domain_file), DATA=str(data))  # what eval_key reads of a domain
+    args = dict(domain="toy", model="embedded", engine="hf", seed=0, temperature=1.0, top_k=0, top_p=1.0,
+                max_tokens=48, lr=3e-4, budget=1664, out="runs/x")
+    call = dict(args=args, domain=toy, harness="def run(task, llm, tools):\n    return None\n",
+                examples=[{"id": "a"}, {"id": "b"}], n=2, split="test")
+
+    def key(**change):
+        return copy_of_run_dir.eval_key(**{**call, **change})
+    k0 = key()
+    assert k0 == key() == run_dir.eval_key(**call)  # the same inputs: the same key (the copy's is the real code's)
+
+    def changed(path, edit):  # the key after an edit of one file, which is then put back
+        before = path.read_bytes()
+        edit(path)
+        try:
+            return key()
+        finally:
+            path.write_bytes(before)
+    append = lambda path: path.write_bytes(path.read_bytes() + b"\n# a fork's change\n")  # noqa: E731
+    for f in run_dir.SCORING_CODE:  # the harness runner, the sampler, ...
+        assert changed(repo / f, append) != k0, f
+    assert changed(domain_file, append) != k0  # the domain's verifier and tools
+    assert changed(data / "val.jsonl.gz", lambda p: p.write_bytes(gzip.compress(b"{}\n", mtime=0))) != k0
+    (data / "weight.jsonl.gz").write_bytes(b"")  # a data file added (WHALE_DATA swapped in)
+    assert key() != k0
+    (data / "weight.jsonl.gz").unlink()
+    assert key() == k0
+    for name, value in [("model", "other"), ("engine", "vllm"), ("seed", 1), ("temperature", 0.7), ("top_k", 20),
+                        ("top_p", 0.9), ("max_tokens", 64)]:
+        assert key(args={**args, name: value}) != k0, name
+    for name, value in [("harness", call["harness"] + "# changed\n"), ("examples", [{"id": "a"}]), ("n", 4),
+                        ("split", "val")]:
+        assert key(**{name: value}) != k0, name
+    # and nothing else: settings that do not decide a score, files that are not scoring code or data
+    assert key(args={**args, "lr": 1.0, "budget": 32, "out": "runs/y"}) == k0
+    (repo / "whale.py").write_text("# not scoring code\n")
+    (tmp_path / "notes.txt").write_text("beside the data, not in it\n")
+    os.utime(data / "test.jsonl.gz", (0, 0))  # the bytes count, not the time stamps
+    assert key() == k0
+
+
 # ---- results tables: paired on the same questions ----------------------------------------------
 
 def test_mean_at_k_and_paired_gain_on_hand_made_scores():
@@ -3223,6 +3292,14 @@ def test_results_verdicts_curves_and_coverage_use_the_same_questions(tmp_path):
     text = results.coverage(runs, tmp_path)
     assert text.startswith("4 of 54 runs") and "| searchqa | s0 | - | s0 | s0 | - | s0 |" in text
     assert "unfinished" in text  # a run to resume is named
+
+
+def test_whale_and_the_results_tools_import_without_torch():
+    # results.py and report.py read run directories (on a laptop, in CI) without the training stack:
+    # whale.py imports torch only in main(), so importing it for Args and METHODS stays light
+    code = "import sys, whale, results, report; print(sorted({'torch', 'transformers'} & set(sys.modules)))"
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "[]", (r.stdout, r.stderr[-2000:])
 
 
 # ==============================================================================================
