@@ -7,16 +7,47 @@ side.
     python -m pytest -q test_whale.py                     # everything (CI runs this)
     python -m pytest -q test_whale.py -k "<expression>"   # one section, with its expression below
 
-Sections, in this order; each opens with a comment that states its guarantee.
-SECTIONS_TABLE
+Sections, in this order, each opening with a comment that states its guarantee. The -k
+expression under each selects exactly that section's tests (checked when this was written; a
+new test should keep it so):
+
+  shared fixtures and helpers: the embedded model, tiny whale.py runs and check_run, the
+     in-process harness kit (load_harness, scripted_llm, FakeTools), a local OpenAI-compatible
+     server (openai_server)
+  1. the sampler (engine.py): greedy == HF generate, a shared prefill, chunk caps, seeded
+     batch-independent sampling, stop strings, exact rollout records; any causal LM: other
+     architectures, chat formats, end-of-turn tokens, GGUF files, bad models
+     -k "greedy_matches_generate or prefill_it_once or token_cap or seeded_sampling_is or stop_strings_cut or two_call or tiny_model or plain_format_prompt or end_of_turn or gguf or bad_model or engines_chat_format"
+  2. the sandbox (sandbox.py): the hostile suite, the Landlock layer, the protocol, timeouts and
+     deadlines, run_python
+     -k "hostile or landlock or audit_hook or isolation or llm_batch or tool_calls or llm_arguments or print_is or times_out or stall or time_is_charged or flood or batch_timeout or concurren or late_finisher or run_python"
+  3. the domains (searchqa, math, chess): data, verifiers, h0 and its primitives, reproducible builds
+     -k "test_searchqa or test_math or test_chess"
+  4. phase A (rs_sft.py): sequences and labels, SFT raises the log-probability, an all-rejected
+     step skips the update, the loader
+     -k "labels_mask or sft_updates or all_rejected or loader"
+  5. phase B (meta_harness.py, proposers.py): source surgery, the archive and resume, acceptance,
+     liveness, integrity, the LLM and agent proposers (in-process and end to end through whale.py)
+     -k "(splice_replaces or top_level_names or differs_only or search_ or archive or primitives_axis or primitives_menu or prompt_only or resume_after or incumbent or sign_test or paired_acceptance or proposer or reply_cut or agent or edit_blocks or stand_ins) and not (engines_chat_format or vllm_serve or bad_input)"
+  6. the switch policy (switch.py)
+     -k "test_switch"
+  7. the loop and resume (whale.py, run_dir.py; results.py): tiny runs of every method,
+     SIGKILL-and-resume, the methods table, the eval cache key, the results tables
+     -k "tiny_whale_run or tiny_run_of_each or sigkill or methods_table or eval_key or mean_at_k or results"
+  8. bad input: one line, exit 2
+     -k "bad_input or corrupt_data"
+  9. the report (report.py), in a headless browser too
+     -k "report"
+  10. scale-out: data-parallel phase A on 2 ranks (torchrun), vLLM
+     -k "ddp or test_vllm or vllm_serve"
 """
 import os
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch: spinning OpenMP threads starve the sandbox
 import ast
-import filecmp
 import copy
 import dis
+import filecmp
 import gzip
 import hashlib
 import html
@@ -69,7 +100,7 @@ ROOT = Path(__file__).resolve().parent  # the repository (pytest puts it on sys.
 # SHARED FIXTURES AND HELPERS
 # ==============================================================================================
 # Used by several sections: the embedded model, tiny whale.py runs (subprocesses) and what every
-# run directory must hold.
+# run directory must hold; the in-process harness kit; a local OpenAI-compatible server.
 
 @pytest.fixture(scope="session")
 def hf():
@@ -79,6 +110,7 @@ def hf():
 
 
 def chat(e, text):
+    """The prompt ids of one user message in engine e's chat format."""
     return e.chat_ids([{"role": "user", "content": text}])
 
 
@@ -116,6 +148,9 @@ def tiny_reference(tmp_path_factory, tiny_harness):
 
 
 def check_run(out, method):
+    """What every finished run directory holds: a complete summary.json (its gain measured on the
+    same questions), config.json, metrics.jsonl that starts with the code's commit and has the
+    method's events, harnesses/ where a harness phase ran, and a checkpoint transformers loads."""
     s = json.loads((out / "summary.json").read_text())
     for k in ("method", "domain", "seed", "rollouts", "test_mean8_initial", "test_mean8_final", "test_mean8_best_val",
               "test_mean8_best_test", "test_mean8_final_se", "test_gain", "test_gain_se", "seconds"):
@@ -2890,7 +2925,7 @@ def first_harness_done(policy, best_scores):
 
 # ---- Fixed -------------------------------------------------------------------------------------
 
-def test_epochs_to_steps_rounds_half_up_and_at_least_one():
+def test_switch_epochs_to_steps_rounds_half_up_and_at_least_one():
     assert epochs_to_steps(0.6, 70) == 42 and epochs_to_steps(0.2, 70) == 14
     assert epochs_to_steps(0.5, 5) == 3            # 2.5 -> 3 (not banker's 2)
     assert epochs_to_steps(0.35, 10) == 4          # 3.5 after float error
@@ -2901,21 +2936,21 @@ def test_epochs_to_steps_rounds_half_up_and_at_least_one():
         epochs_to_steps(0.2, 0)
 
 
-def test_fixed_weight_boundary_epochs():
+def test_switch_fixed_weight_boundary_epochs():
     p = Fixed(0.6, 6)
     assert not p.weight_done([0.1] * 41, 70)
     assert p.weight_done([0.1] * 42, 70)
     assert Fixed(0.01, 6).weight_done([0.0], 3)    # rounds to 0 steps -> 1
 
 
-def test_fixed_weight_boundary_steps_ignores_epoch_size():
+def test_switch_fixed_weight_boundary_steps_ignores_epoch_size():
     p = Fixed(E_steps=3, I=4)
     assert not p.weight_done([0.5, 0.5], 1000)
     assert p.weight_done([0.5, 0.5, 0.5], 1000)
     assert p.weight_steps(1) == 3
 
 
-def test_fixed_harness_boundary_counts_incoming_eval():
+def test_switch_fixed_harness_boundary_counts_incoming_eval():
     p = Fixed(0.6, 6)
     assert not p.harness_done([0.3])               # only the incoming evaluation
     assert not p.harness_done([0.3] * 5)
@@ -2923,7 +2958,7 @@ def test_fixed_harness_boundary_counts_incoming_eval():
     assert Fixed(0.6, 1).harness_done([0.3])       # I=1: evaluate and move on
 
 
-def test_fixed_rejects_bad_arguments():
+def test_switch_fixed_rejects_bad_arguments():
     for kw in [dict(), dict(E=0.6, E_steps=3), dict(E=0.0), dict(E=-1.0), dict(E=float("nan")),
                dict(E=float("inf")), dict(E_steps=0), dict(E_steps=2.5), dict(E=0.6, I=0)]:
         with pytest.raises(ValueError):
@@ -2932,12 +2967,12 @@ def test_fixed_rejects_bad_arguments():
 
 # ---- Patience, weight side ---------------------------------------------------------------------
 
-def test_smoothed_uses_what_exists_before_window_fills():
+def test_switch_smoothed_uses_what_exists_before_window_fills():
     assert smoothed([1.0, 0.0, 0.5, 0.5], 2) == [1.0, 0.5, 0.25, 0.5]
     assert smoothed([0.25, 0.5, 0.75], 5) == [0.25, 0.375, 0.5]
 
 
-def test_default_weight_params_are_a_fifth_of_an_epoch():
+def test_switch_default_weight_params_are_a_fifth_of_an_epoch():
     # 10 steps/epoch -> W = P_w = M = 2. A flat curve: best at step 1 (the first
     # smoothed value), no new best at steps 2, 3 -> ends after step 3.
     assert first_done(Patience(), [0.5] * 10, 10) == 3
@@ -2947,14 +2982,14 @@ def test_default_weight_params_are_a_fifth_of_an_epoch():
     assert first_done(Patience(), [0.5] * 5, 2) == 2
 
 
-def test_rising_sequence_never_stops():
+def test_switch_rising_sequence_never_stops():
     rising = [i / 100 for i in range(100)]
     assert first_done(Patience(), rising, 10) is None
     assert first_done(Patience(), rising, 70) is None
     assert first_done(Patience(w=7, pw=1, min_w=1), rising, 10) is None
 
 
-def test_plateau_stops_exactly_after_pw_steps_without_new_best():
+def test_switch_plateau_stops_exactly_after_pw_steps_without_new_best():
     r = [0.125, 0.25, 0.375] + [0.375] * 10        # best at step 3
     assert first_done(Patience(w=1, pw=3, min_w=1), r, 100) == 6
     assert first_done(Patience(w=1, pw=5, min_w=1), r, 100) == 8
@@ -2963,30 +2998,30 @@ def test_plateau_stops_exactly_after_pw_steps_without_new_best():
     assert first_done(Patience(w=3, pw=3, min_w=1), r, 100) == 8
 
 
-def test_flat_curve_float_rounding_is_not_progress():
+def test_switch_flat_curve_float_rounding_is_not_progress():
     # mean of three 0.1s is 0.10000000000000002 > 0.1; must not reset patience
     assert first_done(Patience(w=3, pw=2, min_w=1), [0.1] * 10, 100) == 3
 
 
-def test_min_length_holds_a_stale_phase_open():
+def test_switch_min_length_holds_a_stale_phase_open():
     p = Patience(w=1, pw=1, min_w=5)
     assert first_done(p, [0.5] * 10, 100) == 5     # stale since step 2, min 5
 
 
-def test_noise_that_sets_new_smoothed_bests_keeps_going():
+def test_switch_noise_that_sets_new_smoothed_bests_keeps_going():
     # Alternating noise over a slow drift: raw values dip every other step, but
     # the 2-step mean sets a new strict best every 2 steps: .5 .5 .5625 .5625 .625 ...
     r = [0.5, 0.5, 0.625, 0.5, 0.75, 0.5, 0.875, 0.5]
     assert first_done(Patience(w=2, pw=2, min_w=2), r, 100) is None
 
 
-def test_noise_that_does_not_set_a_new_smoothed_best_stops():
+def test_switch_noise_that_does_not_set_a_new_smoothed_best_stops():
     # Noise around 0.5: smoothed .5 .5625 .5 .5 .5 .5 -> best at step 2, stale at 4.
     r = [0.5, 0.625, 0.375, 0.625, 0.375, 0.625]
     assert first_done(Patience(w=2, pw=2, min_w=2), r, 100) == 4
 
 
-def test_smoothing_window_absorbs_a_single_lucky_step():
+def test_switch_smoothing_window_absorbs_a_single_lucky_step():
     # Rise to 0.6, fall back to 0.5, then one lucky 0.7 at step 8. The lucky raw
     # value beats the raw best (0.6) but its 3-step mean (.567) does not beat the
     # smoothed best (.6 at step 5), so patience keeps counting from step 5.
@@ -3002,7 +3037,7 @@ def test_smoothing_window_absorbs_a_single_lucky_step():
     assert first_done(raw, lucky, 100) == 13
 
 
-def test_best_is_the_phases_own():
+def test_switch_best_is_the_phases_own():
     # A phase that starts lower than anything before it is still judged on its
     # own curve: its first value is its best, and only staleness ends it.
     p = Patience(w=1, pw=2, min_w=1)
@@ -3013,12 +3048,12 @@ def test_best_is_the_phases_own():
 
 # ---- Patience, harness side --------------------------------------------------------------------
 
-def test_harness_minimum_six_iterations():
+def test_switch_harness_minimum_six_iterations():
     flat = [0.3] * 20                               # stale from iteration 3 on
     assert first_harness_done(Patience(), flat) == 6
 
 
-def test_harness_patience_two_after_minimum():
+def test_switch_harness_patience_two_after_minimum():
     s = [0.3, 0.3, 0.4, 0.4, 0.5, 0.6, 0.6, 0.6, 0.6]   # last new best at iteration 6
     assert first_harness_done(Patience(), s) == 8
     s = [0.3, 0.3, 0.3, 0.3, 0.4, 0.4, 0.4]             # best at 5 -> stale at 7
@@ -3028,18 +3063,18 @@ def test_harness_patience_two_after_minimum():
     assert first_harness_done(Patience(), s) == 9
 
 
-def test_harness_cap_fifteen():
+def test_switch_harness_cap_fifteen():
     improving = [i / 100 for i in range(30)]       # a new best every iteration
     assert first_harness_done(Patience(), improving) == 15
     assert not Patience().harness_done(improving[:14])
 
 
-def test_harness_custom_params():
+def test_switch_harness_custom_params():
     assert first_harness_done(Patience(ph=1, min_h=1, max_h=3), [0.5, 0.5, 0.5]) == 2
     assert first_harness_done(Patience(ph=5, min_h=2, max_h=4), [0.5] * 9) == 4
 
 
-def test_patience_rejects_bad_arguments():
+def test_switch_patience_rejects_bad_arguments():
     for kw in [dict(w=0), dict(pw=-1), dict(min_w=1.5), dict(ph=0), dict(min_h=0),
                dict(max_h=None), dict(min_h=7, max_h=6), dict(ph=True)]:
         with pytest.raises(ValueError):
@@ -3048,7 +3083,7 @@ def test_patience_rejects_bad_arguments():
 
 # ---- parse_schedule, and stagewise's share -----------------------------------------------------
 
-def test_parse_schedule_good():
+def test_switch_parse_schedule_good():
     assert parse_schedule("fixed:0.6,6") == Fixed(0.6, 6)
     assert parse_schedule(" fixed : 0.2 , 6 ") == Fixed(0.2, 6)
     assert parse_schedule("fixed") == Fixed(0.6, 6)
@@ -3065,19 +3100,19 @@ def test_parse_schedule_good():
     "fixed-steps:0,4", "fixed-steps", "adaptive:w", "adaptive:w=0", "adaptive:x=2",
     "adaptive:w=2,w=3", "adaptive:ph=1.5", "adaptive:min_h=9,max_h=8", "adaptive:E=2",
 ])
-def test_parse_schedule_bad(bad):
+def test_switch_parse_schedule_bad(bad):
     with pytest.raises(ValueError, match="bad schedule"):
         parse_schedule(bad)
 
 
-def test_parse_schedule_error_says_what_is_accepted():
+def test_switch_parse_schedule_error_says_what_is_accepted():
     with pytest.raises(ValueError) as e:
         parse_schedule("adaptive:x=2")
     msg = str(e.value)
     assert "'x=2'" in msg and "fixed:E,I" in msg and "adaptive:w=" in msg
 
 
-def test_stagewise_weight_share_matches_one_fixed_cycle():
+def test_switch_stagewise_weight_share_matches_one_fixed_cycle():
     # one cycle: 2 steps x 128 rollouts on weights; 32 incoming + 2 iterations x 96 on the harness
     assert switch.weight_share(switch.Fixed(E_steps=2, I=3), 100, 128, 96, 32) == 256 / (256 + 32 + 192)
     assert switch.weight_share(switch.Patience(), 100, 128, 96, 32) == 0.5
@@ -3088,8 +3123,10 @@ def test_stagewise_weight_share_matches_one_fixed_cycle():
 # ==============================================================================================
 # Guarantee: a tiny run of every method writes a valid summary, metrics and a loadable checkpoint;
 # a run killed with SIGKILL anywhere (sampling, the SFT update, a harness evaluation, a checkpoint
-# write) resumes to the same rollouts, steps, cycles and harnesses as an uninterrupted run; the
-# results tables and claims come from the summaries, pairing methods on the same questions.
+# write) resumes to the same rollouts, steps, cycles and harnesses as an uninterrupted run; every
+# method the command line accepts is in the methods table; the cached initial evaluation is keyed
+# on everything that decides a score and nothing else; the results tables and claims come from the
+# summaries, pairing methods on the same questions, and the results tools import without torch.
 
 def test_tiny_whale_run_writes_a_valid_summary(tiny_reference):
     s = check_run(tiny_reference, "whale")
@@ -3388,7 +3425,7 @@ def test_corrupt_data_file_is_one_line_and_exit_2(domain, corrupt, tmp_path):
 
 
 # ==============================================================================================
-# 9. THE ROOTRT (report.py)
+# 9. THE REPORT (report.py)
 # ==============================================================================================
 # Guarantee: every run, finished or killed, has a self-contained HTML page (no script, nothing
 # loaded) that shows every phase, candidate, diff, acceptance test and trace, with hostile text
