@@ -86,12 +86,11 @@ import rs_sft
 import run_dir
 import run_setup
 import sandbox
-import switch
 import whale
 from domains import chess as chessdom
 from domains import math as M
 from domains import searchqa
-from switch import Fixed, Patience, epochs_to_steps, parse_schedule, smoothed
+from switch import Fixed, Patience, epochs_to_steps, parse_schedule, smoothed, weight_share
 
 ROOT = Path(__file__).resolve().parent  # the repository (pytest puts it on sys.path)
 
@@ -3114,8 +3113,8 @@ def test_switch_parse_schedule_error_says_what_is_accepted():
 
 def test_switch_stagewise_weight_share_matches_one_fixed_cycle():
     # one cycle: 2 steps x 128 rollouts on weights; 32 incoming + 2 iterations x 96 on the harness
-    assert switch.weight_share(switch.Fixed(E_steps=2, I=3), 100, 128, 96, 32) == 256 / (256 + 32 + 192)
-    assert switch.weight_share(switch.Patience(), 100, 128, 96, 32) == 0.5
+    assert weight_share(Fixed(E_steps=2, I=3), 100, 128, 96, 32) == 256 / (256 + 32 + 192)
+    assert weight_share(Patience(), 100, 128, 96, 32) == 0.5
 
 
 # ==============================================================================================
@@ -3451,7 +3450,7 @@ def test_report_of_a_tiny_run_shows_every_phase_candidate_trace_and_the_final_ha
     for r in steps:  # every phase-A step's row: step number, cumulative rollouts, its loss
         assert f"<td>{r['step']}</td><td>{r['rollouts']}</td>" in page and report.num(r.get("loss"), 4) in page
     cands = run["phases"][0]["candidates"]
-    assert len(cands) >= 2
+    assert len(cands) >= 2 and all(c["meta"].get("parent") for c in cands[1:])  # proposals: cards with a diff
     for c in cands:
         assert f'id="phase00-{c["name"]}"' in page
         records = report.read_traces(c)
