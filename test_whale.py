@@ -2343,9 +2343,7 @@ def test_every_search_phase_ends_without_valid_candidates(tmp_path, case):
 
     def counting(archive_dir, k):
         calls.append(time.time())
-        out = propose(archive_dir, k)
-        counting.errors = getattr(propose, "errors", [])
-        return out
+        return propose(archive_dir, k)
     d = str(tmp_path / "arch")
     try:
         res = mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate, counting, archive_dir=d, k=2,
@@ -2360,6 +2358,9 @@ def test_every_search_phase_ends_without_valid_candidates(tmp_path, case):
     kinds = [e["event"] for e in events]
     assert kinds[-1] == "harness_phase_end" and events[-1]["reason"] == res["stop_reason"]
     assert kinds.count("harness_iteration") == 1 + n
+    if case in ("endpoint {}", "HTTP 500"):  # it was the endpoint's answers that the phase survived: a
+        # garbage reply costs its candidate (k = 2 asked per call), an HTTP error ends the call
+        assert len(server.requests) == (2 * n if case == "endpoint {}" else n)
     if case == "only invalid":
         assert kinds.count("harness_candidate") == 1 + 2 * n and "proposer_backoff" not in kinds
     else:  # a failed call: one error line, and the next call waits, doubling up to the cap
