@@ -27,11 +27,13 @@ case "$preset" in
                  --candidates 3 --schedule fixed-steps:4,3 --test-limit 200 --test-n 8 --val-limit 32
                  --val-n 2 --test-subset 32 --max-tokens 48 --train-layers 4 --temperature 0.3 --lr 3e-4)
          adaptive=adaptive:w=2,pw=2,min_w=2,min_h=3,max_h=6 ;;
-  # cpu-long: 3x the budget, every setting chosen off the test set (results/preset/README.md):
+  # cpu-long: 3x the budget, every setting chosen off the test set (results/preset/README.md: no
+  # phase-A setting learned measurably on val, so the rule kept the cpu grid's lr, layers and cap);
   # 4992 = weight phases of 8, 8 and 9 RSFT steps around two harness phases of 1 + 2 x 3 candidates
   cpu-long) common=(--budget 4992 --prompts-per-step 16 --group 8 --harness-examples 64 --harness-n 2
                  --candidates 3 --schedule fixed-steps:8,3 --test-limit 200 --test-n 8 --val-limit 32
-                 --val-n 2 --test-subset 32 --max-tokens 48 --temperature 0.3 @PHASE_A@)
+                 --val-n 2 --test-subset 32 --max-tokens 48 --temperature 0.3 --lr 3e-4 --train-layers 4
+                 --max-kept-per-prompt 2)
          adaptive=adaptive:w=4,pw=4,min_w=4,min_h=3,max_h=6
          domains=${*:-"searchqa"}; methods=${METHODS:-"whale harness-only weight-only stagewise"} ;;
   paper) common=(--engine vllm --device cuda --budget 40960 --prompts-per-step 256 --group 8

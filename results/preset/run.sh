@@ -25,6 +25,14 @@ base=(--method weight-only --harness "$hstar" --budget 2048 --temperature "$t")
 run "rsft-base-t$t" "${base[@]}" --lr 3e-4 --train-layers 4 --max-kept-per-prompt 2
 run "rsft-lr1e-3-t$t" "${base[@]}" --lr 1e-3 --train-layers 4 --max-kept-per-prompt 2
 run "rsft-lr1e-4-t$t" "${base[@]}" --lr 1e-4 --train-layers 4 --max-kept-per-prompt 2
-run "rsft-layers8-t$t" "${base[@]}" --lr 3e-4 --train-layers 8 --max-kept-per-prompt 2
-run "rsft-kept4-t$t" "${base[@]}" --lr 3e-4 --train-layers 4 --max-kept-per-prompt 4
+# the amendment (README): lr 3e-5, then the other two settings at the best of the four learning rates
+run "rsft-lr3e-5-t$t" "${base[@]}" --lr 3e-5 --train-layers 4 --max-kept-per-prompt 2
+lr=$(python results/preset/choose.py --lr)
+run "rsft-layers8-lr$lr-t$t" "${base[@]}" --lr "$lr" --train-layers 8 --max-kept-per-prompt 2
+run "rsft-kept4-lr$lr-t$t" "${base[@]}" --lr "$lr" --train-layers 4 --max-kept-per-prompt 4
+# the second amendment (README): if none of these learns, phase A once more at T = 0.7
+if [ "$(python results/preset/choose.py --learns)" = no ]; then
+  run "rsft-kept4-lr$lr-t0.7" --method weight-only --harness "$hstar" --budget 2048 --temperature 0.7 \
+      --lr "$lr" --train-layers 4 --max-kept-per-prompt 4
+fi
 python results/preset/choose.py
