@@ -17,6 +17,7 @@ shift || true
 domains=${*:-"searchqa math chess"}
 seeds=${SEEDS:-"0 1 2"}
 methods=${METHODS:-"whale whale-adaptive weight-only harness-only fst stagewise"}
+grid=()  # results.py's default grid: all domains x all methods
 
 case "$preset" in
   # cpu: 1664 rollouts = 13 steps of 16 prompts x 8. The paper's patience (0.2 epoch of the weight
@@ -35,7 +36,8 @@ case "$preset" in
                  --val-n 2 --test-subset 32 --max-tokens 48 --temperature 0.3 --lr 3e-4 --train-layers 4
                  --max-kept-per-prompt 2)
          adaptive=adaptive:w=4,pw=4,min_w=4,min_h=3,max_h=6
-         domains=${*:-"searchqa"}; methods=${METHODS:-"whale harness-only weight-only stagewise"} ;;
+         domains=${*:-"searchqa"}; methods=${METHODS:-"whale harness-only weight-only stagewise"}
+         grid=(--domains "$domains" --methods "$methods") ;;  # results.py's coverage table: this grid
   paper) common=(--engine vllm --device cuda --budget 40960 --prompts-per-step 256 --group 8
                  --harness-examples 256 --harness-n 1 --candidates 3 --schedule fixed:0.6,6 --lr 1e-7 --minibatch 64
                  --micro-batch 8 --train-layers 0 --max-tokens 1024 --test-subset 0 --val-limit 0 --val-n 8
@@ -64,5 +66,5 @@ for domain in $domains; do
     done
   done
 done
-python results.py "results/runs/$preset" --out "results/runs/$preset" --readme README.md
+python results.py "results/runs/$preset" --out "results/runs/$preset" --readme README.md "${grid[@]}"
 python report.py "results/runs/$preset"  # index.html, and any report that is missing or stale
