@@ -3534,8 +3534,11 @@ def test_report_cli_writes_an_index_of_a_grid_and_refuses_a_bad_path(tiny_refere
         assert r.returncode == 2 and r.stderr.count("\n") == 1 and "report: error" in r.stderr, r.stderr
 
 
-def test_every_committed_run_has_its_report_and_the_index_links_them():
-    grid = ROOT / "results" / "runs" / "cpu"
+COMMITTED_GRIDS = sorted([*(ROOT / "results" / "runs").iterdir(), ROOT / "results" / "preset" / "runs"])
+
+
+@pytest.mark.parametrize("grid", COMMITTED_GRIDS, ids=lambda g: str(g.relative_to(ROOT / "results")))
+def test_every_committed_run_has_its_report_and_the_index_links_them(grid):
     runs = report.find_runs(grid)
     assert runs and runs == sorted(d for d in grid.iterdir() if d.is_dir())  # every directory there is a run
     index = (grid / "index.html").read_text()
