@@ -449,5 +449,6 @@ def main():
                     f"[{rel}RESULTS.md]({rel}RESULTS.md).\n")
     print(text)
 
+
 if __name__ == "__main__":
     main()

@@ -44,7 +44,6 @@ def crash_point(name: str):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
-
 def stable_seed(*parts) -> int:
     """A 63-bit seed from any printable parts; the same on every machine and run."""
     h = hashlib.sha256("\x1f".join(str(p) for p in parts).encode()).digest()

@@ -225,6 +225,7 @@ def new_state(phase, done, harness, loader):
             "seconds": 0.0, "metrics_lines": 0, "counters": dict.fromkeys(COUNTERS, 0),
             "kept_per_step": [], "trained_tokens_per_step": []}
 
+
 class Run:
     """One run, new or resumed: its directory, the state its checkpoints save, metrics.jsonl,
     the progress bar and, under torchrun, this process's rank. Only rank 0 writes files."""

@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
+
+
 class UserError(Exception):
     """A mistake in the command line or the inputs: one line, exit code 2."""
 

@@ -341,6 +341,7 @@ def finish(run, s):
 # -----------------------------------------------------------------------------
 # The proposer of phase B
 
+
 def make_proposer(a: Args, domain, engine):
     import proposers
     import rollout
@@ -353,6 +354,7 @@ def make_proposer(a: Args, domain, engine):
                                    command=a.proposer_command or None, rng_seed=a.seed,
                                    max_tokens=a.proposer_max_tokens, timeout=a.proposer_timeout or None,
                                    digest_chars=a.proposer_digest_chars, reply_format=a.proposer_format)
+
 
 if __name__ == "__main__":
     try:
