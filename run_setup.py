@@ -8,6 +8,7 @@ written. open_run makes a new run directory with config.json, or reopens the one
 names with its saved settings, refusing a resume that would change what the run means.
 """
 import importlib
+import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -32,6 +33,9 @@ def check_args(a):
         raise UserError(f"unknown --test-split {a.test_split!r}; choose test or val")
     if a.engine not in ("hf", "vllm"):
         raise UserError(f"unknown engine {a.engine!r}; choose hf or vllm")
+    if a.engine == "vllm" and importlib.util.find_spec("vllm") is None:  # optional: not in requirements.txt
+        raise UserError("--engine vllm needs the vllm package, which this Python lacks: install "
+                        "requirements-vllm.txt in its own environment (README, 'On GPUs'), or vllm on a CUDA machine")
     if a.harness and not Path(a.harness).is_file():
         raise UserError(f"harness file {a.harness} does not exist")
     if a.harness:
@@ -58,8 +62,17 @@ def check_args(a):
             raise UserError(why)
     if a.proposer == "command" and not a.proposer_command:
         raise UserError("--proposer command needs --proposer-command")
-    if min(a.budget, a.prompts_per_step, a.group, a.candidates, a.test_n, a.val_n) <= 0:
-        raise UserError("--budget, --prompts-per-step, --group, --candidates, --test-n and --val-n must be > 0")
+    # counts: a zero batch would never finish, a negative "first N" would slice from the end ([:-1])
+    for flags, least in ((("budget", "prompts_per_step", "group", "candidates", "test_n", "val_n", "harness_n",
+                           "minibatch", "micro_batch", "max_tokens", "tp"), 1),
+                         (("test_limit", "val_limit", "test_subset", "harness_examples", "train_layers",
+                           "max_kept_per_prompt", "top_k"), 0)):
+        for flag in flags:
+            if getattr(a, flag) < least:
+                raise UserError(f"--{flag.replace('_', '-')} must be {'> 0' if least else '>= 0'}, "
+                                f"not {getattr(a, flag)}")
+    if a.lr < 0 or a.clip <= 0 or not 0 <= a.accept_alpha <= 1:
+        raise UserError("--lr must be >= 0, --clip > 0 and --accept-alpha in [0, 1]")
     import switch
     try:
         policy = switch.parse_schedule(a.schedule)

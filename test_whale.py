@@ -3385,6 +3385,11 @@ def test_whale_and_the_results_tools_import_without_torch():
     (["--budget", "100"], "buys no rollout step"),
     (["--schedule", "adaptive"], "no harness phase would run"),  # 0.2 epoch = 25 steps > 13 in the budget
     (["--top-p", "0"], "--top-p in (0, 1]"),
+    (["--test-limit", "-1"], "--test-limit must be >= 0, not -1"),  # [:-1] would drop one question silently
+    (["--harness-n", "0"], "--harness-n must be > 0"),
+    (["--clip", "0"], "--clip > 0"),
+    pytest.param(["--engine", "vllm"], "needs the vllm package", marks=pytest.mark.skipif(
+        importlib.util.find_spec("vllm") is not None, reason="vllm is installed in this Python")),
     (["--test-limit", "50", "--test-subset", "60"], "larger than --test-limit"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, needle, tmp_path):
@@ -3408,6 +3413,7 @@ def test_bad_input_is_one_line_and_exit_2(args, needle, tmp_path):
     finally:
         server.shutdown()
     assert (other / "config.json").read_text() == before  # nothing already written is lost
+    assert not (tmp_path / "x").exists()  # refused before a run directory exists
     assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
     err = r.stderr.strip().splitlines()
     assert len(err) == 1 and needle in err[0] and "Traceback" not in r.stderr
