@@ -860,7 +860,10 @@ def write_index(grid_dir, force=False):
     for d in find_runs(grid_dir):
         report, run = d / "report.html", read_run(d)
         if force or not report.exists() or report.stat().st_mtime < run_files_mtime(d):
-            write_report(d, run)
+            try:
+                write_report(d, run)
+            except OSError as e:  # one unwritable run (read-only copy, full disk) does not stop the index
+                print(f"report: {d}: cannot write report.html ({e.strerror or e})", file=sys.stderr)
         cfg, s = run["config"], _as_dict(run["summary"])
         rel = report.relative_to(grid_dir).as_posix()
         status = badge("finished", "ok") if run["summary"] is not None else badge("in progress or stopped", "warn")
@@ -895,7 +898,11 @@ def main(argv=None):
         print(f"report: error: {path} is not a directory", file=sys.stderr)
         return 2
     if is_run_dir(path):
-        print(write_report(path))
+        try:
+            print(write_report(path))
+        except OSError as e:
+            print(f"report: error: cannot write {path / 'report.html'} ({e.strerror or e})", file=sys.stderr)
+            return 1
         return 0
     if not find_runs(path):
         print(f"report: error: no run directory (with metrics.jsonl or config.json) under {path}", file=sys.stderr)

@@ -32,6 +32,8 @@ import os
 import subprocess
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parent
+
 T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 
 
@@ -405,7 +407,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("root", help="folder holding run directories")
     ap.add_argument("--pack", action="store_true", help="only pack each finished run's archive/ into archive.zip")
-    ap.add_argument("--out", default="results", help="where RESULTS.md and the curves go")
+    ap.add_argument("--out", default="", help="where RESULTS.md and the curves go (default: ROOT itself)")
     ap.add_argument("--readme", default="", help="also write the summary (the main table and the claims) into "
                     "this file, between its two marker lines for this root (see markers)")
     ap.add_argument("--domains", default=" ".join(GRID_DOMAINS), help="the grid's domains, for the coverage table")
@@ -413,11 +415,18 @@ def main():
     a = ap.parse_args()
     if a.pack:
         return pack(Path(a.root))
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
     runs = load(Path(a.root))
     if not runs:
         raise SystemExit(f"results.py: no finished runs (summary.json) under {a.root}")
+    # a typo in the grid would print a coverage table of empty cells
+    bad = [d for d in a.domains.split() if not (ROOT / "domains" / f"{d}.py").exists()]
+    if bad:
+        raise SystemExit(f"results.py: --domains: no domain {' '.join(bad)} (domains/<name>.py)")
+    bad = [m for m in a.methods.split() if m not in {label(r["cfg"]) for r in runs} | set(GRID_METHODS)]
+    if bad:
+        raise SystemExit(f"results.py: --methods: no method {' '.join(bad)} in run_all.sh's grid or the runs under {a.root}")
+    out = Path(a.out or a.root)
+    out.mkdir(parents=True, exist_ok=True)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     cell_labels(runs)
     pngs, head_to_head = curves(runs, out), claims(runs)

@@ -3275,6 +3275,16 @@ def test_results_tables_come_from_the_summaries(tiny_reference, tmp_path):
     assert cells[2:5] == ["1", str(s["test_examples"]), f"{100 * s['test_mean8_final']:.1f}"]
     assert cells[5] == f"{100 * s['test_gain']:+.1f} ± {100 * s['test_gain_se']:.1f} (SE)"
     assert (tmp_path / "curve_searchqa.png").stat().st_size > 0
+    # without --out the tables go beside the runs (never into the repository's results/)
+    grid = tmp_path / "grid"
+    copy_run(tiny_reference, grid / "tiny")
+    r = subprocess.run([sys.executable, str(ROOT / "results.py"), str(grid)], capture_output=True, text=True,
+                       timeout=300, cwd=tmp_path)
+    assert r.returncode == 0 and (grid / "RESULTS.md").exists() and not (tmp_path / "results").exists(), r.stderr
+    for flag, typo in (("--domains", "serchqa"), ("--methods", "whale-adaptve")):  # a typo: refused, one line
+        r = subprocess.run([sys.executable, str(ROOT / "results.py"), str(grid), flag, typo], capture_output=True,
+                           text=True, timeout=300, cwd=tmp_path)
+        assert r.returncode == 1 and r.stderr.count("\n") == 1 and f"{flag}: no " in r.stderr, r.stderr
 
 
 def test_results_claims_pair_methods_on_the_same_questions():
@@ -3538,6 +3548,15 @@ def test_report_cli_writes_an_index_of_a_grid_and_refuses_a_bad_path(tiny_refere
         r = subprocess.run([sys.executable, str(ROOT / "report.py"), str(bad)], capture_output=True, text=True,
                            timeout=60, cwd=ROOT)
         assert r.returncode == 2 and r.stderr.count("\n") == 1 and "report: error" in r.stderr, r.stderr
+    # a run whose report cannot be written: one line; in a grid, the other runs and the index still are
+    (grid / "runs" / "tiny" / "report.html").unlink()
+    (grid / "runs" / "tiny" / "report.html").mkdir()
+    r = subprocess.run([sys.executable, str(ROOT / "report.py"), str(grid / "runs" / "tiny")], capture_output=True,
+                       text=True, timeout=60, cwd=ROOT)
+    assert r.returncode == 1 and r.stderr.count("\n") == 1 and "cannot write" in r.stderr, r.stderr
+    r = subprocess.run([sys.executable, str(ROOT / "report.py"), str(grid), "--force"], capture_output=True,
+                       text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 0 and "2 runs" in r.stdout and r.stderr.count("cannot write") == 1, r.stderr
 
 
 COMMITTED_GRIDS = sorted([*(ROOT / "results" / "runs").iterdir(), ROOT / "results" / "preset" / "runs"])
