@@ -42,7 +42,7 @@ class Args:
     schedule: str = arg("fixed-steps:4,3", "switch policy: fixed:E,I (epochs) | fixed-steps:S,I | adaptive[:w=..] "
                                            "(I counts the incoming harness: 3 = two proposer iterations)")
     budget: int = arg(1664, "total target rollouts (phase A + phase B), the same for every method "
-                            "(default: 4 + 2 RSFT steps of 128 and one harness phase of 1 + 2 x 3 candidates x 128)")
+                            "(the default buys 4 + 2 RSFT steps of 128 and one harness phase of 1 + 2 x 3 candidates x 128)")
     seed: int = arg(0, "seed for data order, sampling and proposals")
     out: str = arg("", "run directory (default runs/<domain>-<method>-s<seed>)")
     resume: str = arg("", "continue the run in this directory from its last checkpoint")
@@ -101,7 +101,9 @@ def parse_args(argv=None) -> Args:
     import argparse
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     for f in dataclasses.fields(Args):
-        p.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default, help=f.metadata["help"])
+        shown = f" [default: {f.default}]" if f.default != "" else ""
+        p.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default,
+                       help=f.metadata["help"] + shown)
     return Args(**vars(p.parse_args(argv)))
 
 
