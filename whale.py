@@ -41,8 +41,8 @@ class Args:
     method: str = arg("whale", "whale | fst | weight-only | harness-only | stagewise | eval")
     schedule: str = arg("fixed-steps:4,3", "switch policy: fixed:E,I (epochs) | fixed-steps:S,I | adaptive[:w=..] "
                                            "(I counts the incoming harness: 3 = two proposer iterations)")
-    budget: int = arg(1664, "total target rollouts (phase A + phase B), the same for every method "
-                            "(the default buys 4 + 2 RSFT steps of 128 and one harness phase of 1 + 2 x 3 candidates x 128)")
+    budget: int = arg(1664, "total target rollouts (phase A + phase B), the same for every method (the "
+                            "default buys 4 + 2 RSFT steps of 128 and one harness phase of 1 + 2 x 3 candidates x 128)")
     seed: int = arg(0, "seed for data order, sampling and proposals")
     out: str = arg("", "run directory (default runs/<domain>-<method>-s<seed>)")
     resume: str = arg("", "continue the run in this directory from its last checkpoint")
