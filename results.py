@@ -424,7 +424,8 @@ def main():
         raise SystemExit(f"results.py: --domains: no domain {' '.join(bad)} (domains/<name>.py)")
     bad = [m for m in a.methods.split() if m not in {label(r["cfg"]) for r in runs} | set(GRID_METHODS)]
     if bad:
-        raise SystemExit(f"results.py: --methods: no method {' '.join(bad)} in run_all.sh's grid or the runs under {a.root}")
+        raise SystemExit(f"results.py: --methods: no method {' '.join(bad)} in run_all.sh's grid or the runs "
+                         f"under {a.root}")
     out = Path(a.out or a.root)
     out.mkdir(parents=True, exist_ok=True)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
