@@ -256,6 +256,9 @@ class Run:
         self.bar = tqdm(total=a.budget, initial=self.state["rollouts"], unit="rollout", desc=f"{a.method} {a.domain}",
                         dynamic_ncols=True, disable=self.rank != 0)
         self.log({"event": "start", "commit": code_version(), "argv": sys.argv[1:]})  # which code made this run
+        if self.rank == 0:
+            self.bar.write(f"run directory {self.dir}: stop it any time, "
+                           f"`python whale.py --resume {self.dir}` continues")
 
     def elapsed(self):
         return time.time() - self.t0

@@ -3161,6 +3161,7 @@ def test_sigkill_anywhere_then_resume_matches_an_uninterrupted_run(tmp_path, tin
         (run / "report.html").mkdir()
     r = run_whale("--resume", str(run))
     assert r.returncode == 0, r.stderr[-3000:]
+    assert f"run directory {run}: stop it any time, `python whale.py --resume {run}` continues" in r.stdout
     if point == "sft:1":
         assert "warning: report.html not written" in r.stderr and (run / "summary.json").exists()
     else:
@@ -3175,6 +3176,28 @@ def test_sigkill_anywhere_then_resume_matches_an_uninterrupted_run(tmp_path, tin
     assert not list(run.glob(".*tmp*"))  # no half-written checkpoint left behind
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]  # the torn line is gone
     assert rows[-1]["event"] == "eval" and rows[-1]["tag"] == "final"
+
+
+def test_ctrl_c_says_how_to_resume_and_the_resume_finishes_the_run(tmp_path, tiny_reference, tiny_harness):
+    """Ctrl-C (SIGINT) after the first RSFT step: exit 130, the last stderr line says how to go on,
+    no traceback; --resume then finishes with the uninterrupted run's counts."""
+    run = tmp_path / "interrupted"
+    p = subprocess.Popen([sys.executable, str(ROOT / "whale.py"), "--domain", "searchqa", "--method", "whale",
+                          "--out", str(run), *TINY, "--harness", tiny_harness], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    for line in p.stdout:
+        if "event=rollout_step" in line:  # under way: one RSFT step done and logged
+            break
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=300)
+    assert p.returncode == 130 and "Traceback" not in err, err[-3000:]
+    assert err.strip().splitlines()[-1] == "whale: interrupted; `python whale.py --resume <run directory>` continues"
+    assert not (run / "summary.json").exists()
+    r = run_whale("--resume", str(run))
+    assert r.returncode == 0, r.stderr[-3000:]
+    a = json.loads((tiny_reference / "summary.json").read_text())
+    b = json.loads((run / "summary.json").read_text())
+    assert (a["rollouts"], a["steps"], a["cycles"]) == (b["rollouts"], b["steps"], b["cycles"])
 
 
 # ---- the methods, and what the cached initial evaluation is keyed on ---------------------------

@@ -365,5 +365,8 @@ if __name__ == "__main__":
         print(f"whale: error: {e}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:
-        print("\nwhale: interrupted; continue with --resume <run dir>", file=sys.stderr)
-        sys.exit(130)
+        pass  # (leaving this block frees the run and its progress bar, which redraws itself: say this after it)
+    else:
+        sys.exit(0)
+    print("whale: interrupted; `python whale.py --resume <run directory>` continues", file=sys.stderr)
+    sys.exit(130)
