@@ -3184,7 +3184,10 @@ def test_ctrl_c_says_how_to_resume_and_the_resume_finishes_the_run(tmp_path, tin
     run = tmp_path / "interrupted"
     p = subprocess.Popen([sys.executable, str(ROOT / "whale.py"), "--domain", "searchqa", "--method", "whale",
                           "--out", str(run), *TINY, "--harness", tiny_harness], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                         stderr=subprocess.PIPE, text=True, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                         # as from a terminal: a suite started in the background (`pytest &`) ignores SIGINT,
+                         # and Python then never raises KeyboardInterrupt in the child
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     for line in p.stdout:
         if "event=rollout_step" in line:  # under way: one RSFT step done and logged
             break
