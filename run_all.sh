@@ -62,9 +62,9 @@ for domain in $domains; do
         [ "$method" = whale-adaptive ] && flags=(--method whale --schedule "$adaptive")
         python whale.py --domain "$domain" --seed "$seed" --out "$out" "${common[@]}" "${model[@]}" "${flags[@]}"
       fi
-      python results.py "$out" --pack  # the committed record: archive/ -> archive.zip (no weights)
+      python tools/results.py "$out" --pack  # the committed record: archive/ -> archive.zip (no weights)
     done
   done
 done
-python results.py "results/runs/$preset" --out "results/runs/$preset" --readme README.md "${grid[@]}"
-python report.py "results/runs/$preset"  # index.html, and any report that is missing or stale
+python tools/results.py "results/runs/$preset" --out "results/runs/$preset" --readme README.md "${grid[@]}"
+python tools/report.py "results/runs/$preset"  # index.html, and any report that is missing or stale

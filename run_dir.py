@@ -326,11 +326,11 @@ class Run:
 
     def write_report(self):
         try:  # the page is a view of the files above: if it breaks, the run is still whole
-            import report
+            from tools import report
             print(f"  report: {report.write_report(self.dir)}")
         except Exception as e:
             print(f"whale: warning: report.html not written ({type(e).__name__}: {e}); "
-                  f"retry with python report.py {self.dir}", file=sys.stderr)
+                  f"retry with python tools/report.py {self.dir}", file=sys.stderr)
 
     def keep_checkpoint_as(self, name):
         copy_checkpoint(self.dir, "checkpoint", name)

@@ -79,8 +79,8 @@ import torch
 import engine
 import meta_harness as mh
 import proposers
-import report
-import results
+from tools import report
+from tools import results
 import rollout
 import rs_sft
 import run_dir
@@ -3293,7 +3293,7 @@ def test_mean_at_k_and_paired_gain_on_hand_made_scores():
 
 def test_results_tables_come_from_the_summaries(tiny_reference, tmp_path):
     s = json.loads((tiny_reference / "summary.json").read_text())
-    r = subprocess.run([sys.executable, str(ROOT / "results.py"), str(tiny_reference.parent), "--out", str(tmp_path)],
+    r = subprocess.run([sys.executable, str(ROOT / "tools" / "results.py"), str(tiny_reference.parent), "--out", str(tmp_path)],
                        capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-2000:]
     row = next(x for x in (tmp_path / "RESULTS.md").read_text().splitlines() if x.startswith("| searchqa | whale |"))
@@ -3304,11 +3304,11 @@ def test_results_tables_come_from_the_summaries(tiny_reference, tmp_path):
     # without --out the tables go beside the runs (never into the repository's results/)
     grid = tmp_path / "grid"
     copy_run(tiny_reference, grid / "tiny")
-    r = subprocess.run([sys.executable, str(ROOT / "results.py"), str(grid)], capture_output=True, text=True,
+    r = subprocess.run([sys.executable, str(ROOT / "tools" / "results.py"), str(grid)], capture_output=True, text=True,
                        timeout=300, cwd=tmp_path)
     assert r.returncode == 0 and (grid / "RESULTS.md").exists() and not (tmp_path / "results").exists(), r.stderr
     for flag, typo in (("--domains", "serchqa"), ("--methods", "whale-adaptve")):  # a typo: refused, one line
-        r = subprocess.run([sys.executable, str(ROOT / "results.py"), str(grid), flag, typo], capture_output=True,
+        r = subprocess.run([sys.executable, str(ROOT / "tools" / "results.py"), str(grid), flag, typo], capture_output=True,
                            text=True, timeout=300, cwd=tmp_path)
         assert r.returncode == 1 and r.stderr.count("\n") == 1 and f"{flag}: no " in r.stderr, r.stderr
 
@@ -3379,7 +3379,7 @@ def test_results_verdicts_curves_and_coverage_use_the_same_questions(tmp_path):
 def test_whale_and_the_results_tools_import_without_torch():
     # results.py and report.py read run directories (on a laptop, in CI) without the training stack:
     # whale.py imports torch only in main(), so importing it for Args and METHODS stays light
-    code = "import sys, whale, results, report; print(sorted({'torch', 'transformers'} & set(sys.modules)))"
+    code = "import sys, whale; from tools import results, report; print(sorted({'torch', 'transformers'} & set(sys.modules)))"
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.strip() == "[]", (r.stdout, r.stderr[-2000:])
 
@@ -3563,7 +3563,7 @@ def test_report_cli_writes_an_index_of_a_grid_and_refuses_a_bad_path(tiny_refere
     grid = tmp_path / "grid"
     copy_run(tiny_reference, grid / "runs" / "tiny")
     copy_run(ROOT / "results" / "runs" / "cpu" / "searchqa-whale-s0", grid / "runs" / "committed")
-    r = subprocess.run([sys.executable, str(ROOT / "report.py"), str(grid)], capture_output=True, text=True,
+    r = subprocess.run([sys.executable, str(ROOT / "tools" / "report.py"), str(grid)], capture_output=True, text=True,
                        timeout=120, cwd=ROOT)
     assert r.returncode == 0 and "2 runs" in r.stdout, r.stderr
     index = (grid / "index.html").read_text()
@@ -3571,16 +3571,16 @@ def test_report_cli_writes_an_index_of_a_grid_and_refuses_a_bad_path(tiny_refere
         assert f'href="runs/{name}/report.html"' in index and (grid / "runs" / name / "report.html").exists()
     for bad in (tmp_path / "nosuch", tmp_path / "empty"):
         (tmp_path / "empty").mkdir(exist_ok=True)
-        r = subprocess.run([sys.executable, str(ROOT / "report.py"), str(bad)], capture_output=True, text=True,
+        r = subprocess.run([sys.executable, str(ROOT / "tools" / "report.py"), str(bad)], capture_output=True, text=True,
                            timeout=60, cwd=ROOT)
         assert r.returncode == 2 and r.stderr.count("\n") == 1 and "report: error" in r.stderr, r.stderr
     # a run whose report cannot be written: one line; in a grid, the other runs and the index still are
     (grid / "runs" / "tiny" / "report.html").unlink()
     (grid / "runs" / "tiny" / "report.html").mkdir()
-    r = subprocess.run([sys.executable, str(ROOT / "report.py"), str(grid / "runs" / "tiny")], capture_output=True,
+    r = subprocess.run([sys.executable, str(ROOT / "tools" / "report.py"), str(grid / "runs" / "tiny")], capture_output=True,
                        text=True, timeout=60, cwd=ROOT)
     assert r.returncode == 1 and r.stderr.count("\n") == 1 and "cannot write" in r.stderr, r.stderr
-    r = subprocess.run([sys.executable, str(ROOT / "report.py"), str(grid), "--force"], capture_output=True,
+    r = subprocess.run([sys.executable, str(ROOT / "tools" / "report.py"), str(grid), "--force"], capture_output=True,
                        text=True, timeout=120, cwd=ROOT)
     assert r.returncode == 0 and "2 runs" in r.stdout and r.stderr.count("cannot write") == 1, r.stderr
 
@@ -3595,7 +3595,7 @@ def test_every_committed_run_has_its_report_and_the_index_links_them(grid):
     index = (grid / "index.html").read_text()
     assert sorted(re.findall(r'href="([^"]+/report\.html)"', index)) == [f"{d.name}/report.html" for d in runs]
     for d in runs:
-        assert (d / "report.html").exists(), f"{d} has no report.html: run python report.py {grid.relative_to(ROOT)}"
+        assert (d / "report.html").exists(), f"{d} has no report.html: run python tools/report.py {grid.relative_to(ROOT)}"
         page = (d / "report.html").read_text()
         cfg = json.loads((d / "config.json").read_text())
         assert f"{cfg['method']} on {cfg['domain']}, seed {cfg['seed']}" in page

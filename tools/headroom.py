@@ -2,13 +2,13 @@
 Harness headroom before any training: the base model with h0 vs with a hand-picked
 combination of the domain's primitives, scored by the same rollout path as everything else.
 
-    python headroom.py --domain searchqa --split val --limit 32 --n 4 --temperature 0.3
-    python headroom.py --domain math --combo SYSTEM_PROMPT=0,recover_answer=1 --split test --n 8
+    python tools/headroom.py --domain searchqa --split val --limit 32 --n 4 --temperature 0.3
+    python tools/headroom.py --domain math --combo SYSTEM_PROMPT=0,recover_answer=1 --split test --n 8
 
 --combo AXIS=i,... splices alternative i of each named axis (domain.PRIMITIVES) into h0;
 without it a domain's default combination below is used.
 
-    python headroom.py --domain math --screen --split harness --limit 64 --n 2
+    python tools/headroom.py --domain math --screen --split harness --limit 64 --n 2
 
 --screen scores h0 and every single-axis alternative on the same examples and seeds, prints
 each one's gain over h0 with its paired SE, then splices the best alternative of every axis
@@ -18,6 +18,9 @@ combinations: axes interact, so the combination is measured, never assumed).
 import argparse
 import importlib
 import os
+import sys
+from pathlib import Path
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python tools/x.py` imports the repository's modules
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 

@@ -1,8 +1,8 @@
 """
 report.py: one self-contained HTML page per WHALE run, to look at what the run did.
 
-    python report.py runs/searchqa-whale-s0      # writes runs/searchqa-whale-s0/report.html
-    python report.py results/runs/cpu            # a grid: index.html linking every run's report
+    python tools/report.py runs/searchqa-whale-s0      # writes runs/searchqa-whale-s0/report.html
+    python tools/report.py results/runs/cpu            # a grid: index.html linking every run's report
                                                  # (writes the reports that are missing or stale)
 
 The page follows the run's order:
@@ -43,11 +43,12 @@ import os
 import re
 import sys
 from pathlib import Path
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python tools/x.py` imports the repository's modules
 
 # the run's own acceptance test, and a packed archive read (meta_harness needs only the standard library)
 from meta_harness import sign_test, unpacked_archive
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]  # the repository root
 PASS = 0.5  # a rollout "succeeds" when its verifier score is above this (rs_sft.py keeps the same ones)
 
 

@@ -19,9 +19,9 @@ Prints one `name: value` line per measurement:
     64 searchqa questions x 8 = one 512-rollout wave and 16 chess puzzles x 8 (multi-turn,
     retries), and how far past a 30 s deadline an llm() flood gets.
 
-    python bench.py                         # everything (~12 min on a 2-core CPU)
-    python bench.py --quick                 # smaller shapes, for a smoke run
-    python bench.py --only decode,multiturn # some sections (rollout, decode, sandbox, multiturn, sft, deadline)
+    python tools/bench.py                         # everything (~12 min on a 2-core CPU)
+    python tools/bench.py --quick                 # smaller shapes, for a smoke run
+    python tools/bench.py --only decode,multiturn # some sections (rollout, decode, sandbox, multiturn, sft, deadline)
 
 Ratios are what to trust on a shared machine; absolute numbers move with load.
 """
@@ -29,6 +29,8 @@ import argparse
 import os
 import sys
 import time
+from pathlib import Path
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python tools/x.py` imports the repository's modules
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import torch
