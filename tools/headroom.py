@@ -39,7 +39,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--domain", default="searchqa")
     ap.add_argument("--combo", default="", help="AXIS=index,... of domain.PRIMITIVES spliced into h0")
-    ap.add_argument("--split", default="test", choices=["harness", "val", "test"])
+    ap.add_argument("--split", default="test", choices=["weight", "harness", "val", "test"])
     ap.add_argument("--limit", type=int, default=0, help="first N examples (0 = all)")
     ap.add_argument("--n", type=int, default=8, help="samples per example: mean@n")
     ap.add_argument("--temperature", type=float, default=0.3)  # whale.py's CPU default
