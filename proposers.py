@@ -5,7 +5,8 @@ finish, reject, raw])], with .stats (calls, chars, tokens, seconds, cost_usd), .
 wrong in the last call) and, for primitives, .exhausted (nothing left to propose).
   primitives  offline default: the archive's best with ONE axis (a top-level name) replaced by
               one of domain.PRIMITIVES' alternatives, spliced in by name with `ast`; the axis is
-              chosen from the failure signatures of that candidate's failed traces;
+              chosen from the failure signatures of that candidate's failed traces (the
+              domain's failure_signature(record) names them where the domain defines one);
   self        the policy model writes candidates from an archive digest (llm_text callable);
   openai      the same prompt to any OpenAI-compatible /chat/completions endpoint (urllib);
   command     an external coding agent (Claude Code's `claude -p`, Codex's `codex exec`, ...)
@@ -96,11 +97,21 @@ def _norm_text(x):
     return re.sub(r"\s+", " ", str(x)).strip().lower()
 
 
-def failure_signatures(records):
-    """Counter of signatures over the failed rollouts (score < 0.5) of one candidate."""
+def failure_signatures(records, domain=None):
+    """Counter of signatures over the failed rollouts (score < 0.5) of one candidate. A domain
+    that defines failure_signature(record) names its failures itself (None: the rules below,
+    which read tool calls and so call every failure of a tool-less domain "no_tool")."""
     sig = Counter()
+    own = getattr(domain, "failure_signature", None)
     for r in records:
         if float(r.get("score") or 0) >= 0.5:
+            continue
+        named = own(r) if own else None
+        if named is not None:
+            if named not in SIGNATURE_KEYWORDS:
+                raise ValueError(f"{domain.__name__}.failure_signature returned {named!r}, not one of "
+                                 f"{', '.join(SIGNATURE_KEYWORDS)}")
+            sig[named] += 1
             continue
         tools = r.get("tool_calls") or []
         answer = r.get("answer")
@@ -148,7 +159,7 @@ def _primitives_proposer(domain, rng_seed):
         allowed = (mh.read_json(os.path.join(archive_dir, "rules.json"), {}) or {}).get("allowed_axes")
         spans = mh.top_level_names(parent["source"])
         axes = [a for a in domain.PRIMITIVES if a in spans and (allowed is None or a in allowed)]
-        signatures = failure_signatures(mh.read_traces(parent))
+        signatures = failure_signatures(mh.read_traces(parent), domain)
         tried = Counter(c["meta"].get("axis") for c in archive)
         # Seeded by the archive size: the same archive gives the same proposals, so a resumed
         # search proposes what the crashed one would have.

@@ -13,7 +13,7 @@ import os
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent
+import domains
 
 
 class UserError(Exception):
@@ -27,8 +27,8 @@ def check_args(a):
     if a.method not in methods and a.method != "eval":
         raise UserError(f"unknown method {a.method!r}; choose one of {', '.join([*methods, 'eval'])}")
     method = methods.get(a.method)  # None: --method eval
-    if not (ROOT / "domains" / f"{a.domain}.py").exists() or a.domain.startswith("_"):
-        raise UserError(f"unknown domain {a.domain!r}; choose searchqa, math or chess")
+    if a.domain not in domains.names():
+        raise UserError(f"unknown domain {a.domain!r}; choose one of {', '.join(domains.names())}")
     if a.test_split not in ("test", "val"):
         raise UserError(f"unknown --test-split {a.test_split!r}; choose test or val")
     if a.engine not in ("hf", "vllm"):
@@ -100,7 +100,8 @@ def check_args(a):
         try:
             sizes[split] = len(domain.load_split(split))
         except Exception as e:
-            raise UserError(f"cannot load the {a.domain} {split} split from {domain.DATA}: {type(e).__name__}: {e}")
+            source = getattr(domain, "DATA", domain.__file__)  # a domain without DATA generates its splits
+            raise UserError(f"cannot load the {a.domain} {split} split from {source}: {type(e).__name__}: {e}")
     if method and method.weights_until == "switch" and isinstance(policy, switch.Patience):  # (a small budget)
         min_w = policy.min_w or switch.epochs_to_steps(0.2, max(1, sizes["weight"] // a.prompts_per_step))
         if min_w * step >= a.budget:
