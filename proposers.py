@@ -3,7 +3,8 @@
 One interface: propose(archive_dir, k) -> [dict(source, proposer, note, [parent, axis, format,
 finish, reject, raw])], with .stats (calls, chars, tokens, seconds, cost_usd), .errors (what went
 wrong in the last call) and, for primitives, .exhausted (nothing left to propose).
-  primitives  offline default: the archive's best with ONE axis (a top-level name) replaced by
+  primitives  offline default: the paper's choice (the archive's top scorer, meta_harness.paper_choice:
+              every proposer's parent) with ONE axis (a top-level name) replaced by
               one of domain.PRIMITIVES' alternatives, spliced in by name with `ast`; the axis is
               chosen from the failure signatures of that candidate's failed traces (the
               domain's failure_signature(record) names them where the domain defines one);
@@ -152,7 +153,7 @@ def _primitives_proposer(domain, rng_seed):
         propose.errors, propose.exhausted = [], False
         propose.stats["calls"] += 1
         archive = mh.load_archive(archive_dir)
-        parent = mh.paper_best(archive)
+        parent = mh.paper_choice(archive)
         if parent is None:
             propose.errors.append("primitives: no evaluated candidate to start from")
             return []
@@ -453,7 +454,7 @@ def _llm_proposer(name, domain, ask, digest_chars, reply_format="any", transport
     waiting out K timeouts."""
     def propose(archive_dir, k):
         propose.errors = []
-        parent = mh.paper_best(mh.load_archive(archive_dir))
+        parent = mh.paper_choice(mh.load_archive(archive_dir))
         digest = archive_digest(archive_dir, digest_chars)  # the archive does not change within a call
         out, notes = [], []
         for i in range(k):
@@ -722,7 +723,7 @@ def _command_proposer(domain, command, timeout, digest_chars, workdir_root=None)
         propose.errors = []
         archive = mh.load_archive(archive_dir)
         names = {c["name"] for c in archive}
-        best = mh.paper_best(archive)
+        best = mh.paper_choice(archive)
         prompt = command_prompt(domain, archive_dir, k, digest_chars)
         propose.stats["calls"] += 1
         propose.stats["prompt_chars"] += len(prompt)

@@ -26,8 +26,9 @@ new test should keep it so):
   2. the sandbox (sandbox.py): the hostile suite, the Landlock layer, the protocol, timeouts and
      deadlines, run_python
      -k "hostile or landlock or audit_hook or isolation or llm_batch or tool_calls or llm_arguments or print_is or times_out or stall or time_is_charged or flood or batch_timeout or concurren or late_finisher or run_python"
-  3. the domains (searchqa, math, chess): data, verifiers, h0 and its primitives, reproducible builds
-     -k "test_searchqa or test_math or test_chess"
+  3. the domains (searchqa, math, chess): data, verifiers, h0 and its primitives, reproducible builds;
+     one contract checked on every domains/*.py (the template too)
+     -k "test_searchqa or test_math or test_chess or every_domain"
   4. phase A (rs_sft.py): sequences and labels, SFT raises the log-probability, an all-rejected
      step skips the update, the loader
      -k "labels_mask or sft_updates or all_rejected or loader"
@@ -1952,6 +1953,54 @@ def test_chess_build_reproducible(tmp_path, bigbench_sdist):
         assert hashlib.sha256(committed).hexdigest() == hashlib.sha256(rebuilt).hexdigest(), name
 
 
+# ---------------------------------------------------------------- every domain file, one contract
+# Guarantee: every domains/<name>.py (a fork's new one too, and the commented template) is a domain
+# the loop can run: the names the loop and the proposers read exist; the splits load, are
+# disjoint and hold id, task and answer; the seed harness validates and defines every axis; every
+# PRIMITIVES alternative splices into it and validates as the search would check it (a prompt
+# axis passes the prompt-only rule); verify scores junk 0.0 or 1.0 without raising; a domain's own
+# failure_signature names only signatures the primitives proposer knows.
+
+JUNK_ANSWERS = [None, "", "   ", "junk", "\x00\ud800", "9" * 5000, "x" * 100_000, 0, -1, 10**30, 3.5, float("nan"),
+                True, b"bytes", {"answer": 1}, ["a1", 1], object()]
+
+
+@pytest.mark.parametrize("name", __import__("domains").names())
+def test_every_domain_file_keeps_the_domain_contract(name):
+    import domains
+    dom = importlib.import_module(f"domains.{name}")
+    for attr in ("load_split", "make_tools", "verify", "H0", "PRIMITIVES", "PROMPT_AXES", "SKILL"):
+        assert hasattr(dom, attr), f"domains/{name}.py has no {attr}"
+    splits = {s: dom.load_split(s) for s in ("weight", "harness", "val", "test")}
+    ids = [r["id"] for recs in splits.values() for r in recs]
+    assert all(splits.values()) and len(ids) == len(set(ids))  # none empty, ids unique across splits
+    for recs in splits.values():
+        domains.check_records(recs, name, (), ())  # str id, dict task, dict answer
+    h0 = Path(dom.H0).read_text()
+    assert mh.static_check(h0) is None
+    axes = mh.top_level_names(h0)
+    assert set(dom.PRIMITIVES) <= set(axes) and set(dom.PROMPT_AXES) <= set(dom.PRIMITIVES)
+    load_harness(h0)  # its top level runs
+    for axis, alts in dom.PRIMITIVES.items():
+        assert alts, axis
+        for alt in alts:
+            src = mh.splice(h0, axis, alt)
+            assert mh.static_check(src) is None, (axis, alt[:60])
+            assert mh.normalized(src) != mh.normalized(h0), (axis, alt[:60])  # not a duplicate of h0
+            if axis in dom.PROMPT_AXES:
+                assert mh.differs_only_in(h0, src, sorted(dom.PROMPT_AXES))[0], (axis, alt[:60])
+            assert callable(load_harness(src).run)
+    for ex in (splits["val"][0], splits["test"][-1]):
+        state = dom.make_tools(ex)[1]
+        for junk in JUNK_ANSWERS:
+            assert dom.verify(ex, junk, state) in (0.0, 1.0), (name, repr(junk)[:40])
+    if hasattr(dom, "failure_signature"):
+        for rec in ({"status": "ok", "answer": None, "score": 0.0, "tool_calls": []},
+                    {"status": "ok", "answer": "junk 1", "score": 0.0, "tool_calls": []},
+                    {"status": "crash", "answer": None, "error": "boom", "score": 0.0, "tool_calls": []}):
+            assert dom.failure_signature(rec) in (None, *proposers.SIGNATURE_KEYWORDS), rec
+
+
 # ==============================================================================================
 # 4. PHASE A: ONLINE REJECTION-SAMPLING FINE-TUNING (rs_sft.py)
 # ==============================================================================================
@@ -2180,7 +2229,7 @@ def test_search_archives_everything_and_primitives_never_repeats(tmp_path):
     assert not any(c["invalid"] for c in arch)
     # the menu runs out before 8 iterations: the phase ends at once, with the reason recorded
     assert res["iterations"] == len(res["history"]) < 8 and "exhausted" in res["stop_reason"]
-    assert constant(res["best_source"], "QUALITY") == 0.8
+    assert constant(res["incumbent_source"], "QUALITY") == 0.8
     s = json.load(open(os.path.join(d, "cand_000", "scores.json")))
     assert s["example_ids"] == [e["id"] for e in EXAMPLES] and len(s["per_example"]) == 40
     assert s["proposer"] == "incoming" and s["n"] == 40 and s["status_counts"] == {"ok": 40}
@@ -2225,6 +2274,27 @@ def test_primitives_axis_follows_failure_signature(tmp_path):
     p3 = proposers.make_proposer("primitives", DOMAIN)(str(tmp_path / "c"), 3)
     assert [c["axis"] for c in p3][:2] == ["TOP_K", "TOP_K"] and p3[2]["axis"] != "TOP_K"
 
+
+
+def test_primitives_axis_follows_the_domains_failure_signature(tmp_path):
+    """A tool-less domain's failures, told apart by its own failure_signature (domains/template.py):
+    a reply without a number is "no_answer" and sends the proposer to extract_answer; the default
+    rules, which read tool calls, would call it "no_tool" and send it to the prompts."""
+    from domains import template
+    h0 = Path(template.H0).read_text()
+    examples = template.load_split("harness")[:8]
+    records = [dict(record(ex, False, answer="I do not know"), tool_calls=[]) for ex in examples]
+    assert proposers.failure_signatures(records, template) == {"no_answer": 8}
+    assert proposers.failure_signatures(records) == {"no_tool": 8}
+    assert proposers.failure_signatures([dict(r, answer="It is 57") for r in records], template) == {"wrong": 8}
+    without = types.SimpleNamespace(**{k: getattr(template, k) for k in ("PRIMITIVES", "PROMPT_AXES", "SKILL")})
+
+    def first_axis(d, domain):
+        mh.search_phase(h0, template, examples, lambda source, exs, tag: records, ok_validate, None,
+                        archive_dir=str(d), should_stop=stop_after(1), log=quiet)
+        return proposers.make_proposer("primitives", domain)(str(d), 1)[0]["axis"]
+    assert first_axis(tmp_path / "own", template) == "extract_answer"
+    assert first_axis(tmp_path / "default", without) in template.PROMPT_AXES
 
 def test_invalid_candidates_are_archived_and_search_continues(tmp_path):
     good = mh.splice(H0, "QUALITY", "QUALITY = 0.9")
@@ -2309,7 +2379,7 @@ def test_resume_after_crash_reuses_archive(tmp_path, fail_at):
     assert len(second_calls) == len(ref_calls) - len(first_calls)   # nothing evaluated twice
     assert not {t for t, _ in first_calls} & {t for t, _ in second_calls}
     assert len(proposer_calls) == 2        # iteration 2 was already proposed: only 3 and 4 ask
-    assert res["best_source"] == ref["best_source"] and res["history"] == ref["history"]
+    assert res["incumbent_source"] == ref["incumbent_source"] and res["history"] == ref["history"]
     no_time = {k: v for k, v in res["counters"].items() if not k.endswith("seconds")}
     assert no_time == {k: v for k, v in ref["counters"].items() if not k.endswith("seconds")}
     summary = [json.loads(x)["cand"] for x in open(os.path.join(d, "summary.jsonl"))]
@@ -2484,7 +2554,7 @@ def test_command_agent_cannot_edit_the_archive_into_a_win(tmp_path, attack):
     true0 = mh.score_records(make_evaluate()(H0, EXAMPLES, "x"), [e["id"] for e in EXAMPLES])["success"]
     its = [json.loads(x) for x in open(d / "iterations.jsonl")]
     assert its[-1]["archive_best"] == max(true0, arch[1]["scores"]["success"]) < 1.0
-    assert res["best_scores"]["success"] < 1.0 and "PWNED" not in res["best_source"]
+    assert res["incumbent_scores"]["success"] < 1.0 and "PWNED" not in res["incumbent_source"]
     errors = " | ".join(its[-1]["proposer_errors"])
     if "scores in its directory" in attack or "outside new" in attack:
         assert "changed files outside new/" in errors and "cand_000/" in errors
@@ -2617,7 +2687,7 @@ def archive_with_history(d):
                [mh.splice(mh.splice(H0, "QUALITY", "QUALITY = 0.5"), "TOP_K", "TOP_K = 2"), "def run(:\n"]]
 
     def propose(archive_dir, k):
-        best = mh.paper_best(mh.load_archive(archive_dir))
+        best = mh.paper_choice(mh.load_archive(archive_dir))
         return [dict(source=s, proposer="fake", note=f"note {len(batches)}", parent=best["name"]) for s in batches.pop(0)]
     mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate, propose, archive_dir=d, k=2,
                     should_stop=stop_after(3), log=quiet)
@@ -2635,7 +2705,7 @@ def test_archive_digest_shows_diffs_outcomes_and_traces_of_several_candidates(tm
     assert f"better on {len(won)}, worse on 0 of 40" in text and f"better on: {won[0]}, " in text
     assert "-QUALITY = 0.2\n+QUALITY = 0.5\n" in text                       # the diff itself
     assert "cand_003: syntax error" in text                               # rejected, with the reason
-    best = mh.paper_best(arch)
+    best = mh.paper_choice(arch)
     assert f"full source of the best candidate, {best['name']}" in text and best["source"] in text
     traced = set(re.findall(r"^\[(cand_\d+), failed\]", text, re.M))
     assert len(traced) >= 2 and "### example" in text                      # failed traces of several
@@ -2972,9 +3042,9 @@ def first_done(policy, rewards, steps_per_epoch):
     return None
 
 
-def first_harness_done(policy, best_scores):
-    for n in range(1, len(best_scores) + 1):
-        if policy.harness_done(best_scores[:n]):
+def first_harness_done(policy, paper_scores):
+    for n in range(1, len(paper_scores) + 1):
+        if policy.harness_done(paper_scores[:n]):
             return n
     return None
 
@@ -3335,6 +3405,12 @@ def test_eval_key_changes_with_the_scoring_code_and_the_data_and_nothing_else(tm
     (tmp_path / "notes.txt").write_text("beside the data, not in it\n")
     os.utime(data / "test.jsonl.gz", (0, 0))  # the bytes count, not the time stamps
     assert key() == k0
+    # a domain that generates its data has no DATA (domains/template.py): its file's bytes fix the data
+    generated = types.SimpleNamespace(__file__=str(domain_file))
+    k1 = key(domain=generated)
+    assert k1 != k0
+    append(domain_file)
+    assert key(domain=generated) != k1
 
 
 # ---- results tables: paired on the same questions ----------------------------------------------
