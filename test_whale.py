@@ -3594,6 +3594,19 @@ def test_bad_input_is_one_line_and_exit_2(args, needle, tmp_path):
     assert len(err) == 1 and needle in err[0] and "Traceback" not in r.stderr
 
 
+def test_bad_input_of_a_word_flag_names_the_flag_and_its_words():
+    """run_setup.CHOICES: every flag that takes one of a few words refuses another one by name, in
+    check_args itself (so a resumed run's saved settings are checked too, not only argparse's input)."""
+    for flag, words in run_setup.CHOICES.items():
+        assert getattr(whale.Args(), flag) in words  # the default is one of them
+        with pytest.raises(run_setup.UserError, match=f"unknown --{flag.replace('_', '-')} 'nosuch'; choose "
+                                                      + re.escape(" | ".join(words))):
+            run_setup.check_args(whale.Args(**{flag: "nosuch"}))
+    for name in ("nosuch", "searchqa_h0", "__init__"):  # a seed harness or a helper file is no domain
+        with pytest.raises(run_setup.UserError, match="unknown domain"):
+            run_setup.check_args(whale.Args(domain=name))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("domain, corrupt", [
     ("searchqa", lambda b: b[:len(b) // 2]),                                        # a truncated copy
