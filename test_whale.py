@@ -93,6 +93,7 @@ import run_dir
 import run_setup
 import sandbox
 import whale
+import domains
 from domains import chess as chessdom
 from domains import math as M
 from domains import searchqa
@@ -1965,9 +1966,8 @@ JUNK_ANSWERS = [None, "", "   ", "junk", "\x00\ud800", "9" * 5000, "x" * 100_000
                 True, b"bytes", {"answer": 1}, ["a1", 1], object()]
 
 
-@pytest.mark.parametrize("name", __import__("domains").names())
+@pytest.mark.parametrize("name", domains.names())
 def test_every_domain_file_keeps_the_domain_contract(name):
-    import domains
     dom = importlib.import_module(f"domains.{name}")
     for attr in ("load_split", "make_tools", "verify", "H0", "PRIMITIVES", "PROMPT_AXES", "SKILL"):
         assert hasattr(dom, attr), f"domains/{name}.py has no {attr}"
@@ -3335,10 +3335,13 @@ def test_ctrl_c_says_how_to_resume_and_the_resume_finishes_the_run(tmp_path, tin
 
 # ---- the methods, and what the cached initial evaluation is keyed on ---------------------------
 
-def test_the_methods_table_is_the_list_the_command_line_accepts():
+def test_the_methods_table_is_the_list_the_command_line_accepts(monkeypatch):
     # whale.METHODS says, as data, what each method does, and check_args reads its keys: a row added
     # to the table is a method the command line takes, and nothing else is. eval is the one method
     # without a row (it runs no phase: it scores the model and the harness, and stops)
+    # (the model check, the last of check_args, imports transformers and builds the model: ~40 s of
+    # this fast test under load, and not what it is about; test_bad_model_* test it)
+    monkeypatch.setattr(run_setup, "check_model", lambda a: None)
     assert "eval" not in whale.METHODS
     for name in [*whale.METHODS, "eval"]:
         run_setup.check_args(whale.Args(domain="searchqa", method=name))
