@@ -38,7 +38,8 @@ def arg(default, help):
 
 @dataclass
 class Args:
-    domain: str = arg("searchqa", "task family: a file domains/<name>.py (searchqa, math, chess)")
+    domain: str = arg("searchqa", "task family: a file domains/<name>.py (searchqa, math, chess; template: "
+                                  "the commented example to copy)")
     method: str = arg("whale", "whale | fst | weight-only | harness-only | stagewise | eval")
     schedule: str = arg("fixed-steps:4,3", "switch policy: fixed:E,I (epochs) | fixed-steps:S,I | adaptive[:w=..] "
                                            "(I counts the incoming harness: 3 = two proposer iterations)")
