@@ -57,7 +57,7 @@ proposer, note, ...)]); search_phase only calls the one it is given.
 Events (to `log`, one dict each): harness_candidate (scored or invalid, with the reason),
 proposer_error, proposer_backoff, harness_iteration, harness_phase_end (with the reason).
 
-What it leaves out: running harness code (sandbox.py, behind the evaluate/validate_run
+What it leaves out: running harness code (sandbox.py, behind the run_candidate/validate_run
 callables the lead passes in), the model (engine.py), when to switch (switch.py), parallel
 proposer calls, the proposers themselves (proposers.py). Selection reads only files this
 module writes; the command proposer's coding agent works in a copy of the archive, never in
@@ -498,7 +498,7 @@ def _iteration_event(line, **extra):
     return dict(event="harness_iteration", **{k: v for k, v in line.items() if k != "cost"}, **extra)
 
 
-def _finish_candidate(c, archive_dir, archive, examples, ids, evaluate, validate_run,
+def _finish_candidate(c, archive_dir, archive, examples, ids, run_candidate, validate_run,
                       prompt_only_base, allowed, log):
     """Validate, then evaluate (or reject) one proposed candidate; write its files."""
     src, d, t0 = c["source"], c["dir"], time.time()
@@ -526,9 +526,9 @@ def _finish_candidate(c, archive_dir, archive, examples, ids, evaluate, validate
         log(_candidate_event(line))
         return
     t1 = time.time()
-    # Exceptions from evaluate propagate: they mean the infrastructure broke (a broken harness
+    # Exceptions from run_candidate propagate: they mean the infrastructure broke (a broken harness
     # comes back as records with status error/crash/timeout). The archive stays resumable.
-    records = evaluate(src, examples, c["name"])
+    records = run_candidate(src, examples, c["name"])
     t2 = time.time()
     with open(os.path.join(d, "traces.jsonl"), "w") as f:
         for r in records:
@@ -607,7 +607,7 @@ def stop_reason(iters, should_stop, max_empty=EMPTY_ITERATIONS_TO_STOP):
     return None
 
 
-def search_phase(incumbent_src, domain, examples, evaluate, validate_run, propose, *, archive_dir,
+def search_phase(incumbent_src, domain, examples, run_candidate, validate_run, propose, *, archive_dir,
                  k=3, should_stop, affordable=None, prompt_only_base=None, accept_alpha=0.1, log=print,
                  max_empty=EMPTY_ITERATIONS_TO_STOP, backoff=BACKOFF):
     """Run (or resume) one Meta-Harness search. Returns dict(incumbent_source, incumbent_scores,
@@ -618,8 +618,8 @@ def search_phase(incumbent_src, domain, examples, evaluate, validate_run, propos
     iteration is `history`, logged as archive_best) and a candidate's parent (what its proposer
     edited: the paper's choice when it proposed).
 
-    evaluate(source, examples, phase_tag) -> rollout records (phase_tag = the candidate name;
-    seeding by example rather than by tag gives every candidate the same random numbers,
+    run_candidate(source, examples, name) -> rollout records (name = the candidate's;
+    seeding by example rather than by name gives every candidate the same random numbers,
     which makes the paired test sharper). validate_run(source) -> reason or None.
     should_stop(history) is asked after every iteration, iteration 0 included; it may return
     a string, which becomes the recorded stop reason. affordable() -> how many candidates the
@@ -690,7 +690,7 @@ def search_phase(incumbent_src, domain, examples, evaluate, validate_run, propos
             members = [c for c in archive if c["meta"].get("iteration") == it]
         for c in members:
             if not (c["scores"] or c["invalid"]):
-                _finish_candidate(c, archive_dir, archive, examples, ids, evaluate, validate_run,
+                _finish_candidate(c, archive_dir, archive, examples, ids, run_candidate, validate_run,
                                   prompt_only_base, allowed, log)
 
         # Selection: the paper's argmax over the whole phase archive, and ours.
