@@ -7,16 +7,18 @@ One harness phase = one search = one archive directory on disk:
                 library, is not a repeat of an archived source, [prompt-only: differs from
                 the base only in the domain's PROMPT_AXES], runs ONE task in the sandbox),
                 then evaluated once per example of D_harness. Valid or not, all is archived.
-  selection     the paper takes the archive argmax of (success desc, mean turns asc). We log
+  selection     the paper takes the archive argmax of (success desc, mean turns asc): the
+                paper's choice, the archive's top scorer, which proposers edit. We log
                 that choice every iteration, but the incumbent is replaced only when a
                 one-sided paired sign test on the same examples says the gain is beyond noise
                 (see `accept`). The phase returns the incumbent.
   stopping      after every iteration, the first of: the proposer says it has nothing left
-                (the primitives menu is exhausted on the current best) -> the phase ends at once;
+                (the primitives menu is exhausted on the paper's choice) -> the phase ends at once;
                 EMPTY_ITERATIONS_TO_STOP iterations in a row without a valid candidate (the
                 proposer returned nothing, only invalid candidates, or failed) -> it ends; or
-                should_stop(history) (the budget, the switch policy); history[i] = the archive's
-                best success rate after iteration i (switch.py's harness_done takes exactly that).
+                should_stop(history) (the budget, the switch policy); history[i] = the success of
+                the paper's choice (the archive's top scorer) after iteration i, logged as
+                archive_best (switch.py's harness_done takes exactly that).
                 The reason is logged and written into the last iterations.jsonl line and the
                 phase result. An empty iteration spends no rollouts, so without the first two
                 rules a proposer that never produces a valid candidate would loop forever.
@@ -55,7 +57,7 @@ proposer, note, ...)]); search_phase only calls the one it is given.
 Events (to `log`, one dict each): harness_candidate (scored or invalid, with the reason),
 proposer_error, proposer_backoff, harness_iteration, harness_phase_end (with the reason).
 
-What it leaves out: running harness code (sandbox.py, behind the evaluate/validate_run
+What it leaves out: running harness code (sandbox.py, behind the run_candidate/validate_run
 callables the lead passes in), the model (engine.py), when to switch (switch.py), parallel
 proposer calls, the proposers themselves (proposers.py). Selection reads only files this
 module writes; the command proposer's coding agent works in a copy of the archive, never in
@@ -273,7 +275,9 @@ def rank_key(cand):
     return (-s["success"], s["mean_turns"], cand["num"])
 
 
-def paper_best(archive):
+def paper_choice(archive):
+    """The archive's top scorer in the paper's order (rank_key): what the proposers edit (their
+    parent) and what the sign test weighs against the incumbent. None if nothing scored."""
     scored = [c for c in archive if c["scores"]]
     return min(scored, key=rank_key) if scored else None
 
@@ -494,7 +498,7 @@ def _iteration_event(line, **extra):
     return dict(event="harness_iteration", **{k: v for k, v in line.items() if k != "cost"}, **extra)
 
 
-def _finish_candidate(c, archive_dir, archive, examples, ids, evaluate, validate_run,
+def _finish_candidate(c, archive_dir, archive, examples, ids, run_candidate, validate_run,
                       prompt_only_base, allowed, log):
     """Validate, then evaluate (or reject) one proposed candidate; write its files."""
     src, d, t0 = c["source"], c["dir"], time.time()
@@ -522,9 +526,9 @@ def _finish_candidate(c, archive_dir, archive, examples, ids, evaluate, validate
         log(_candidate_event(line))
         return
     t1 = time.time()
-    # Exceptions from evaluate propagate: they mean the infrastructure broke (a broken harness
+    # Exceptions from run_candidate propagate: they mean the infrastructure broke (a broken harness
     # comes back as records with status error/crash/timeout). The archive stays resumable.
-    records = evaluate(src, examples, c["name"])
+    records = run_candidate(src, examples, c["name"])
     t2 = time.time()
     with open(os.path.join(d, "traces.jsonl"), "w") as f:
         for r in records:
@@ -603,14 +607,19 @@ def stop_reason(iters, should_stop, max_empty=EMPTY_ITERATIONS_TO_STOP):
     return None
 
 
-def search_phase(incumbent_src, domain, examples, evaluate, validate_run, propose, *, archive_dir,
+def search_phase(incumbent_src, domain, examples, run_candidate, validate_run, propose, *, archive_dir,
                  k=3, should_stop, affordable=None, prompt_only_base=None, accept_alpha=0.1, log=print,
                  max_empty=EMPTY_ITERATIONS_TO_STOP, backoff=BACKOFF):
-    """Run (or resume) one Meta-Harness search. Returns dict(best_source, best_scores,
+    """Run (or resume) one Meta-Harness search. Returns dict(incumbent_source, incumbent_scores,
     iterations, counters, history, incumbent, paper_choice, stop_reason).
 
-    evaluate(source, examples, phase_tag) -> rollout records (phase_tag = the candidate name;
-    seeding by example rather than by tag gives every candidate the same random numbers,
+    Three candidates have names here: the incumbent (what the sign test kept; the phase returns
+    it), the paper's choice (the archive's top scorer, paper_choice(); its success after each
+    iteration is `history`, logged as archive_best) and a candidate's parent (what its proposer
+    edited: the paper's choice when it proposed).
+
+    run_candidate(source, examples, name) -> rollout records (name = the candidate's;
+    seeding by example rather than by name gives every candidate the same random numbers,
     which makes the paired test sharper). validate_run(source) -> reason or None.
     should_stop(history) is asked after every iteration, iteration 0 included; it may return
     a string, which becomes the recorded stop reason. affordable() -> how many candidates the
@@ -681,13 +690,13 @@ def search_phase(incumbent_src, domain, examples, evaluate, validate_run, propos
             members = [c for c in archive if c["meta"].get("iteration") == it]
         for c in members:
             if not (c["scores"] or c["invalid"]):
-                _finish_candidate(c, archive_dir, archive, examples, ids, evaluate, validate_run,
+                _finish_candidate(c, archive_dir, archive, examples, ids, run_candidate, validate_run,
                                   prompt_only_base, allowed, log)
 
         # Selection: the paper's argmax over the whole phase archive, and ours.
         scored = [c for c in archive if c["scores"]]
         by_name = {c["name"]: c for c in scored}
-        paper = paper_best(scored)
+        paper = paper_choice(scored)
         inc = by_name[incumbent]
         test, accepted = None, False
         if paper["name"] != incumbent:
@@ -716,6 +725,6 @@ def search_phase(incumbent_src, domain, examples, evaluate, validate_run, propos
     inc = by_name[iters[-1]["incumbent"]]
     log(dict(event="harness_phase_end", reason=reason, iterations=len(iters), incumbent=inc["name"],
              incumbent_success=inc["scores"]["success"]))
-    return dict(best_source=inc["source"], best_scores=inc["scores"], iterations=len(iters),
+    return dict(incumbent_source=inc["source"], incumbent_scores=inc["scores"], iterations=len(iters),
                 counters=_sum_costs(archive_dir), history=history, incumbent=inc["name"],
                 paper_choice=iters[-1]["paper_choice"], stop_reason=reason)

@@ -3,9 +3,11 @@
 One interface: propose(archive_dir, k) -> [dict(source, proposer, note, [parent, axis, format,
 finish, reject, raw])], with .stats (calls, chars, tokens, seconds, cost_usd), .errors (what went
 wrong in the last call) and, for primitives, .exhausted (nothing left to propose).
-  primitives  offline default: the archive's best with ONE axis (a top-level name) replaced by
+  primitives  offline default: the paper's choice (the archive's top scorer, meta_harness.paper_choice:
+              every proposer's parent) with ONE axis (a top-level name) replaced by
               one of domain.PRIMITIVES' alternatives, spliced in by name with `ast`; the axis is
-              chosen from the failure signatures of that candidate's failed traces;
+              chosen from the failure signatures of that candidate's failed traces (the
+              domain's failure_signature(record) names them where the domain defines one);
   self        the policy model writes candidates from an archive digest (llm_text callable);
   openai      the same prompt to any OpenAI-compatible /chat/completions endpoint (urllib);
   command     an external coding agent (Claude Code's `claude -p`, Codex's `codex exec`, ...)
@@ -96,11 +98,21 @@ def _norm_text(x):
     return re.sub(r"\s+", " ", str(x)).strip().lower()
 
 
-def failure_signatures(records):
-    """Counter of signatures over the failed rollouts (score < 0.5) of one candidate."""
+def failure_signatures(records, domain=None):
+    """Counter of signatures over the failed rollouts (score < 0.5) of one candidate. A domain
+    that defines failure_signature(record) names its failures itself (None: the rules below,
+    which read tool calls and so call every failure of a tool-less domain "no_tool")."""
     sig = Counter()
+    own = getattr(domain, "failure_signature", None)
     for r in records:
         if float(r.get("score") or 0) >= 0.5:
+            continue
+        named = own(r) if own else None
+        if named is not None:
+            if named not in SIGNATURE_KEYWORDS:
+                raise ValueError(f"{domain.__name__}.failure_signature returned {named!r}, not one of "
+                                 f"{', '.join(SIGNATURE_KEYWORDS)}")
+            sig[named] += 1
             continue
         tools = r.get("tool_calls") or []
         answer = r.get("answer")
@@ -141,14 +153,14 @@ def _primitives_proposer(domain, rng_seed):
         propose.errors, propose.exhausted = [], False
         propose.stats["calls"] += 1
         archive = mh.load_archive(archive_dir)
-        parent = mh.paper_best(archive)
+        parent = mh.paper_choice(archive)
         if parent is None:
             propose.errors.append("primitives: no evaluated candidate to start from")
             return []
         allowed = (mh.read_json(os.path.join(archive_dir, "rules.json"), {}) or {}).get("allowed_axes")
         spans = mh.top_level_names(parent["source"])
         axes = [a for a in domain.PRIMITIVES if a in spans and (allowed is None or a in allowed)]
-        signatures = failure_signatures(mh.read_traces(parent))
+        signatures = failure_signatures(mh.read_traces(parent), domain)
         tried = Counter(c["meta"].get("axis") for c in archive)
         # Seeded by the archive size: the same archive gives the same proposals, so a resumed
         # search proposes what the crashed one would have.
@@ -442,7 +454,7 @@ def _llm_proposer(name, domain, ask, digest_chars, reply_format="any", transport
     waiting out K timeouts."""
     def propose(archive_dir, k):
         propose.errors = []
-        parent = mh.paper_best(mh.load_archive(archive_dir))
+        parent = mh.paper_choice(mh.load_archive(archive_dir))
         digest = archive_digest(archive_dir, digest_chars)  # the archive does not change within a call
         out, notes = [], []
         for i in range(k):
@@ -711,7 +723,7 @@ def _command_proposer(domain, command, timeout, digest_chars, workdir_root=None)
         propose.errors = []
         archive = mh.load_archive(archive_dir)
         names = {c["name"] for c in archive}
-        best = mh.paper_best(archive)
+        best = mh.paper_choice(archive)
         prompt = command_prompt(domain, archive_dir, k, digest_chars)
         propose.stats["calls"] += 1
         propose.stats["prompt_chars"] += len(prompt)

@@ -182,22 +182,22 @@ def sft_update(model, optimizer, seqs, *, minibatch: int = 16, micro_batch: int 
         chunks = chunks or [[([pad_id, pad_id], [IGNORE, IGNORE])]]
         optimizer.zero_grad(set_to_none=True)
         for c, chunk in enumerate(chunks):
-            ids, labels = pad([x[:max_len] for x, _ in chunk], [y[:max_len] for _, y in chunk], pad_id)
-            ids, labels = ids.to(dev), labels.to(dev)
+            ids, labels, mask = pad([x[:max_len] for x, _ in chunk], [y[:max_len] for _, y in chunk], pad_id)
+            ids, labels, mask = ids.to(dev), labels.to(dev), mask.to(dev)
             # micro-batches accumulate locally; only the last one of a rank syncs gradients
             last = ddp_model is None or c == len(chunks) - 1
             with contextlib.nullcontext() if last else ddp_model.no_sync():
-                logits = fwd(input_ids=ids, attention_mask=(labels != -1).long()).logits
+                logits = fwd(input_ids=ids, attention_mask=mask).logits
                 # token t predicts t+1; sum here, divide by the minibatch's label count
                 nll = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(),
-                                      labels[:, 1:].masked_fill(labels[:, 1:] == -1, IGNORE).flatten(),
+                                      labels[:, 1:].flatten(),
                                       ignore_index=IGNORE, reduction="sum")
                 # DDP AVERAGES gradients over ranks; scaling by world turns that average into
                 # the sum over the whole minibatch, so the step's gradient is exactly one
                 # process's sum(NLL) / n_lab on the same minibatch (and so is the clip below)
                 (nll * (world / max(n_lab, 1))).backward()
             total_nll += nll.item()
-            tokens += int((labels != -1).sum()) if mine else 0
+            tokens += int(mask.sum()) if mine else 0
         norms.append(float(torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], clip)))
         optimizer.step()
         crash_point("sft")
@@ -216,15 +216,17 @@ def sft_update(model, optimizer, seqs, *, minibatch: int = 16, micro_batch: int 
 
 
 def pad(ids_list, labels_list, pad_id):
-    """Right-pad to a [B, T] batch. Padding positions get label -1, which the
-    attention mask turns into 0 and the loss (mapped to IGNORE) skips."""
+    """Right-pad to a [B, T] batch -> (ids, labels, attention mask). Padding positions get the
+    label IGNORE, which the loss skips, and attention 0."""
     T = max(len(x) for x in ids_list)
     ids = torch.full((len(ids_list), T), pad_id, dtype=torch.long)
-    labels = torch.full((len(ids_list), T), -1, dtype=torch.long)
+    labels = torch.full((len(ids_list), T), IGNORE, dtype=torch.long)
+    mask = torch.zeros((len(ids_list), T), dtype=torch.long)
     for i, (x, y) in enumerate(zip(ids_list, labels_list)):
         ids[i, :len(x)] = torch.tensor(x)
         labels[i, :len(y)] = torch.tensor(y)
-    return ids, labels
+        mask[i, :len(x)] = 1
+    return ids, labels, mask
 
 
 # -----------------------------------------------------------------------------
@@ -281,12 +283,11 @@ def gather_records(records, rank: int, world: int, group: int) -> list[dict]:
 
 def sequence_logprob(model, seq) -> float:
     """Sum of log-probabilities of the labelled tokens of one (ids, labels) pair."""
-    ids, labels = pad([seq[0]], [seq[1]], 0)
+    ids, labels, _ = pad([seq[0]], [seq[1]], 0)
     with torch.no_grad():
         logp = torch.log_softmax(model(input_ids=ids).logits[0, :-1].float(), -1)
     lab = labels[0, 1:]
     m = lab != IGNORE
-    m &= lab != -1
     return float(logp[m.nonzero().squeeze(1), lab[m]].sum()) if m.any() else 0.0
 
 

@@ -186,8 +186,9 @@ def eval_key(args: dict, domain, harness: str, examples, n: int, split: str) -> 
     WHALE_DATA, never reads a stale entry."""
     h = hashlib.sha256()
     root = Path(__file__).resolve().parent
+    data = getattr(domain, "DATA", None)  # None: the domain generates its data (its file's bytes fix it)
     for path in [*(root / f for f in SCORING_CODE), Path(domain.__file__),
-                 *sorted(p for p in Path(domain.DATA).iterdir() if p.is_file())]:
+                 *(sorted(p for p in Path(data).iterdir() if p.is_file()) if data else [])]:
         h.update(path.name.encode() + b"\0" + (path.read_bytes() if path.exists() else b"") + b"\0")
     parts = [args[k] for k in ("domain", "model", "engine", "seed", "temperature", "top_k", "top_p", "max_tokens")]
     h.update(json.dumps([*parts, harness, [e["id"] for e in examples], n, split], default=str).encode())

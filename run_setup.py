@@ -13,11 +13,16 @@ import os
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent
+import domains
 
 
 class UserError(Exception):
     """A mistake in the command line or the inputs: one line, exit code 2."""
+
+
+# the flags that take one of a few words (--method and --domain: from METHODS and domains/)
+CHOICES = {"test_split": ("test", "val"), "engine": ("hf", "vllm"), "chat_format": ("auto", "template", "plain"),
+           "proposer": ("primitives", "self", "openai", "command"), "proposer_format": ("any", "file", "edit")}
 
 
 def check_args(a):
@@ -27,12 +32,11 @@ def check_args(a):
     if a.method not in methods and a.method != "eval":
         raise UserError(f"unknown method {a.method!r}; choose one of {', '.join([*methods, 'eval'])}")
     method = methods.get(a.method)  # None: --method eval
-    if not (ROOT / "domains" / f"{a.domain}.py").exists() or a.domain.startswith("_"):
-        raise UserError(f"unknown domain {a.domain!r}; choose searchqa, math or chess")
-    if a.test_split not in ("test", "val"):
-        raise UserError(f"unknown --test-split {a.test_split!r}; choose test or val")
-    if a.engine not in ("hf", "vllm"):
-        raise UserError(f"unknown engine {a.engine!r}; choose hf or vllm")
+    if a.domain not in domains.names():
+        raise UserError(f"unknown domain {a.domain!r}; choose one of {', '.join(domains.names())}")
+    for flag, words in CHOICES.items():
+        if getattr(a, flag) not in words:
+            raise UserError(f"unknown --{flag.replace('_', '-')} {getattr(a, flag)!r}; choose {' | '.join(words)}")
     if a.engine == "vllm" and importlib.util.find_spec("vllm") is None:  # optional: not in requirements.txt
         raise UserError("--engine vllm needs the vllm package, which this Python lacks: install "
                         "requirements-vllm.txt in its own environment (README, 'On GPUs'), or vllm on a CUDA machine")
@@ -47,10 +51,6 @@ def check_args(a):
         if why:
             why = why.replace("syntax error", "does not parse")
             raise UserError(f"harness file {a.harness} is not a harness: {why}")
-    if a.chat_format not in ("auto", "template", "plain"):
-        raise UserError(f"unknown chat format {a.chat_format!r}; choose auto, template or plain")
-    if a.proposer not in ("primitives", "self", "openai", "command"):
-        raise UserError(f"unknown proposer {a.proposer!r}; choose primitives, self, openai or command")
     if a.proposer == "openai" and not (a.proposer_url or os.environ.get("WHALE_PROPOSER_URL")):
         raise UserError("--proposer openai needs --proposer-url (or WHALE_PROPOSER_URL)")
     check_proposer_flags(a)
@@ -100,7 +100,8 @@ def check_args(a):
         try:
             sizes[split] = len(domain.load_split(split))
         except Exception as e:
-            raise UserError(f"cannot load the {a.domain} {split} split from {domain.DATA}: {type(e).__name__}: {e}")
+            source = getattr(domain, "DATA", domain.__file__)  # a domain without DATA generates its splits
+            raise UserError(f"cannot load the {a.domain} {split} split from {source}: {type(e).__name__}: {e}")
     if method and method.weights_until == "switch" and isinstance(policy, switch.Patience):  # (a small budget)
         min_w = policy.min_w or switch.epochs_to_steps(0.2, max(1, sizes["weight"] // a.prompts_per_step))
         if min_w * step >= a.budget:
@@ -142,8 +143,6 @@ def check_proposer_flags(a):
     """The phase-B proposer flags: values in range, and none given to a proposer that ignores it."""
     if a.proposer_max_tokens <= 0 or a.proposer_timeout < 0 or a.proposer_digest_chars < 1000:
         raise UserError("--proposer-max-tokens must be > 0, --proposer-timeout >= 0 and --proposer-digest-chars >= 1000")
-    if a.proposer_format not in ("any", "file", "edit"):
-        raise UserError(f"unknown --proposer-format {a.proposer_format!r}; choose any, file or edit")
     defaults = type(a)()
     for flag, users in (("proposer_max_tokens", ("self", "openai")), ("proposer_format", ("self", "openai")),
                         ("proposer_timeout", ("openai", "command")), ("proposer_api_key_env", ("openai",)),

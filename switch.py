@@ -6,19 +6,21 @@ Meta-Harness iterations). A switch policy answers two questions, and nothing els
   policy.weight_done(rewards, steps_per_epoch) -> bool
       asked after each phase-A rollout step; `rewards` is this phase's per-step
       mean training reward so far (one float per step, oldest first).
-  policy.harness_done(best_scores) -> bool
-      asked after each phase-B iteration; `best_scores` is the archive's best
-      score after each iteration so far. The incoming harness's evaluation is
-      iteration 1, so best_scores[0] is its score.
+  policy.harness_done(paper_scores) -> bool
+      asked after each phase-B iteration; `paper_scores` is the success of the
+      paper's choice (the archive's top scorer) after each iteration so far. The
+      incoming harness's evaluation is iteration 1, so paper_scores[0] is its score.
 
-Two policies, as in the paper:
-  Fixed(E, I)  E = weight-phase length in epochs of the weight pool (or E_steps
+Two policies, as in the paper (parse_schedule reads the --schedule spelling):
+  Fixed(E, I)  --schedule fixed:E,I or fixed-steps:E_steps,I.
+               E = weight-phase length in epochs of the weight pool (or E_steps
                rollout steps), I = harness iterations incl. the incoming eval.
                Paper's main setting (0.6, 6), best fixed (0.2, 6).
-  Patience     weight side: stop when the W-step moving average of the training
+  Patience     --schedule adaptive[:w=..]: the paper's adaptive switching.
+               Weight side: stop when the W-step moving average of the training
                reward has not set a new strict phase-best for P_w steps, after at
                least M steps (W = P_w = M = 0.2 epoch). Harness side: stop when the
-               archive's best has not strictly improved for P_h = 2 iterations,
+               paper's choice's score has not strictly improved for P_h = 2 iterations,
                after at least 6 iterations, and always at 15.
                The paper's launcher only wires the harness side; we wire both.
 
@@ -84,12 +86,12 @@ class Fixed:
     def weight_done(self, rewards: list[float], steps_per_epoch: int) -> bool:
         return len(rewards) >= self.weight_steps(steps_per_epoch)
 
-    def harness_done(self, best_scores: list[float]) -> bool:
-        return len(best_scores) >= self.I
+    def harness_done(self, paper_scores: list[float]) -> bool:
+        return len(paper_scores) >= self.I
 
 
 @dataclass(frozen=True)
-class Patience:
+class Patience:  # --schedule adaptive
     # Weight side, in rollout steps; None = 0.2 epoch of the weight pool (paper).
     w: int | None = None      # moving-average window
     pw: int | None = None     # steps without a new strict smoothed best
@@ -114,9 +116,9 @@ class Patience:
         # luck, so it rarely resets patience unless the trend is really rising.
         return len(rewards) >= min_w and stale(smoothed(rewards, w), pw)
 
-    def harness_done(self, best_scores: list[float]) -> bool:
-        n = len(best_scores)
-        return n >= self.max_h or (n >= self.min_h and stale(best_scores, self.ph))
+    def harness_done(self, paper_scores: list[float]) -> bool:
+        n = len(paper_scores)
+        return n >= self.max_h or (n >= self.min_h and stale(paper_scores, self.ph))
 
 
 def _pos_int(v) -> bool:

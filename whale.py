@@ -6,7 +6,8 @@ parses answers and decides when to stop). WHALE improves both, alternating
   phase A (rs_sft.py)        roll out under the current harness, keep the verified rollouts,
                              fine-tune on the model's own tokens;
   phase B (meta_harness.py)  a proposer (proposers.py) writes new harness files from an
-                             archive of candidates, scores and traces; the best carries on;
+                             archive of candidates, scores and traces; the incumbent (the
+                             candidate a paired sign test kept) carries on;
 and switch.py decides when to change phase. Every method spends the same budget of target
 rollouts; METHODS below says, as data, what each one does with it.
 
@@ -37,7 +38,8 @@ def arg(default, help):
 
 @dataclass
 class Args:
-    domain: str = arg("searchqa", "task family: a file domains/<name>.py (searchqa, math, chess)")
+    domain: str = arg("searchqa", "task family: a file domains/<name>.py (searchqa, math, chess; template: "
+                                  "the commented example to copy)")
     method: str = arg("whale", "whale | fst | weight-only | harness-only | stagewise | eval")
     schedule: str = arg("fixed-steps:4,3", "switch policy: fixed:E,I (epochs) | fixed-steps:S,I | adaptive[:w=..] "
                                            "(I counts the incoming harness: 3 = two proposer iterations)")
@@ -204,14 +206,14 @@ def weight_phase(run, s):
 def weight_phase_over(run, s) -> bool:
     """Asked after every RSFT step. A weight phase ends when the budget buys no further step (the
     run ends with it, unless the method still owes its harness stage), else as the method says."""
-    a, st, m = s.a, run.state, s.method
+    a, st, method = s.a, run.state, s.method
     left = a.budget - st["rollouts"]
     if left < s.step_cost:
-        st["done"] = not (m.one_pass and m.harness_until)  # stagewise's harness stage comes next
+        st["done"] = not (method.one_pass and method.harness_until)  # stagewise's harness stage comes next
         return True
-    if m.weights_until == "budget":
+    if method.weights_until == "budget":
         return False
-    if m.weights_until == "share":
+    if method.weights_until == "share":
         return st["rollouts"] >= s.weight_share * a.budget
     if left < s.iter_cost + s.step_cost:
         return False  # no room for another harness phase and a weight step after it: run to the end
@@ -223,9 +225,9 @@ def harness_phase(run, s):
     the archive after a crash); the search's incumbent carries on."""
     import meta_harness
     import rollout
-    a, st, m = s.a, run.state, s.method
+    a, st, method = s.a, run.state, s.method
     archive = run.dir / "archive" / f"phase{st['cycle']:02d}"
-    reserve = 0 if m.one_pass else s.step_cost  # room for the weight phase that follows the search
+    reserve = 0 if method.one_pass else s.step_cost  # room for the weight phase that follows the search
     cand_cost = len(s.search_set) * a.harness_n   # one candidate on the search set
 
     def affordable():  # candidates the budget still pays for: the last iteration may be smaller
@@ -235,9 +237,11 @@ def harness_phase(run, s):
     def should_stop(history):  # -> why the phase ends (a sentence), or False
         if affordable() == 0:
             return f"budget: {a.budget - reserve} rollouts spent or reserved, a candidate costs {cand_cost}"
-        return m.harness_until == "switch" and s.policy.harness_done(history) and "switch policy: harness phase done"
+        return (method.harness_until == "switch" and s.policy.harness_done(history)
+                and "switch policy: harness phase done")
 
-    def evaluate(source, examples, tag):  # one candidate on the search set
+    def run_candidate(source, examples, name):  # one candidate on the search set
+        # seeded by example, not by the candidate's name: every candidate gets the same draws (a sharper sign test)
         records = rollout.run(s.engine, s.domain, source, examples, a.harness_n, seed=(a.seed, "B", st["cycle"]),
                               sampling=s.sampling, max_tokens=a.max_tokens, progress=run.bar)
         rollout.crash_point("harness_eval")
@@ -249,27 +253,27 @@ def harness_phase(run, s):
         return None if rec["status"] == "ok" else f"{rec['status']}: {rec['error']}"
 
     res = meta_harness.search_phase(
-        st["harness"], s.domain, s.search_set, evaluate, validate_run, make_proposer(a, s.domain, s.engine),
+        st["harness"], s.domain, s.search_set, run_candidate, validate_run, make_proposer(a, s.domain, s.engine),
         archive_dir=str(archive), k=a.candidates, should_stop=should_stop, affordable=affordable,
         accept_alpha=a.accept_alpha,
-        prompt_only_base=s.h0 if m.prompt_only else None,
+        prompt_only_base=s.h0 if method.prompt_only else None,
         log=lambda e: run.log({"event": e.pop("event"), "cycle": st["cycle"], **e}))  # a resumed search replays
     c = res["counters"]                                                               # its finished events
     run.spend(c.get("rollouts", 0), **{k: c.get(k, 0) for k in ("proposer_calls", "proposer_prompt_tokens",
               "proposer_completion_tokens", "proposer_seconds", "proposer_cost_usd")},
               harness_candidates=c.get("candidates", 0), harness_invalid=c.get("invalid", 0),
               harness_accepted=c.get("accepted", 0))
-    st["harness"] = res["best_source"]
+    st["harness"] = res["incumbent_source"]
     (run.dir / "harnesses").mkdir(exist_ok=True)
     (run.dir / "harnesses" / f"cycle{st['cycle']:02d}.py").write_text(st["harness"])
-    st.update(phase="A", cycle=st["cycle"] + 1, pending_eval=f"B{st['cycle']}", done=m.one_pass)
+    st.update(phase="A", cycle=st["cycle"] + 1, pending_eval=f"B{st['cycle']}", done=method.one_pass)
     run.checkpoint(s.engine, s.optimizer, model_changed=False)
 
 
 # -----------------------------------------------------------------------------
 # Evaluation
 
-def evaluate(run, s, split, examples, n, tag, harness=None):
+def evaluate_and_log(run, s, split, examples, n, tag, harness=None):
     """mean@n of (current weights, harness) on examples; logged and kept in the state. The initial
     test evaluation of (model, h0) is the same for every method of a domain and seed: cached."""
     import rollout
@@ -302,11 +306,11 @@ def after_phase(run, s):
     if tag is None:
         return
     if tag == "initial":
-        evaluate(run, s, "test", s.test, a.test_n, "initial")
+        evaluate_and_log(run, s, "test", s.test, a.test_n, "initial")
     if s.method is not None:
-        v = evaluate(run, s, "val", s.val, a.val_n, tag)
+        v = evaluate_and_log(run, s, "val", s.val, a.val_n, tag)
         if a.test_subset and tag != "initial":
-            evaluate(run, s, "test_subset", s.test[:a.test_subset], a.test_n, tag)
+            evaluate_and_log(run, s, "test_subset", s.test[:a.test_subset], a.test_n, tag)
         better = st["best_val"] is None or v["mean"] > st["best_val"]["mean"]
         if better:
             st["best_val"] = {**v, "harness": st["harness"]}
@@ -323,7 +327,7 @@ def finish(run, s):
     run.bar.close()
     tests = {e["tag"]: e for e in st["evals"] if e["split"] == "test"}
     if s.method is not None and "final" not in tests:
-        tests["final"] = evaluate(run, s, "test", s.test, a.test_n, "final")
+        tests["final"] = evaluate_and_log(run, s, "test", s.test, a.test_n, "final")
         run.checkpoint(s.engine, s.optimizer, model_changed=False)
     initial = tests["initial"]
     final = tests.get("final", initial)
@@ -334,8 +338,8 @@ def finish(run, s):
         best_val_test = final
     else:  # the point chosen on validation is an earlier one: load it and score it on the full test split
         run.load_weights("best_val", s.engine)
-        best_val_test = tests["best_val"] = evaluate(run, s, "test", s.test, a.test_n, "best_val",
-                                                     harness=best["harness"])
+        best_val_test = tests["best_val"] = evaluate_and_log(run, s, "test", s.test, a.test_n, "best_val",
+                                                             harness=best["harness"])
     rd.plot_curve(run.dir, st["evals"], f"{a.method} on {a.domain} (seed {a.seed})")
     run.print_summary(run.write_summary(tests, best_val_test))
     run.write_report()

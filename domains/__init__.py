@@ -1,10 +1,18 @@
-"""domains/: one file per task family (searchqa, math, chess). Each holds its data splits,
-tools, verifier, seed harness h0 and the axes the harness search may change.
+"""domains/: one file per task family (searchqa, math, chess; template.py is the commented
+example to copy). Each holds its data splits, tools, verifier, seed harness <name>_h0.py and the
+axes the harness search may change.
 
-This file holds the one helper they share: the record check every load_split runs, so that a
-data file a fork brings (WHALE_DATA) fails with one clear line at start-up, not a KeyError in
-the middle of a run.
+This file holds what they share: the list of domain names (what --domain accepts) and the record
+check every load_split of a data file runs, so that a data file a fork brings (WHALE_DATA) fails
+with one clear line at start-up, not a KeyError in the middle of a run.
 """
+from pathlib import Path
+
+
+def names():
+    """The domains: every domains/<name>.py except the seed harnesses (<name>_h0.py) and _private files."""
+    return sorted(p.stem for p in Path(__file__).parent.glob("*.py")
+                  if not p.stem.startswith("_") and not p.stem.endswith("_h0"))
 
 
 def check_records(records, path, task_keys, answer_keys):

@@ -10,11 +10,12 @@ The page follows the run's order:
                best-on-test with 95% intervals, the paired gain, and an SVG curve of every
                evaluation against target rollouts with the phases shaded;
   phase A      one row per RSFT step: training reward, kept rollouts, trained tokens, loss;
-  phase B      per iteration: the archive's best, the run's acceptance test (paired sign test
-               against the incumbent: better / worse counts, p, accepted or not), and per
-               candidate its proposer, note, validation outcome, search-set score, the same
-               paired test against the incumbent, its change as a highlighted diff against
-               its parent, and two failed and one successful trace (collapsed <details>);
+  phase B      per iteration: the paper's choice (the archive's top scorer), the run's
+               acceptance test (paired sign test against the incumbent: better / worse
+               counts, p, accepted or not), and per candidate its proposer, note,
+               validation outcome, search-set score, the same paired test against the
+               incumbent, its change as a highlighted diff against its parent, and two
+               failed and one successful trace (collapsed <details>);
   final        the harness the run ended with (or holds now, if it is still running), in full.
 
 Everything the page shows comes from the run directory (run_dir.py and meta_harness.py describe
@@ -509,7 +510,7 @@ def render_phase_b(section, phase, run):
                      | {i for i in iterations if isinstance(i, int)})
     parts = [title, intro]
     incumbent = "cand_000"
-    run_tests = {}  # candidate -> the run's tests of it: an archive's best can be tested in later iterations too
+    run_tests = {}  # candidate -> the run's tests of it: a paper's choice can be tested in later iterations too
     for line in phase["iterations"]:
         if isinstance(line.get("test"), dict):
             run_tests.setdefault(line["test"].get("cand"), []).append((line.get("iteration"), line["test"],
@@ -531,7 +532,7 @@ ITER_KNOWN = {"iteration", "cands", "iteration_best", "archive_best", "paper_cho
 
 
 def render_iteration(it, line, members, by_name, incumbent_before, run_tests):
-    """One iteration: what the run decided (the archive's best, its paired test, the incumbent
+    """One iteration: what the run decided (the paper's choice, its paired test, the incumbent
     after), then its candidates."""
     head = f'<h3 id="{esc(_anchor(members, it))}">Iteration {esc(it)}</h3>'
     if line is None:
@@ -540,16 +541,18 @@ def render_iteration(it, line, members, by_name, incumbent_before, run_tests):
         test = line.get("test") if isinstance(line.get("test"), dict) else None
         if test:
             verdict = badge("accepted", "ok") if line.get("accepted") else badge("not accepted", "no")
-            decided = (f'<p class="accept-test">Acceptance test: <b>{esc(test.get("cand"))}</b> (the archive\'s best, '
-                       f'success {num(line.get("paper_success"))}) against the incumbent <b>{esc(test.get("vs"))}</b> '
+            decided = (f'<p class="accept-test">Acceptance test: <b>{esc(test.get("cand"))}</b> '
+                       f'(the paper\'s choice: the archive\'s top scorer, success {num(line.get("paper_success"))}) '
+                       f'against the incumbent <b>{esc(test.get("vs"))}</b> '
                        f'on the same examples: better on <b>{esc(test.get("b"))}</b>, '
                        f'worse on <b>{esc(test.get("c"))}</b>, p = <b>{num(test.get("p"), 4)}</b> '
                        f'(accept if better &gt; worse and p ≤ α = {esc(test.get("alpha"))}) '
                        f'{verdict}. Incumbent after: <b>{esc(line.get("incumbent"))}</b> '
                        f'(success {num(line.get("incumbent_success"))}).</p>')
         else:
-            decided = (f'<p class="accept-test">No acceptance test: the archive\'s best is the incumbent '
-                       f'<b>{esc(line.get("incumbent"))}</b> (success {num(line.get("incumbent_success"))}).</p>')
+            decided = (f'<p class="accept-test">No acceptance test: the paper\'s choice (the archive\'s top '
+                       f'scorer) is the incumbent <b>{esc(line.get("incumbent"))}</b> '
+                       f'(success {num(line.get("incumbent_success"))}).</p>')
         cost = _as_dict(line.get("cost"))
         if cost.get("proposer_calls"):
             decided += (f"<p class=dim>proposer: {esc(cost.get('proposer_calls'))} call(s), "
@@ -606,7 +609,7 @@ def render_candidate(c, by_name, incumbent, run_tests):
 
 def render_paired(c, inc, run_tests):
     """The run's own tests of this candidate when there are any; otherwise the same sign test
-    computed here against the incumbent of its iteration (the run tests only the archive's best)."""
+    computed here against the incumbent of its iteration (the run tests only the paper's choice)."""
     if run_tests:
         return "<br>".join(
             f'<span class="paired">vs {esc(t.get("vs"))}: better on <b>{esc(t.get("b"))}</b>, worse on '
@@ -621,8 +624,8 @@ def render_paired(c, inc, run_tests):
         return f'<span class="paired">not comparable with {esc(inc["name"])} (other examples)</span>'
     better, worse, p = sign_test(a["per_example"], b.get("per_example") or [])
     return (f'<span class="paired">vs {esc(inc["name"])}: better on <b>{better}</b>, worse on <b>{worse}</b>, '
-            f'p = <b>{p:.4f}</b> <span class=dim>(computed here: the run tests only the archive\'s best '
-            f'candidate of an iteration)</span></span>')
+            f'p = <b>{p:.4f}</b> <span class=dim>(computed here: the run tests only the paper\'s choice, '
+            f'the archive\'s top scorer of an iteration)</span></span>')
 
 
 def render_change(c, by_name):
