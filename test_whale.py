@@ -867,6 +867,8 @@ def check_outcome(recs, exp):
             assert len(rec["answer"]) == exp["answer_len"]
         if "stdout_len" in exp:
             assert len(rec["stdout"]) == exp["stdout_len"]
+        if "stdout" in exp:
+            assert rec["stdout"] == exp["stdout"], rec
         if "n_calls" in exp:
             assert len(rec["calls"]) == exp["n_calls"]
         if "n_tool_calls" in exp:
@@ -906,12 +908,14 @@ def timed(llm_batch, times):
 ISSUE_20_ATTACKS = {"read_data_copy", "read_other_checkout", "sqlite_attach", "sqlite_vacuum_into",
                     "mutate_hook_tables", "deep_tool_args", "deep_tool_args_forged", "huge_token_prompt",
                     "llm_flood"}
+ISSUE_35_TEXT_PATHS = {"surrogate_prompt", "surrogate_system_message", "surrogate_tool_args", "surrogate_output",
+                       "surrogate_error", "surrogate_load_error"}  # one per way text gets from a child to the parent
 
 
 def test_hostile_suite_is_complete():
     # test_hostile_harness runs every file in hostile/ (nothing there is left out by its name)
     assert [p.name for p in HOSTILE] == sorted(p.name for p in (ROOT / "hostile").iterdir())
-    assert ISSUE_20_ATTACKS <= {p.stem for p in HOSTILE}
+    assert ISSUE_20_ATTACKS | ISSUE_35_TEXT_PATHS <= {p.stem for p in HOSTILE}
     for path in HOSTILE:  # test_hostile_harness runs every one of these files
         doc = path.read_text().split('"""')[1]
         assert doc.startswith("Attack"), path.name
@@ -945,6 +949,7 @@ def test_hostile_harness(path, monkeypatch, hostile_files, request):
         if rec["status"] == "timeout":  # model time counts: a flood overruns its deadline by one batch at most
             assert rec["charged_s"] <= timeout + max(times, default=0.0) + 0.25, rec
         json.dumps(mh._drop_token_ids(rec), default=str)  # phase B writes every record like this
+        json.dumps(rec, ensure_ascii=False).encode("utf-8")  # every string in it is valid Unicode (surrogate_*.py)
     assert not PWNED.exists()
     assert our_children() == []  # the sandbox process was killed and reaped
     # the parent is alive (we are running) and the machinery still works
