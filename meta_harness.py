@@ -580,6 +580,8 @@ def _propose(propose, archive_dir, k, log):
         errors = list(getattr(propose, "errors", []) or [])
     except Exception as e:
         cands, errors = [], [f"proposer raised {type(e).__name__}: {e}"]
+    # (an agent's own words, e.g. from its JSON output, go to the console and iterations.jsonl)
+    errors = [valid_text(str(e), replace=True) for e in errors]
     stats = dict(getattr(propose, "stats", {}) or {})
     cost = {f"proposer_{key}": stats.get(key, 0) - stats0.get(key, 0) for key in PROPOSER_COST_KEYS}
     cost["proposer_calls"] = cost["proposer_calls"] or 1  # a plain callable counts as one call

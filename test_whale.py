@@ -2609,6 +2609,15 @@ def test_proposer_reply_or_candidate_with_a_lone_surrogate_is_a_failed_call_or_a
     assert mh.static_check(bad).startswith("the source is not valid Unicode")
     assert res["iterations"] == 2 and [e["status"] for e in events if e["event"] == "harness_candidate"][-2] == "invalid"
 
+    def agent(archive_dir, k):  # a proposer whose error text (e.g. an agent's JSON output) holds one
+        agent.errors = ["agent reported an error: \udc80"]
+        return []
+    mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate, agent, archive_dir=d,
+                    should_stop=stop_after(3), log=events.append)
+    said = [e["reason"] for e in events if e["event"] == "proposer_error"]
+    assert said[-1] == "agent reported an error: \ufffd"  # the console and metrics.jsonl get valid text
+    assert mh.read_jsonl(os.path.join(d, "iterations.jsonl"))[-1]["proposer_errors"] == [said[-1]]
+
 
 @pytest.mark.slow
 def test_archive_written_before_the_text_rule_resumes_and_reaches_the_tokenizer_clean(tmp_path, hf):
