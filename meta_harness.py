@@ -3,7 +3,7 @@
 One harness phase = one search = one archive directory on disk:
   iteration 0   evaluate the incoming harness as cand_000 (it is the incumbent);
   iteration i   a proposer reads the archive and writes k new harness files; each one is
-                validated (parses, defines run(task, llm, tools), imports only the standard
+                validated (valid Unicode, parses, defines run(task, llm, tools), imports only the standard
                 library, is not a repeat of an archived source, [prompt-only: differs from
                 the base only in the domain's PROMPT_AXES], runs ONE task in the sandbox),
                 then evaluated once per example of D_harness. Valid or not, all is archived.

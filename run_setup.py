@@ -5,7 +5,9 @@ check_args finds every mistake a command line can hold (unknown names, missing f
 that contradict each other, a corrupt data file, a proposer endpoint that does not answer)
 and raises UserError, which whale.py prints as one line with exit code 2, before anything is
 written. open_run makes a new run directory with config.json, or reopens the one --resume
-names with its saved settings, refusing a resume that would change what the run means.
+names with its saved settings (config.json and state.json checked by check_saved_run), refusing
+a resume that would change what the run means; either way it removes the sandbox scratch dirs
+that killed runs left in /tmp (sandbox.clean_dead_scratch).
 """
 import importlib
 import importlib.util

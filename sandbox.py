@@ -39,11 +39,15 @@ The layers, from the inside out (all applied in every mode unless noted):
   stderr are /dev/null (print() goes to a capped per-rollout buffer), cwd is scratch.
 - Parent checks (this process): 4 MB frames, decode errors, an iterative depth check
   (MAX_DEPTH) right after decoding and before anything recursive, strict validation of every
-  message; llm() calls capped in characters, messages and (rollout.py) prompt tokens before
-  any prefill; call budgets; per-rollout deadlines that charge the harness's own time, its
-  tools and its share of every model batch; a batch timeout; SIGKILL to the child's process
-  group when the batch ends, PR_SET_PDEATHSIG. A dead, hung or garbling child costs that
+  message; text that is not valid Unicode (lone surrogates, valid_text) refused in prompts and
+  tool calls and kept as U+FFFD in output, errors and answers; llm() calls capped in
+  characters, messages and (rollout.py) prompt tokens before any prefill; call budgets;
+  per-rollout deadlines that charge the harness's own time, its tools and its share of every
+  model batch; a batch timeout; SIGKILL to the child's process group when the batch ends,
+  PR_SET_PDEATHSIG. A dead, hung or garbling child costs that
   batch its results ("crash" / "timeout" / "protocol" per unfinished rollout), never the run.
+  Scratch dirs are named with the parent's pid, so that a parent killed with SIGKILL leaves one
+  that the next run removes (clean_dead_scratch).
 
 Which layer stops what (strongest first; hostile/ holds a harness for every row, the file
 ones with the audit hook defeated first, see read_data_copy.py):
@@ -61,6 +65,7 @@ ones with the audit hook defeated first, see read_data_copy.py):
     hang, sleep, llm()/tool flood                   parent: deadline incl. model and tool time
     huge-token prompt, 100k messages                parent: message cap, token cap (before prefill)
     deep/huge/garbled/forged messages               parent: frame cap, depth check, validation
+    lone surrogates (tokenizer, file, log crash)    parent: valid_text at every boundary
     see answers, fake scores, change sampling       design: they never leave the parent
 
 What it does NOT protect against (it is not a security boundary for hostile humans):
