@@ -3,9 +3,10 @@
 One harness phase = one search = one archive directory on disk:
   iteration 0   evaluate the incoming harness as cand_000 (it is the incumbent);
   iteration i   a proposer reads the archive and writes k new harness files; each one is
-                validated (valid Unicode, parses, defines run(task, llm, tools), imports only the standard
-                library, is not a repeat of an archived source, [prompt-only: differs from
-                the base only in the domain's PROMPT_AXES], runs ONE task in the sandbox),
+                validated (valid Unicode, parses, defines run(task, llm, tools), imports only
+                the standard library, is not a repeat of an archived source, [prompt-only:
+                differs from the base only in the domain's PROMPT_AXES], runs ONE task in the
+                sandbox),
                 then evaluated once per example of D_harness. Valid or not, all is archived.
   selection     the paper takes the archive argmax of (success desc, mean turns asc). We log
                 that choice every iteration, but the incumbent is replaced only when a
@@ -246,6 +247,7 @@ def read_jsonl(path):
     out = []
     for line in (read_text(path, "") or "").splitlines():
         try:
+            # (json.dumps writes a surrogate as a backslash-u escape: a line without one holds none)
             out.append(_valid_strings(json.loads(line)) if "\\u" in line else json.loads(line))
         except ValueError:
             pass  # a line cut short by a crash

@@ -44,8 +44,8 @@ The layers, from the inside out (all applied in every mode unless noted):
   characters, messages and (rollout.py) prompt tokens before any prefill; call budgets;
   per-rollout deadlines that charge the harness's own time, its tools and its share of every
   model batch; a batch timeout; SIGKILL to the child's process group when the batch ends,
-  PR_SET_PDEATHSIG. A dead, hung or garbling child costs that
-  batch its results ("crash" / "timeout" / "protocol" per unfinished rollout), never the run.
+  PR_SET_PDEATHSIG. A dead, hung or garbling child costs that batch its results ("crash" /
+  "timeout" / "protocol" per unfinished rollout), never the run.
   Scratch dirs are named with the parent's pid, so that a parent killed with SIGKILL leaves one
   that the next run removes (clean_dead_scratch).
 
