@@ -134,7 +134,7 @@ FSIZE_MB = 16                # largest file the child may write
 NOFILE = 64
 NOBODY = 65534
 ROLES = ("system", "user", "assistant")
-SCRATCH_PREFIX = "whale_sbx_"  # + <pid of the parent>_<random>, in the temp dir (see clean_dead_scratch)
+SCRATCH_PREFIX = "whale_sbx_"  # + <pid of the parent>-<random>, in the temp dir (see clean_dead_scratch)
 
 
 class ToolError(Exception):
@@ -436,7 +436,7 @@ class _Child:
         plan = _plan()
         # The owner's pid in the name: a parent killed with SIGKILL cannot remove its scratch, and
         # clean_dead_scratch() removes it on the next start once that pid is gone.
-        self.scratch = os.path.realpath(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}_"))
+        self.scratch = os.path.realpath(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-"))
         covers = {d for d in (plan["repo"], os.path.realpath(os.getcwd()), plan["hidden"])
                   if d and d != "/" and not any(_under(s, d) for s in _SYSTEM_DIRS)
                   and not _under(self.scratch, d)}
@@ -570,15 +570,16 @@ class _Child:
 
 def clean_dead_scratch():
     """Remove the scratch directories of sandbox parents that died without cleaning up (kill -9,
-    a power cut): /tmp/whale_sbx_<pid>_* whose <pid> no longer exists. Only those: a directory
-    of a live process (another run on this machine), one named the old way without a pid, or
-    one whose pid was reused by a new process is left alone. whale.py calls it on every start
+    a power cut): /tmp/whale_sbx_<pid>-* whose <pid> no longer exists. Only those: a directory
+    of a live process (another run on this machine), one named the old way without a pid (its
+    random part never has a "-", so it cannot pass for a pid), or one whose pid was reused by a
+    new process is left alone. whale.py calls it on every start
     and resume. Returns the paths removed."""
     import re, shutil, tempfile  # parent only
     removed = []
     root = tempfile.gettempdir()
     for name in os.listdir(root):
-        m = re.fullmatch(re.escape(SCRATCH_PREFIX) + r"(\d+)_\w+", name)
+        m = re.fullmatch(re.escape(SCRATCH_PREFIX) + r"(\d+)-\w+", name)
         if not m:
             continue
         try:

@@ -1360,7 +1360,7 @@ def test_run_python():
 # ---- what a killed run leaves behind: its scratch dirs, its records -----------------------------
 
 def scratch_dirs(pid):
-    return sorted(Path(tempfile.gettempdir()).glob(f"{sandbox.SCRATCH_PREFIX}{pid}_*"))
+    return sorted(Path(tempfile.gettempdir()).glob(f"{sandbox.SCRATCH_PREFIX}{pid}-*"))
 
 
 @pytest.mark.slow
@@ -1380,8 +1380,10 @@ def test_scratch_of_a_killed_parent_is_removed_by_the_next_clean_and_no_other():
     parent.wait()
     dead = scratch_dirs(parent.pid)
     assert len(dead) == 1
-    live = Path(tempfile.mkdtemp(prefix=f"{sandbox.SCRATCH_PREFIX}{os.getpid()}_"))
-    unnamed = Path(tempfile.mkdtemp(prefix=sandbox.SCRATCH_PREFIX))  # made before pids were in the name
+    live = Path(tempfile.mkdtemp(prefix=f"{sandbox.SCRATCH_PREFIX}{os.getpid()}-"))
+    # named before pids were in the name, by a run of older code that may be alive: its random
+    # part may start like a pid of a process that is gone ("12_ab3x9q")
+    unnamed = Path(tempfile.mkdtemp(prefix=f"{sandbox.SCRATCH_PREFIX}{2 ** 22 + 1}_"))
     try:
         removed = sandbox.clean_dead_scratch()
         assert str(dead[0]) in removed and not dead[0].exists()
