@@ -1399,8 +1399,8 @@ def test_hostile_prompt_through_whale_eval_killed_then_resumed_and_its_scratch_r
     crashed after 11 s (the tokenizer's TypeError), and so did every --resume. Now the call is a
     ToolError in the harness; a run killed with SIGKILL in its first model batch resumes to the
     end, and the resume removes the scratch dir the killed run's sandbox left in /tmp."""
-    h = tmp_path / "h.py"
-    h.write_text('def run(task, llm, tools):\n    try:\n        llm("Say yes. \\ud800")\n'
+    h = tmp_path / "h.py"  # (a new source every time: a cached initial evaluation would sample nothing)
+    h.write_text(f'# {time.time_ns()}\ndef run(task, llm, tools):\n    try:\n        llm("Say yes. \\ud800")\n'
                  '    except ToolError as e:\n        print(e)\n    return llm("Say yes.")\n')
     out = tmp_path / "run"
     args = ["--method", "eval", "--harness", str(h), "--test-limit", "2", "--test-n", "1", "--max-tokens", "8"]
