@@ -3,9 +3,10 @@
 One harness phase = one search = one archive directory on disk:
   iteration 0   evaluate the incoming harness as cand_000 (it is the incumbent);
   iteration i   a proposer reads the archive and writes k new harness files; each one is
-                validated (parses, defines run(task, llm, tools), imports only the standard
-                library, is not a repeat of an archived source, [prompt-only: differs from
-                the base only in the domain's PROMPT_AXES], runs ONE task in the sandbox),
+                validated (valid Unicode, parses, defines run(task, llm, tools), imports only
+                the standard library, is not a repeat of an archived source, [prompt-only:
+                differs from the base only in the domain's PROMPT_AXES], runs ONE task in the
+                sandbox),
                 then evaluated once per example of D_harness. Valid or not, all is archived.
   selection     the paper takes the archive argmax of (success desc, mean turns asc): the
                 paper's choice, the archive's top scorer, which proposers edit. We log
@@ -73,6 +74,8 @@ import sys
 import textwrap
 import time
 from collections import Counter
+
+from sandbox import valid_text  # the one text rule (lone surrogates), at every boundary
 
 EMPTY_ITERATIONS_TO_STOP = 3  # consecutive iterations without a valid candidate end a phase
 BACKOFF = (1.0, 60.0)         # seconds before the next call after a failed proposer call: first, cap
@@ -210,9 +213,21 @@ def cand_name(i):
 def read_json(path, default=None):
     try:
         with open(path) as f:
-            return json.load(f)
+            return _valid_strings(json.load(f))
     except (OSError, ValueError):
         return default
+
+
+def _valid_strings(obj):
+    """obj as json.loads gave it, with lone surrogates in its strings replaced (valid_text). An
+    archive written before every boundary checked its text may hold "\\ud800" escapes, which
+    json.loads turns back into surrogates; a resumed search must not hand them on to a prompt,
+    a tokenizer or a file."""
+    try:
+        json.dumps(obj, ensure_ascii=False).encode("utf-8")  # the common case: nothing to do
+        return obj
+    except UnicodeEncodeError:
+        return json.loads(valid_text(json.dumps(obj, ensure_ascii=False), replace=True))
 
 
 def _write_json(path, obj):
@@ -234,7 +249,8 @@ def read_jsonl(path):
     out = []
     for line in (read_text(path, "") or "").splitlines():
         try:
-            out.append(json.loads(line))
+            # (json.dumps writes a surrogate as a backslash-u escape: a line without one holds none)
+            out.append(_valid_strings(json.loads(line)) if "\\u" in line else json.loads(line))
         except ValueError:
             pass  # a line cut short by a crash
     return out
@@ -414,6 +430,10 @@ def static_check(source):
     if not isinstance(source, str) or not source.strip():
         return "empty source (the proposer returned no code)"
     try:
+        valid_text(source, "the source")
+    except ValueError as e:
+        return str(e)
+    try:
         tree = ast.parse(source)
     except SyntaxError as e:
         return f"syntax error: {e.msg} (line {e.lineno})"
@@ -455,20 +475,25 @@ def spent_rollouts(archive_dir):
 def _write_candidate(archive_dir, num, cand, iteration, proposal_cost):
     d = os.path.join(archive_dir, cand_name(num))
     os.makedirs(d, exist_ok=True)
-    src = cand.get("source")
+    src = cand.get("source") if isinstance(cand.get("source"), str) else ""
+    reject = cand.get("reject")
+    try:  # a source that is not valid Unicode is an invalid candidate, archived with U+FFFD in its place
+        valid_text(src, "the candidate's source")
+    except ValueError as e:
+        src, reject = valid_text(src, replace=True), reject or str(e)
     with open(os.path.join(d, "harness.py"), "w") as f:
-        f.write(src if isinstance(src, str) else "")
+        f.write(src)
     if cand.get("raw"):
         with open(os.path.join(d, "reply.txt"), "w") as f:
-            f.write(str(cand["raw"]))
+            f.write(valid_text(str(cand["raw"]), replace=True))
     # The proposer's cost travels with the iteration's candidates so a resumed run can still
     # book it when it finishes the iteration. `reject` is a reason the proposer already knows
     # (a reply cut at the length limit, an edit that does not apply): kept so a resumed run
     # rejects the candidate for the same reason.
     _write_json(os.path.join(d, "meta.json"), dict(
         iteration=iteration, proposer=str(cand.get("proposer", "?")), parent=cand.get("parent"),
-        axis=cand.get("axis"), note=str(cand.get("note", ""))[:2000], format=cand.get("format"),
-        finish=cand.get("finish"), reject=cand.get("reject"), proposal_cost=proposal_cost))
+        axis=cand.get("axis"), note=valid_text(str(cand.get("note", ""))[:2000], replace=True),
+        format=cand.get("format"), finish=cand.get("finish"), reject=reject, proposal_cost=proposal_cost))
 
 
 def _summary_line(c):
@@ -518,9 +543,10 @@ def _finish_candidate(c, archive_dir, archive, examples, ids, run_candidate, val
             except Exception as e:  # a validator failure rejects the candidate, not the run
                 reason = f"validate_run raised {type(e).__name__}: {e}"
     if reason is not None:
+        reason = valid_text(str(reason), replace=True)  # e.g. a harness's own error text
         with open(os.path.join(d, "invalid.txt"), "w") as f:
-            f.write(str(reason).strip() + "\n")
-        c["invalid"] = str(reason)
+            f.write(reason.strip() + "\n")
+        c["invalid"] = reason
         line = _summary_line(c)
         append_jsonl(os.path.join(archive_dir, "summary.jsonl"), line)
         log(_candidate_event(line))
@@ -560,6 +586,8 @@ def _propose(propose, archive_dir, k, log):
         errors = list(getattr(propose, "errors", []) or [])
     except Exception as e:
         cands, errors = [], [f"proposer raised {type(e).__name__}: {e}"]
+    # (an agent's own words, e.g. from its JSON output, go to the console and iterations.jsonl)
+    errors = [valid_text(str(e), replace=True) for e in errors]
     stats = dict(getattr(propose, "stats", {}) or {})
     cost = {f"proposer_{key}": stats.get(key, 0) - stats0.get(key, 0) for key in PROPOSER_COST_KEYS}
     cost["proposer_calls"] = cost["proposer_calls"] or 1  # a plain callable counts as one call

@@ -60,6 +60,7 @@ import urllib.request
 from collections import Counter
 
 import meta_harness as mh
+from sandbox import valid_text
 
 MAX_CANDIDATE_BYTES = 200_000  # a harness file is ~3-5 kB; anything this big is not one
 KEEP_BYTES = 1 << 20           # archive files up to this size are restorable after an agent call
@@ -464,6 +465,7 @@ def _llm_proposer(name, domain, ask, digest_chars, reply_format="any", transport
             t0 = time.time()
             try:
                 text, usage, finish = ask(prompt)
+                valid_text(text, f"the {name} reply")  # a lone surrogate (a JSON "\\ud800"): a failed call
             except Exception as e:
                 detail = f": {_short(getattr(e, 'body', ''), 200)}" if getattr(e, "body", "") else ""
                 propose.errors.append(f"{name} call {i + 1}/{k}: {type(e).__name__}: {_short(e, 300)}{detail}")

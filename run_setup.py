@@ -5,7 +5,9 @@ check_args finds every mistake a command line can hold (unknown names, missing f
 that contradict each other, a corrupt data file, a proposer endpoint that does not answer)
 and raises UserError, which whale.py prints as one line with exit code 2, before anything is
 written. open_run makes a new run directory with config.json, or reopens the one --resume
-names with its saved settings, refusing a resume that would change what the run means.
+names with its saved settings (config.json and state.json checked by check_saved_run), refusing
+a resume that would change what the run means; either way it removes the sandbox scratch dirs
+that killed runs left in /tmp (sandbox.clean_dead_scratch).
 """
 import importlib
 import importlib.util
@@ -28,7 +30,16 @@ CHOICES = {"test_split": ("test", "val"), "engine": ("hf", "vllm"), "chat_format
 def check_args(a):
     """Every mistake a command line can hold, found before a run directory exists. `a` is whale.Args;
     the method table METHODS lives beside it in whale.py, and the checks read its fields."""
+    import dataclasses
+    import math
     methods = sys.modules[type(a).__module__].METHODS  # whale.py's (also when it runs as __main__)
+    for f in dataclasses.fields(a):  # nan passes every range check below (nan < 0 is False); inf means nothing here
+        if type(f.default) is float and not math.isfinite(getattr(a, f.name)):
+            raise UserError(f"--{f.name.replace('_', '-')} must be a finite number, not {getattr(a, f.name)}")
+    if a.out and not a.resume:  # the run directory must be one we can make (a file there, or above it, is not)
+        there = next(p for p in (Path(a.out).absolute(), *Path(a.out).absolute().parents) if p.exists())
+        if not there.is_dir():
+            raise UserError(f"--out {a.out}: {there} is a file, not a directory")
     if a.method not in methods and a.method != "eval":
         raise UserError(f"unknown method {a.method!r}; choose one of {', '.join([*methods, 'eval'])}")
     method = methods.get(a.method)  # None: --method eval
@@ -139,6 +150,36 @@ def read_json_or_fail(path, what):
     return obj
 
 
+# The keys a checkpoint's state.json must hold (run_dir.new_state writes them) and their types.
+STATE_TYPES = {"phase": (str,), "done": (bool,), "cycle": (int,), "steps": (int,), "rollouts": (int,),
+               "harness": (str,), "loader": (dict,), "phase_rewards": (list,), "evals": (list,),
+               "best_val": (dict, type(None)), "pending_eval": (str, type(None)), "seconds": (int, float),
+               "metrics_lines": (int,), "counters": (dict,)}
+
+
+def check_saved_run(run, config, state, Args):
+    """The two files a resume reads, checked in one place: config.json holds only whale.Args
+    names, each with its flag's type (a name it lacks takes its default); state.json (None: no
+    checkpoint yet) holds every key of STATE_TYPES with its type. A file edited or damaged from
+    outside is one line here rather than a KeyError or TypeError deep in the loop. (Exact
+    types: JSON true is not an int here.)"""
+    import dataclasses
+    kinds = {f.name: type(f.default) for f in dataclasses.fields(Args)}
+    for k, v in config.items():
+        if k not in kinds:
+            raise UserError(f"--resume {run}: config.json has an unknown setting {k!r}")
+        if type(v) not in ((int, float) if kinds[k] is float else (kinds[k],)):
+            raise UserError(f"--resume {run}: config.json has {k}={v!r}, which is not of type {kinds[k].__name__}")
+    for k, types in STATE_TYPES.items() if state is not None else ():
+        if k not in state:
+            raise UserError(f"--resume {run}: checkpoint/state.json has no {k!r}; the run cannot continue from it")
+        if type(state[k]) not in types:
+            raise UserError(f"--resume {run}: checkpoint/state.json has {k}={state[k]!r}, "
+                            f"which is not of type {' or '.join(t.__name__ for t in types)}")
+    if state is not None and state["phase"] not in ("A", "B"):
+        raise UserError(f"--resume {run}: checkpoint/state.json has phase={state['phase']!r}, not 'A' or 'B'")
+
+
 def check_proposer_flags(a):
     """The phase-B proposer flags: values in range, and none given to a proposer that ignores it."""
     if a.proposer_max_tokens <= 0 or a.proposer_timeout < 0 or a.proposer_digest_chars < 1000:
@@ -159,14 +200,17 @@ def open_run(a):
     """A new run directory with config.json, or the one --resume names (with its saved args).
     `a` is whale.Args; its class gives the defaults a resumed run is compared against."""
     import run_dir as rd  # (imports torch: not needed to print --help or a flag error)
+    import sandbox
     Args = type(a)
     if a.resume:
         run = Path(a.resume)
         if not (run / "config.json").exists():
             raise UserError(f"{run} is not a run directory (no config.json)")
         saved = read_json_or_fail(run / "config.json", f"--resume {run}")
+        state = None
         if (run / "checkpoint").exists():  # written atomically; damaged only from outside
-            read_json_or_fail(run / "checkpoint" / "state.json", f"--resume {run}")
+            state = read_json_or_fail(run / "checkpoint" / "state.json", f"--resume {run}")
+        check_saved_run(run, saved, state, Args)
         for k in ("domain", "method", "seed"):
             if getattr(a, k) != getattr(Args(), k) and getattr(a, k) != saved.get(k):
                 raise UserError(f"--resume {run}: that is a {k}={saved.get(k)} run, not {k}={getattr(a, k)}")
@@ -179,11 +223,16 @@ def open_run(a):
         a = Args(**{**saved, **hardware, "resume": str(run)})
         check_args(a)
         rd.clean_partial(run)
+        sandbox.clean_dead_scratch()  # what sandboxes of a killed run left in /tmp
         return run, a
     check_args(a)
     run = Path(a.out or f"runs/{a.domain}-{a.method}-s{a.seed}")
     if (run / "config.json").exists():
         raise UserError(f"{run} already holds a run; pass --resume {run} or another --out")
-    run.mkdir(parents=True, exist_ok=True)
-    rd.write_json(run / "config.json", vars(a))
+    try:
+        run.mkdir(parents=True, exist_ok=True)
+        rd.write_json(run / "config.json", vars(a))
+    except OSError as e:  # e.g. --out /proc/x, a read-only or full disk
+        raise UserError(f"cannot make the run directory {run}: {e.strerror or e}") from None
+    sandbox.clean_dead_scratch()
     return run, a

@@ -39,11 +39,15 @@ The layers, from the inside out (all applied in every mode unless noted):
   stderr are /dev/null (print() goes to a capped per-rollout buffer), cwd is scratch.
 - Parent checks (this process): 4 MB frames, decode errors, an iterative depth check
   (MAX_DEPTH) right after decoding and before anything recursive, strict validation of every
-  message; llm() calls capped in characters, messages and (rollout.py) prompt tokens before
-  any prefill; call budgets; per-rollout deadlines that charge the harness's own time, its
-  tools and its share of every model batch; a batch timeout; SIGKILL to the child's process
-  group when the batch ends, PR_SET_PDEATHSIG. A dead, hung or garbling child costs that
-  batch its results ("crash" / "timeout" / "protocol" per unfinished rollout), never the run.
+  message; text that is not valid Unicode (lone surrogates, valid_text) refused in prompts and
+  tool calls and kept as U+FFFD in output, errors and answers; llm() calls capped in
+  characters, messages and (rollout.py) prompt tokens before any prefill; call budgets;
+  per-rollout deadlines that charge the harness's own time, its tools and its share of every
+  model batch; a batch timeout; SIGKILL to the child's process group when the batch ends,
+  PR_SET_PDEATHSIG. A dead, hung or garbling child costs that batch its results ("crash" /
+  "timeout" / "protocol" per unfinished rollout), never the run.
+  Scratch dirs are named with the parent's pid, so that a parent killed with SIGKILL leaves one
+  that the next run removes (clean_dead_scratch).
 
 Which layer stops what (strongest first; hostile/ holds a harness for every row, the file
 ones with the audit hook defeated first, see read_data_copy.py):
@@ -61,6 +65,7 @@ ones with the audit hook defeated first, see read_data_copy.py):
     hang, sleep, llm()/tool flood                   parent: deadline incl. model and tool time
     huge-token prompt, 100k messages                parent: message cap, token cap (before prefill)
     deep/huge/garbled/forged messages               parent: frame cap, depth check, validation
+    lone surrogates (tokenizer, file, log crash)    parent: valid_text at every boundary
     see answers, fake scores, change sampling       design: they never leave the parent
 
 What it does NOT protect against (it is not a security boundary for hostile humans):
@@ -129,6 +134,7 @@ FSIZE_MB = 16                # largest file the child may write
 NOFILE = 64
 NOBODY = 65534
 ROLES = ("system", "user", "assistant")
+SCRATCH_PREFIX = "whale_sbx_"  # + <pid of the parent>-<random>, in the temp dir (see clean_dead_scratch)
 
 
 class ToolError(Exception):
@@ -141,7 +147,32 @@ def _last_line(e):
         line = traceback.format_exception_only(type(e), e)[-1].strip()
     except Exception:
         line = type(e).__name__
-    return line[:ERROR_CHARS]
+    return valid_text(line[:ERROR_CHARS], replace=True)
+
+
+def valid_text(s, what="text", replace=False):
+    """The one text rule, for every string that reaches this process from a harness child or a
+    proposer (a prompt, a system message, stop strings, tool arguments, printed output, an
+    error, an answer, a candidate's source, a proposer's reply) before it goes on to the
+    tokenizer, a trace, the archive or a log. The text must be valid Unicode, i.e. encodable as
+    UTF-8. In a Python str the one thing that is not is a surrogate code point U+D800-U+DFFF
+    (json.loads makes one from a "\\ud800" escape, a surrogateescape decode from a stray byte);
+    the tokenizer raises TypeError on it and a UTF-8 file or terminal UnicodeEncodeError.
+    Returns s when it is valid. Otherwise: replace=True returns s with each surrogate replaced
+    by U+FFFD (for text that records what happened: output, errors, answers, traces, which
+    must be kept); replace=False raises ValueError naming `what` and the first bad position
+    (for text that is an input to something: a prompt is refused, a candidate is invalid, a
+    proposer's reply is a failed call). Non-str values are returned unchanged."""
+    if not isinstance(s, str):
+        return s
+    try:
+        s.encode("utf-8")
+        return s
+    except UnicodeEncodeError as e:
+        if not replace:
+            raise ValueError(f"{what} is not valid Unicode (a lone surrogate U+{ord(s[e.start]):04X} "
+                             f"at character {e.start})") from None
+        return "".join("\ufffd" if "\ud800" <= ch <= "\udfff" else ch for ch in s)
 
 
 def _frame(msg):
@@ -403,7 +434,9 @@ class _Child:
         import subprocess, tempfile  # parent only
         first = _frame(init)  # before spawning: a task that is not JSON fails here, leaving nothing behind
         plan = _plan()
-        self.scratch = os.path.realpath(tempfile.mkdtemp(prefix="whale_sbx_"))
+        # The owner's pid in the name: a parent killed with SIGKILL cannot remove its scratch, and
+        # clean_dead_scratch() removes it on the next start once that pid is gone.
+        self.scratch = os.path.realpath(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-"))
         covers = {d for d in (plan["repo"], os.path.realpath(os.getcwd()), plan["hidden"])
                   if d and d != "/" and not any(_under(s, d) for s in _SYSTEM_DIRS)
                   and not _under(self.scratch, d)}
@@ -535,6 +568,32 @@ class _Child:
         shutil.rmtree(self.scratch, ignore_errors=True)
 
 
+def clean_dead_scratch():
+    """Remove the scratch directories of sandbox parents that died without cleaning up (kill -9,
+    a power cut): /tmp/whale_sbx_<pid>-* whose <pid> no longer exists. Only those: a directory
+    of a live process (another run on this machine), one named the old way without a pid (its
+    random part never has a "-", so it cannot pass for a pid), or one whose pid was reused by a
+    new process is left alone. whale.py calls it on every start
+    and resume. Returns the paths removed."""
+    import re, shutil, tempfile  # parent only
+    removed = []
+    root = tempfile.gettempdir()
+    for name in os.listdir(root):
+        m = re.fullmatch(re.escape(SCRATCH_PREFIX) + r"(\d+)-\w+", name)
+        if not m:
+            continue
+        try:
+            os.kill(int(m.group(1)), 0)
+            continue  # alive (or alive but not ours: EPERM)
+        except ProcessLookupError:
+            pass
+        except OSError:
+            continue
+        shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+        removed.append(os.path.join(root, name))
+    return removed
+
+
 def _call_seed(seed, k):
     """Seed of the k-th llm() call of a rollout whose job seed is `seed`: stable across runs."""
     import hashlib  # parent only
@@ -555,6 +614,8 @@ def _llm_request(msg, max_llm_tokens):
                          "{'role': 'system'|'user'|'assistant', 'content': str}")
     if sum(len(m["content"]) for m in messages) > MAX_PROMPT_CHARS:
         raise ValueError(f"prompt longer than {MAX_PROMPT_CHARS} characters")
+    for k, m in enumerate(messages):  # the tokenizer raises on a lone surrogate: refused here instead
+        valid_text(m["content"], f"message {k} ({m['role']})")
     max_tokens = msg.get("max_tokens")
     if type(max_tokens) is not int or max_tokens < 1:
         raise ValueError("max_tokens must be a positive int")
@@ -563,6 +624,8 @@ def _llm_request(msg, max_llm_tokens):
     if not (isinstance(stop, list) and len(stop) <= 16
             and all(isinstance(s, str) and 0 < len(s) <= 256 for s in stop)):
         raise ValueError("stop must be None, a str or a list of at most 16 non-empty str")
+    for s in stop:
+        valid_text(s, "a stop string")
     return messages, min(max_tokens, max_llm_tokens), stop
 
 
@@ -599,6 +662,12 @@ def run_rollouts(source, jobs, llm_batch, make_tools_for, *, rollout_timeout=60.
              "tool_calls": [], "stdout": "", "wall_s": 0.0, "charged_s": 0.0} for j in jobs]
     if n == 0:
         return recs
+    try:  # (the child would die writing it to its harness.py)
+        valid_text(source, "the harness source")
+    except ValueError as e:
+        for r in recs:
+            r.update(status="error", error=str(e))
+        return recs
     tools = [make_tools_for(j["rid"]) for j in jobs]
     threads = max(1, min(n, concurrency or n))
     init = {"t": "init", "mode": "rollouts", "source": source, "threads": threads,
@@ -625,7 +694,9 @@ def run_rollouts(source, jobs, llm_batch, make_tools_for, *, rollout_timeout=60.
         live.discard(i)
         waiting.pop(i, None)
         r = recs[i]
-        r["status"], r["error"], r["answer"], r["stdout"] = status, error, answer, stdout
+        # What the child said is kept as a record: lone surrogates become U+FFFD (valid_text).
+        r["status"], r["error"], r["answer"], r["stdout"] = (status, *(valid_text(x, replace=True)
+                                                                       for x in (error, answer, stdout)))
         r["wall_s"] = time.monotonic() - st[i]["t0"] if st[i]["t0"] else 0.0
         r["charged_s"] = st[i]["used"] + (clock() - st[i]["run_since"] if st[i]["run_since"] is not None else 0.0)
         unfinished -= 1
@@ -653,8 +724,14 @@ def run_rollouts(source, jobs, llm_batch, make_tools_for, *, rollout_timeout=60.
         rec = {"name": name, "args": args, "kwargs": kwargs, "result": None, "error": None}
         fn = None if name.startswith("_") else tools[i].get(name)
         value = None
-        if len(json.dumps([name, args, kwargs])) > MAX_TOOL_ARGS:
-            rec.update(name=name[:100], args=None, kwargs=None, error=f"tool call over {MAX_TOOL_ARGS} bytes")
+        call = [name, args, kwargs]
+        try:  # (ensure_ascii=False: a lone surrogate anywhere in the call, keys too, stays one)
+            valid_text(json.dumps(call, ensure_ascii=False), "the tool call")
+            refused = None if len(json.dumps(call)) <= MAX_TOOL_ARGS else f"tool call over {MAX_TOOL_ARGS} bytes"
+        except ValueError as e:  # no tool, trace or file gets text that is not valid Unicode
+            refused = str(e)
+        if refused:
+            rec.update(name=valid_text(name[:100], replace=True), args=None, kwargs=None, error=refused)
         elif fn is None:
             rec["error"] = f"unknown tool {name!r}"
         else:
@@ -674,7 +751,7 @@ def run_rollouts(source, jobs, llm_batch, make_tools_for, *, rollout_timeout=60.
                     value = text = str(value)
                 if len(text) > MAX_MSG // 2:
                     rec["error"] = "tool result too large"
-                rec["result"] = text[:RESULT_CHARS]
+                rec["result"] = valid_text(text[:RESULT_CHARS], replace=True)
             except Exception as e:  # e.g. RecursionError on absurdly nested data
                 rec["error"] = f"tool result not serialisable: {type(e).__name__}"
         recs[i]["tool_calls"].append(rec)
@@ -835,8 +912,8 @@ def run_python(code, timeout_s=5.0, mem_mb=512, max_output=4000):
                         started = time.monotonic()
                     elif msg.get("t") == "done" and started is not None:
                         error = msg.get("error")
-                        return {"stdout": str(msg.get("stdout", ""))[:max_output],
-                                "error": None if error is None else str(error)[:ERROR_CHARS]}
+                        return {"stdout": valid_text(str(msg.get("stdout", ""))[:max_output], replace=True),
+                                "error": None if error is None else valid_text(str(error)[:ERROR_CHARS], replace=True)}
                     else:
                         raise _Bad("unexpected message")
             except _Gone as e:

@@ -25,7 +25,7 @@ new test should keep it so):
      -k "greedy_matches_generate or prefill_it_once or token_cap or seeded_sampling_is or stop_strings_cut or two_call or tiny_model or plain_format_prompt or end_of_turn or gguf or bad_model or engines_chat_format"
   2. the sandbox (sandbox.py): the hostile suite, the Landlock layer, the protocol, timeouts and
      deadlines, run_python
-     -k "hostile or landlock or audit_hook or isolation or llm_batch or tool_calls or llm_arguments or print_is or times_out or stall or time_is_charged or flood or batch_timeout or concurren or late_finisher or run_python"
+     -k "hostile or landlock or audit_hook or isolation or llm_batch or tool_calls or llm_arguments or print_is or times_out or stall or time_is_charged or flood or batch_timeout or concurren or late_finisher or run_python or scratch_of"
   3. the domains (searchqa, math, chess): data, verifiers, h0 and its primitives, reproducible builds;
      one contract checked on every domains/*.py (the template too)
      -k "test_searchqa or test_math or test_chess or every_domain"
@@ -890,6 +890,8 @@ def check_outcome(recs, exp):
             assert len(rec["answer"]) == exp["answer_len"]
         if "stdout_len" in exp:
             assert len(rec["stdout"]) == exp["stdout_len"]
+        if "stdout" in exp:
+            assert rec["stdout"] == exp["stdout"], rec
         if "n_calls" in exp:
             assert len(rec["calls"]) == exp["n_calls"]
         if "n_tool_calls" in exp:
@@ -929,12 +931,14 @@ def timed(llm_batch, times):
 ISSUE_20_ATTACKS = {"read_data_copy", "read_other_checkout", "sqlite_attach", "sqlite_vacuum_into",
                     "mutate_hook_tables", "deep_tool_args", "deep_tool_args_forged", "huge_token_prompt",
                     "llm_flood"}
+ISSUE_35_TEXT_PATHS = {"surrogate_prompt", "surrogate_system_message", "surrogate_tool_args", "surrogate_output",
+                       "surrogate_error", "surrogate_load_error"}  # one per way text gets from a child to the parent
 
 
 def test_hostile_suite_is_complete():
     # test_hostile_harness runs every file in hostile/ (nothing there is left out by its name)
     assert [p.name for p in HOSTILE] == sorted(p.name for p in (ROOT / "hostile").iterdir())
-    assert ISSUE_20_ATTACKS <= {p.stem for p in HOSTILE}
+    assert ISSUE_20_ATTACKS | ISSUE_35_TEXT_PATHS <= {p.stem for p in HOSTILE}
     for path in HOSTILE:  # test_hostile_harness runs every one of these files
         doc = path.read_text().split('"""')[1]
         assert doc.startswith("Attack"), path.name
@@ -969,6 +973,7 @@ def test_hostile_harness(path, monkeypatch, hostile_files, request):
         if rec["status"] == "timeout":  # model time counts: a flood overruns its deadline by one batch at most
             assert rec["charged_s"] <= timeout + max(times, default=0.0) + 0.25, rec
         json.dumps(mh._drop_token_ids(rec), default=str)  # phase B writes every record like this
+        json.dumps(rec, ensure_ascii=False).encode("utf-8")  # every string in it is valid Unicode (surrogate_*.py)
     assert not PWNED.exists()
     assert our_children() == []  # the sandbox process was killed and reaped
     # the parent is alive (we are running) and the machinery still works
@@ -1386,10 +1391,73 @@ def test_run_python():
     assert "is blocked" in sandbox.run_python("open('/etc/passwd').read()")["error"]
     assert "os.fork is blocked" in sandbox.run_python("import os\nos.fork()")["error"]
     assert "socket" in sandbox.run_python("import socket\nsocket.socket()")["error"]
+    # text from model-written code, as from a harness: a lone surrogate is kept as U+FFFD (issue 35)
+    assert sandbox.run_python("print('\\udfff')\nraise ValueError('\\ud800')") == {"stdout": "\ufffd\n",
+                                                                                 "error": "ValueError: \ufffd"}
     t0 = time.monotonic()
     out = sandbox.run_python("while True:\n    pass", timeout_s=0.5)
     assert out["error"].startswith("TimeoutError") and time.monotonic() - t0 < 3
     assert our_children() == []
+
+
+# ---- what a killed run leaves behind: its scratch dirs, its records -----------------------------
+
+def scratch_dirs(pid):
+    return sorted(Path(tempfile.gettempdir()).glob(f"{sandbox.SCRATCH_PREFIX}{pid}-*"))
+
+
+@pytest.mark.slow
+def test_scratch_of_a_killed_parent_is_removed_by_the_next_clean_and_no_other():
+    """A parent killed with SIGKILL mid-batch cannot remove its sandbox's scratch dir (its child
+    dies with it); clean_dead_scratch removes it, and leaves a live process's dir (this one's, as
+    a run going on next to it) and one named without a pid alone."""
+    sleeper = "import time\ndef run(task, llm, tools):\n    time.sleep(60)\n"
+    parent = subprocess.Popen([sys.executable, "-c", "import sandbox; sandbox.run_rollouts("
+                               f"{sleeper!r}, [{{'rid': 0, 'task': {{}}, 'seed': 0}}], None, lambda rid: {{}}, "
+                               "rollout_timeout=60)"], cwd=ROOT)
+    deadline = time.monotonic() + 60
+    while not scratch_dirs(parent.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(0.5)  # the child is running the harness
+    os.kill(parent.pid, signal.SIGKILL)
+    parent.wait()
+    dead = scratch_dirs(parent.pid)
+    assert len(dead) == 1
+    live = Path(tempfile.mkdtemp(prefix=f"{sandbox.SCRATCH_PREFIX}{os.getpid()}-"))
+    # named before pids were in the name, by a run of older code that may be alive: its random
+    # part may start like a pid of a process that is gone ("12_ab3x9q")
+    unnamed = Path(tempfile.mkdtemp(prefix=f"{sandbox.SCRATCH_PREFIX}{2 ** 22 + 1}_"))
+    try:
+        removed = sandbox.clean_dead_scratch()
+        assert str(dead[0]) in removed and not dead[0].exists()
+        assert live.exists() and unnamed.exists()
+    finally:
+        shutil.rmtree(live, ignore_errors=True)
+        shutil.rmtree(unnamed, ignore_errors=True)
+
+
+@pytest.mark.slow
+def test_hostile_prompt_through_whale_eval_killed_then_resumed_and_its_scratch_removed(tmp_path):
+    """Issue 35 end to end: `whale.py --method eval --harness H` with llm("Say yes. \\ud800") in H
+    crashed after 11 s (the tokenizer's TypeError), and so did every --resume. Now the call is a
+    ToolError in the harness; a run killed with SIGKILL in its first model batch resumes to the
+    end, and the resume removes the scratch dir the killed run's sandbox left in /tmp."""
+    h = tmp_path / "h.py"  # (a new source every time: a cached initial evaluation would sample nothing)
+    h.write_text(f'# {time.time_ns()}\ndef run(task, llm, tools):\n    try:\n        llm("Say yes. \\ud800")\n'
+                 '    except ToolError as e:\n        print(e)\n    return llm("Say yes.")\n')
+    out = tmp_path / "run"
+    args = ["--method", "eval", "--harness", str(h), "--test-limit", "2", "--test-n", "1", "--max-tokens", "8"]
+    killed = subprocess.Popen([sys.executable, str(ROOT / "whale.py"), *args, "--out", str(out)], cwd=ROOT,
+                              env={**os.environ, "WHALE_CRASH_AT": "sampling:1"},
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    _, err = killed.communicate(timeout=300)
+    assert killed.returncode == -signal.SIGKILL, err[-2000:]
+    assert len(scratch_dirs(killed.pid)) == 1  # what the killed run's sandbox left
+    r = run_whale("--resume", str(out), timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert scratch_dirs(killed.pid) == []
+    s = json.loads((out / "summary.json").read_text())
+    assert s["method"] == "eval" and s["test_mean8_final"] == s["test_mean8_initial"]
 
 
 # ==============================================================================================
@@ -2637,6 +2705,79 @@ def test_self_proposer_prompt_and_bad_replies(tmp_path):
     assert arch[3]["invalid"].startswith("no top-level function run")
 
 
+def test_proposer_reply_or_candidate_with_a_lone_surrogate_is_a_failed_call_or_an_invalid_candidate(tmp_path):
+    """Issue 35: a JSON "\\ud800" in an OpenAI-compatible reply is a failed proposer call (it
+    crashed the run writing harness.py); a candidate source with one is an invalid candidate,
+    archived with U+FFFD in its place, and the search goes on."""
+    d = str(tmp_path / "arch")
+    mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate, None, archive_dir=d,
+                    should_stop=stop_after(1), log=quiet)
+    server, url = openai_server([{"content": REPLY.replace("short answer", "short \ud800 answer")}, {"content": REPLY}])
+    try:
+        prop = proposers.make_proposer("openai", DOMAIN, base_url=url, model="m", timeout=10)
+        cands = prop(d, 2)
+    finally:
+        server.shutdown()
+    assert len(cands) == 1 and cands[0]["note"] == "ask for a short answer."
+    assert len(prop.errors) == 1 and "openai reply is not valid Unicode (a lone surrogate U+D800" in prop.errors[0]
+    bad = H0.replace("QUALITY = 0.2", "QUALITY = 0.9  # \udfff")
+    events = []
+    res = mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate,
+                          lambda archive_dir, k: [dict(source=bad, note="a \ud800 note"), dict(source=REPLY)],
+                          archive_dir=d, should_stop=stop_after(2), log=events.append)
+    c = mh.load_archive(d)[1]
+    assert c["scores"] is None and c["invalid"].startswith("the candidate's source is not valid Unicode")
+    assert c["source"] == bad.replace("\udfff", "\ufffd") and c["meta"]["note"] == "a \ufffd note"
+    assert mh.static_check(bad).startswith("the source is not valid Unicode")
+    assert res["iterations"] == 2 and [e["status"] for e in events if e["event"] == "harness_candidate"][-2] == "invalid"
+
+    def agent(archive_dir, k):  # a proposer whose error text (e.g. an agent's JSON output) holds one
+        agent.errors = ["agent reported an error: \udc80"]
+        return []
+    mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate, agent, archive_dir=d,
+                    should_stop=stop_after(3), log=events.append)
+    said = [e["reason"] for e in events if e["event"] == "proposer_error"]
+    assert said[-1] == "agent reported an error: \ufffd"  # the console and metrics.jsonl get valid text
+    assert mh.read_jsonl(os.path.join(d, "iterations.jsonl"))[-1]["proposer_errors"] == [said[-1]]
+
+
+@pytest.mark.slow
+def test_archive_written_before_the_text_rule_resumes_and_reaches_the_tokenizer_clean(tmp_path, hf):
+    """Issue 35: what a run that crashed on a lone surrogate had written: traces with "\\ud800"
+    escapes (json.dumps wrote them; json.loads turns them back into surrogates) and an empty
+    invalid.txt (the write that crashed). The resumed search finishes that candidate with the
+    error text kept as U+FFFD, and the self proposer's prompt, built from those traces, goes
+    through the real tokenizer."""
+    d = tmp_path / "arch"
+    mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate, None, archive_dir=str(d),
+                    should_stop=stop_after(1), log=quiet)
+    traces = d / "cand_000" / "traces.jsonl"
+    recs = [json.loads(line) for line in traces.read_text().splitlines()]
+    for r in recs:
+        r.update(answer="yes \ud800", stdout="out \udfff", error="E \udc80")
+        r["calls"][0]["text"] = "x \ud800"
+    traces.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    assert "\\ud800" in traces.read_text()
+    (d / "cand_001").mkdir()
+    (d / "cand_001" / "harness.py").write_text(H0.replace("QUALITY = 0.2", "QUALITY = 0.3"))
+    mh._write_json(str(d / "cand_001" / "meta.json"), dict(iteration=1, proposer="self", parent="cand_000"))
+    (d / "cand_001" / "invalid.txt").write_text("")
+    prompts = []
+
+    def llm_text(prompt, max_tokens):
+        prompts.append(prompt)
+        hf.chat_ids([{"role": "user", "content": prompt}])  # the tokenizer raised TypeError on a surrogate
+        return REPLY
+    prop = proposers.make_proposer("self", DOMAIN, llm_text=llm_text)
+    res = mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), lambda src: "error: ValueError: bad \ud800"
+                          if "0.3" in src else None, prop, archive_dir=str(d), k=1, should_stop=stop_after(3), log=quiet)
+    arch = mh.load_archive(str(d))
+    assert arch[1]["invalid"] == "error: ValueError: bad \ufffd\n"
+    assert prop.errors == [] and len(prompts) == 1 and "\ufffd" in prompts[0] and arch[2]["scores"] is not None
+    assert all(r["answer"] == "yes \ufffd" for r in mh.read_traces(arch[0]))
+    assert res["iterations"] == 3
+
+
 @pytest.mark.slow
 def test_command_proposer_collects_files_and_survives_timeout(tmp_path):
     d = str(tmp_path / "arch")
@@ -3569,6 +3710,25 @@ def test_whale_and_the_results_tools_import_without_torch():
     pytest.param(["--engine", "vllm"], "needs the vllm package", marks=pytest.mark.skipif(
         importlib.util.find_spec("vllm") is not None, reason="vllm is installed in this Python")),
     (["--test-limit", "50", "--test-subset", "60"], "larger than --test-limit"),
+    # issue 35: each of these was a traceback, silence or argparse's whole usage
+    (["--out", "/proc/x"], "cannot make the run directory /proc/x"),
+    (["--out", "{a_file}"], "is a file, not a directory"),
+    (["--out", "{a_file}/run"], "is a file, not a directory"),
+    (["--lr", "nan"], "--lr must be a finite number, not nan"),
+    (["--temperature", "nan"], "--temperature must be a finite number, not nan"),
+    (["--temperature", "inf"], "--temperature must be a finite number, not inf"),
+    (["--top-p", "nan"], "--top-p must be a finite number"),
+    (["--clip", "inf"], "--clip must be a finite number"),
+    (["--accept-alpha", "nan"], "--accept-alpha must be a finite number"),
+    (["--proposer", "command", "--proposer-command", "x", "--proposer-timeout", "inf"],
+     "--proposer-timeout must be a finite number"),
+    (["--budget", "abc"], "argument --budget: invalid int value: 'abc'"),
+    (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+    (["--resume", "{run_state_empty}"], "checkpoint/state.json has no 'phase'"),
+    (["--resume", "{run_budget_str}"], "config.json has budget='24', which is not of type int"),
+    (["--resume", "{run_rollouts_str}"], "checkpoint/state.json has rollouts='eight', which is not of type int"),
+    (["--resume", "{run_lr_nan}"], "--lr must be a finite number, not nan"),
+    (["--resume", "{run_unknown_key}"], "config.json has an unknown setting 'colour'"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, needle, tmp_path):
     bad = tmp_path / "bad.py"
@@ -3583,14 +3743,29 @@ def test_bad_input_is_one_line_and_exit_2(args, needle, tmp_path):
     (corrupt / "checkpoint").mkdir(parents=True)
     (corrupt / "config.json").write_text(before)
     (corrupt / "checkpoint" / "state.json").write_text('{"phase": "A", "cyc')  # damaged from outside
+    a_file = tmp_path / "a_file"
+    a_file.write_text("keep me")
+    good_state = run_dir.new_state("A", False, "h", {"pool_size": 1, "seed": 0, "epoch": 0, "pos": 0})
+    edited = {}  # run directories whose files were edited from outside: (config, state or None)
+    for name, config, state in (("run_state_empty", {}, {}), ("run_budget_str", {"budget": "24"}, None),
+                                ("run_rollouts_str", {}, {**good_state, "rollouts": "eight"}),
+                                ("run_lr_nan", {"lr": float("nan")}, None), ("run_unknown_key", {"colour": "red"}, None)):
+        edited[name] = run = tmp_path / name
+        (run / "checkpoint").mkdir(parents=True)
+        (run / "config.json").write_text(json.dumps({"domain": "searchqa", "method": "whale", "seed": 0, **config}))
+        if state is not None:
+            (run / "checkpoint" / "state.json").write_text(json.dumps(state))
+        else:
+            (run / "checkpoint").rmdir()
     server, garbage_url = openai_server(then={"raw": b"<html>502 nonsense"})  # chat replies that are not JSON
     args = [x.format(bad_harness=bad, other_run=other, garbage_url=garbage_url, no_run_harness=no_run,
-                     corrupt_run=corrupt) for x in args]
+                     corrupt_run=corrupt, a_file=a_file, **edited) for x in args]
     try:
-        r = run_whale(*args, "--out", str(tmp_path / "x"), timeout=120)
+        r = run_whale(*args, *([] if "--out" in args else ["--out", str(tmp_path / "x")]), timeout=120)
     finally:
         server.shutdown()
     assert (other / "config.json").read_text() == before  # nothing already written is lost
+    assert a_file.read_text() == "keep me" and not Path("/proc/x").exists()
     assert not (tmp_path / "x").exists()  # refused before a run directory exists
     assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
     err = r.stderr.strip().splitlines()

@@ -101,7 +101,11 @@ class Args:
 
 def parse_args(argv=None) -> Args:
     import argparse
+
+    def one_line(message):  # argparse's own errors (--budget abc, --nosuch) print its whole usage
+        raise UserError(f"{message} (python whale.py --help lists the flags)")
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    p.error = one_line
     for f in dataclasses.fields(Args):
         shown = f" [default: {f.default}]" if f.default != "" else ""
         p.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default,
