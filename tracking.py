@@ -19,8 +19,9 @@ Local by default, no account needed:
 Resume: <run>/tracker.json holds the tracker run's id and, per backend, how many metrics rows
 it has been sent. A resumed run reopens the same tracker run, and the rows it writes again
 (those after the last checkpoint, replayed with the same seeds) are not sent twice. Rows are
-counted without the "start" rows, the only ones a resume adds. (A kill in the instant between
-a backend taking a row and tracker.json recording it could repeat that one row.)
+counted without the "start" rows, the only ones a resume adds. A replayed row keeps the values
+first sent (its wall-clock fields, e.g. sft_seconds, may differ in metrics.jsonl). (A kill in the
+instant between a backend taking a row and tracker.json recording it could repeat that row.)
 
 A tracker never stops a run: an exception from a backend is one warning line and that backend is
 off for the rest of this process; metrics.jsonl stays the record results.py and report.py read.
@@ -180,19 +181,22 @@ class Tracker:
 
     def __init__(self, run: Path, args: dict):
         self.run, self.path = run, run / "tracker.json"
-        self.saved = json.loads(self.path.read_text()) if self.path.exists() else {}
+        try:
+            self.saved = json.loads(self.path.read_text()) if self.path.exists() else {}
+        except ValueError:  # damaged from outside: the bookkeeping starts over
+            print(f"whale: warning: {self.path} is corrupt; the trackers get every row again", file=sys.stderr)
+            self.saved = {}
         # the tracker run's id: from the run directory and its config, kept here so a resume finds it
         digest = hashlib.sha256((str(run.resolve()) + json.dumps(args, sort_keys=True)).encode()).hexdigest()
         self.saved.setdefault("id", re.sub(r"[^A-Za-z0-9_-]", "-", run.name)[:48] + "-" + digest[:8])
         self.saved.setdefault("sent", {})
-        self.rows = len(read_rows(run))  # metrics rows (no "start") this process continues from (a resume
-                                         # has cut metrics.jsonl back to its checkpoint by now)
+        rows = read_rows(run)  # (a resume has cut metrics.jsonl back to its checkpoint by now)
+        self.rows = len(rows)  # the metrics rows (no "start") this process continues from
         self.backends = {}
         for name in parse(args.get("tracker") or "none"):
             fns = self.guard(name, OPEN[name], run, args, self.saved["id"], self.saved)
             if fns:
                 self.backends[name] = fns
-        rows = read_rows(run)
         for name in list(self.backends):  # rows a backend has not seen: a tracker added on --resume,
             for row in rows[self.saved["sent"].get(name, 0):]:  # or a kill between writing and sending
                 self.send(name, row)
@@ -229,7 +233,11 @@ class Tracker:
 
     def save(self):
         from run_dir import write_json
-        write_json(self.path, self.saved)
+        try:
+            write_json(self.path, self.saved)
+        except OSError as e:  # (a full disk: metrics.jsonl will say so; a tracker does not stop the run)
+            print(f"whale: warning: {self.path} not written ({e}); a resume may send some points twice",
+                  file=sys.stderr)
 
     def finish(self, summary: dict, harness: str, report: Path | None):
         """The end of the run: summary numbers, the final harness source and report.html; close."""
