@@ -12,6 +12,8 @@ how it resumes, and the one DDP sync point.
   harnesses/         every accepted harness as a .py file
   archive/           phase B archives (meta_harness.py), one folder per harness phase
   summary.json, curve.png
+  tracker.json       with --tracker (tracking.py): the tracker run's id and the rows each backend
+                     has been sent; tensorboard/, mlruns/, wandb/ are the backends' own files
 
 Crash safety: a checkpoint is written into a temp folder and renamed into place,
 so a reader sees the old one or the new one, never half of one. metrics.jsonl
@@ -230,6 +232,7 @@ def new_state(phase, done, harness, loader):
 class Run:
     """One run, new or resumed: its directory, the state its checkpoints save, metrics.jsonl,
     the progress bar and, under torchrun, this process's rank. Only rank 0 writes files."""
+    tracker = None  # tracking.Tracker when --tracker names one (rank 0)
 
     def __init__(self, a, open_run):
         self.rank, self.world, self.device = ddp_setup(a.device)
@@ -256,6 +259,9 @@ class Run:
         a = self.args
         self.bar = tqdm(total=a.budget, initial=self.state["rollouts"], unit="rollout", desc=f"{a.method} {a.domain}",
                         dynamic_ncols=True, disable=self.rank != 0)
+        if self.rank == 0:  # --tracker: the same tracker run again on a resume (None without one)
+            import tracking
+            self.tracker = tracking.open_tracker(self.dir, vars(a))
         self.log({"event": "start", "commit": code_version(), "argv": sys.argv[1:]})  # which code made this run
         if self.rank == 0:
             self.bar.write(f"run directory {self.dir}: stop it any time, "
@@ -270,6 +276,8 @@ class Run:
             return
         row = {"t": round(self.elapsed(), 1), **row, "rollouts": self.state["rollouts"]}
         log_metrics(self.dir, row, self.state)
+        if self.tracker:  # every row to TensorBoard/MLflow/W&B too; metrics.jsonl stays the record
+            self.tracker.log(row)
         self.bar.write(" ".join(f"{k}={round(v, 4) if isinstance(v, float) else v}" for k, v in row.items()
                                 if not isinstance(v, (list, dict)) and v is not None))
 
@@ -326,12 +334,16 @@ class Run:
         print(f"  files: {self.dir}/ (summary.json, metrics.jsonl, harnesses/, checkpoint/, curve.png)")
 
     def write_report(self):
+        page = None
         try:  # the page is a view of the files above: if it breaks, the run is still whole
             from tools import report
-            print(f"  report: {report.write_report(self.dir)}")
+            page = report.write_report(self.dir)
+            print(f"  report: {page}")
         except Exception as e:
             print(f"whale: warning: report.html not written ({type(e).__name__}: {e}); "
                   f"retry with python tools/report.py {self.dir}", file=sys.stderr)
+        if self.tracker:  # the summary numbers, the final harness and report.html; the tracker run ends
+            self.tracker.finish(read_json(self.dir / "summary.json"), self.state["harness"], page)
 
     def keep_checkpoint_as(self, name):
         copy_checkpoint(self.dir, "checkpoint", name)

@@ -62,6 +62,10 @@ def check_args(a):
         if why:
             why = why.replace("syntax error", "does not parse")
             raise UserError(f"harness file {a.harness} is not a harness: {why}")
+    import tracking  # --tracker: a known backend whose package is installed (imports none of them)
+    why = tracking.setup_error(a.tracker)
+    if why:
+        raise UserError(why)
     if a.proposer == "openai" and not (a.proposer_url or os.environ.get("WHALE_PROPOSER_URL")):
         raise UserError("--proposer openai needs --proposer-url (or WHALE_PROPOSER_URL)")
     check_proposer_flags(a)
@@ -214,7 +218,8 @@ def open_run(a):
         for k in ("domain", "method", "seed"):
             if getattr(a, k) != getattr(Args(), k) and getattr(a, k) != saved.get(k):
                 raise UserError(f"--resume {run}: that is a {k}={saved.get(k)} run, not {k}={getattr(a, k)}")
-        hardware = {k: getattr(a, k) for k in ("device", "engine", "tp") if getattr(a, k) != getattr(Args(), k)}
+        hardware = {k: getattr(a, k) for k in ("device", "engine", "tp", "tracker")  # (and where it reports to)
+                    if getattr(a, k) != getattr(Args(), k)}
         for k, v in vars(a).items():  # a resumed run keeps its settings (the hardware it runs on may change)
             if k not in ("resume", "out", "domain", "method", "seed", *hardware) and v != getattr(Args(), k) \
                     and v != saved.get(k):

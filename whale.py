@@ -48,6 +48,8 @@ class Args:
     seed: int = arg(0, "seed for data order, sampling and proposals")
     out: str = arg("", "run directory (default runs/<domain>-<method>-s<seed>)")
     resume: str = arg("", "continue the run in this directory from its last checkpoint")
+    tracker: str = arg("none", "also log to none | tensorboard | mlflow | wandb, or a comma list (tracking.py; "
+                       "pip install -r requirements-track.txt); on --resume, a given --tracker replaces the run's own")
     model: str = arg("embedded", "'embedded' (SmolLM2-135M-Instruct), an HF id, a local dir or a .gguf file "
                                  "(converted once into $WHALE_CACHE/gguf)")
     chat_format: str = arg("auto", "auto | template | plain: the tokenizer's chat template, or plain text turns "
