@@ -309,7 +309,7 @@ def trusted_archive(archive_dir, ledger_path):
             problems.append(f"{c['name']}/scores.json: this search never scored {c['name']}; refused, removed")
         else:
             _write_json(path, want)
-            problems.append(f"{c['name']}/scores.json: {'deleted' if c['scores'] is None else 'changed'} after "
+            problems.append(f"{c['name']}/scores.json: {'missing' if c['scores'] is None else 'changed'} after "
                             "the search wrote it; refused, rewritten as measured")
         c["scores"] = want
     return archive, problems
@@ -497,8 +497,12 @@ def spent_rollouts(archive_dir):
 
 
 def spent_usd(archive_dir):
-    """Dollars the proposer reported for this archive's iterations (a proposer budget needs it)."""
-    return _sum_costs(archive_dir).get("proposer_cost_usd", 0.0)
+    """Dollars the proposer reported for this archive (a proposer budget needs it): the finished
+    iterations', and the proposal of the one not yet recorded (its candidates carry its cost)."""
+    done = {line.get("iteration") for line in read_jsonl(os.path.join(archive_dir, "iterations.jsonl"))}
+    pending = {c["meta"].get("iteration"): (c["meta"].get("proposal_cost") or {}).get("proposer_cost_usd", 0.0)
+               for c in load_archive(archive_dir) if c["meta"].get("iteration") not in done}
+    return _sum_costs(archive_dir).get("proposer_cost_usd", 0.0) + sum(pending.values())
 
 
 def _write_candidate(archive_dir, num, cand, iteration, proposal_cost):
@@ -698,7 +702,9 @@ def search_phase(incumbent_src, domain, examples, evaluate, validate_run, propos
         for line in read_jsonl(iters_path):
             append_jsonl(ledger_path, dict(iteration=line["iteration"], incumbent=line["incumbent"]))
         open(ledger_path, "a").close()
-    archive = load_archive(archive_dir)
+    archive, problems = trusted_archive(archive_dir, ledger_path)  # (also: killed between the ledger and scores.json)
+    for p in problems:
+        log(dict(event="archive_integrity", reason=p))
     first = next((c for c in archive if c["num"] == 0), None)
     if first is not None and normalized(first["source"]) != normalized(incumbent_src):
         raise ValueError(f"{archive_dir} holds a different cand_000; use a fresh archive_dir per phase")

@@ -27,16 +27,19 @@ the archive and checked; a copy the agent works in), the copy is the simplest so
 call gets a fresh temporary directory holding a copy of the archive; only regular files named
 new/cand_N.py directly under new/ (no symbolic links, at most MAX_CANDIDATE_BYTES) are read back,
 and every other change the agent made there is listed in the proposer's errors (a snapshot
-before and after). The agent CLIs' own sandboxes (Codex's workspace-write, Claude Code's
-working-directory scope) keep it inside that copy; an agent run with full permissions could
-still write the real archive by absolute path, so the real archive is snapshotted too (files up
-to KEEP_BYTES kept in memory) and any change made during the call is undone and reported.
+before and after). agent_jail.py keeps the agent inside that copy (a PID namespace, Landlock,
+a scrubbed environment: see there); behind it (a kernel without Landlock), the real archive is
+snapshotted too (files up to KEEP_BYTES kept in memory), any change made during the call is
+undone and reported, and new files in the run directory, the repository and the top of /tmp
+are listed. Selection itself trusts only the parent's ledger (meta_harness.py). The copy also
+holds reading aids (write_workspace): GUIDE.md, OUTCOMES.md + outcomes.tsv, failures/.
 
 A proposer reads only the archive (harness-split traces, scores, sources), never the
 reference answers or the test split. What it leaves out: parallel proposer calls, retries
 of a failed LLM call within one iteration (the iteration gets fewer candidates; the search
-backs off before the next call), a sandbox for the agent CLI itself (it runs as the user,
-with the permissions its own flags give it), cleanup of the agent's copy after a kill -9.
+backs off before the next call), cleanup of the agent's copy after a kill -9. The openai
+proposer's timeout bounds each request as a whole (bounded_request), the command proposer's
+the agent's run with all it started.
 """
 
 import ast
@@ -910,11 +913,12 @@ def _command_proposer(domain, command, timeout, digest_chars, workdir_root=None,
             except OSError as e:
                 res = {}
                 propose.errors.append(f"command: could not start: {e}")
-            outside = writes_outside(archive_dir, since, skip=[root, archive_dir], tmp=not res.get("landlock"))
+            outside = writes_outside(archive_dir, since, skip=[root, archive_dir], tmp=not res.get("landlock"),
+                                     more=[p for p in private if os.path.isdir(p)])
             if outside:
                 propose.errors.append("integrity: written outside its copy during the call (by the agent or "
                                       f"another process): {_list([(p, 'written') for p in outside])}")
-    # The real archive first: nothing the agent did there may reach selection.
+            # The real archive first: nothing the agent did there may reach selection.
             undone = restore(archive_dir, archive_before, snapshot(archive_dir))
             if undone:
                 propose.errors.append("integrity: the archive itself changed while the agent ran (it works in a "
@@ -972,14 +976,15 @@ def _private_paths(archive_dir, extra=()):
             os.path.expanduser("~"), *extra]
 
 
-def writes_outside(archive_dir, since, skip=(), tmp=True, max_entries=20000):
+def writes_outside(archive_dir, since, skip=(), tmp=True, more=(), max_entries=20000):
     """Paths written since `since` (mtime or ctime) in the places an agent that got out of its
-    copy would write: the run directory (the archive's parent and what it holds), the
-    repository and, with tmp, the top level of the temporary directory (other processes write
-    there too: only asked when the agent ran without its Landlock jail, which refuses /tmp).
-    `skip`: directories not to report."""
+    copy would write: the archive's parent, the directories in `more` (whale.py: the run
+    directory), the repository and, with tmp, the top level of the temporary directory (other
+    processes write there too: only asked when the agent ran without its Landlock jail, which
+    refuses /tmp). `skip`: directories not to report."""
     repo = os.path.dirname(os.path.realpath(__file__))
-    roots = [(os.path.dirname(os.path.abspath(archive_dir)), 99), (repo, 99)] + [(tempfile.gettempdir(), 0)] * tmp
+    roots = [(os.path.dirname(os.path.abspath(archive_dir)), 99), *[(d, 99) for d in more], (repo, 99)] + \
+        [(tempfile.gettempdir(), 0)] * tmp
     skip = [os.path.realpath(p) for p in skip]
     found, seen = [], 0
     for top, depth in roots:

@@ -2535,38 +2535,43 @@ def test_openai_request_is_bounded_as_a_whole_against_a_dripping_server(tmp_path
 
 
 def test_selection_trusts_only_its_own_records_against_a_between_calls_forger(tmp_path):
-    """Between two proposer calls something rewrites cand_001's scores.json into a win, plants a
-    scored candidate and names it the incumbent in iterations.jsonl: selection reads the ledger,
-    so nothing of it counts; every edit is refused, put back and listed in the iteration's record."""
+    """Between two proposer calls (right after iteration 1 is logged) something rewrites
+    cand_001's scores.json into a win, plants a scored candidate and names cand_001 the incumbent
+    in iterations.jsonl: selection reads the ledger, so none of it counts; every edit is refused,
+    put back and listed in the next iteration's record."""
     d = tmp_path / "arch"
     batches = [[mh.splice(H0, "QUALITY", "QUALITY = 0.1")], [mh.splice(H0, "QUALITY", "QUALITY = 0.15")]]
 
     def propose(archive_dir, k):
         return [dict(source=s, proposer="fake", note="n", parent="cand_000") for s in batches.pop(0)]
     events = []
-    mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate, propose, archive_dir=str(d),
-                    should_stop=stop_after(2), log=events.append)
-    honest = json.loads((d / "cand_001" / "scores.json").read_text())
-    forged = dict(honest, success=1.0, per_example=[1.0] * 40)
-    (d / "cand_001" / "scores.json").write_text(json.dumps(forged))
-    (d / "cand_009").mkdir()
-    (d / "cand_009" / "harness.py").write_text(H0 + "X = 9\n")
-    (d / "cand_009" / "meta.json").write_text(json.dumps({"iteration": 1}))
-    (d / "cand_009" / "scores.json").write_text(json.dumps(forged))
-    its = (d / "iterations.jsonl").read_text().splitlines()
-    (d / "iterations.jsonl").write_text("\n".join(its[:-1] + [its[-1].replace('"incumbent": "cand_000"',
-                                                                               '"incumbent": "cand_001"')]) + "\n")
+
+    def log_and_forge(e):
+        events.append(e)
+        if e["event"] == "harness_iteration" and e["iteration"] == 1:
+            honest = json.loads((d / "cand_001" / "scores.json").read_text())
+            forged = dict(honest, success=1.0, per_example=[1.0] * 40)
+            (d / "cand_001" / "scores.json").write_text(json.dumps(forged))
+            (d / "cand_009").mkdir()
+            (d / "cand_009" / "harness.py").write_text(H0 + "X = 9\n")
+            (d / "cand_009" / "meta.json").write_text(json.dumps({"iteration": 1}))
+            (d / "cand_009" / "scores.json").write_text(json.dumps(forged))
+            its = (d / "iterations.jsonl").read_text().replace('"incumbent": "cand_000"', '"incumbent": "cand_001"')
+            (d / "iterations.jsonl").write_text(its)
+            events.append(dict(event="forged", honest=honest))
     res = mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate, propose, archive_dir=str(d),
-                          should_stop=stop_after(3), log=events.append)
+                          should_stop=stop_after(3), log=log_and_forge)
     line = json.loads((d / "iterations.jsonl").read_text().splitlines()[-1])
+    assert line["iteration"] == 2
     integrity = " | ".join(line["integrity"])
     assert "cand_001/scores.json: changed after the search wrote it" in integrity
     assert "cand_009/scores.json: this search never scored cand_009" in integrity
     assert "names cand_001 the incumbent, the search chose cand_000" in integrity
+    honest = next(e["honest"] for e in events if e["event"] == "forged")
     assert json.loads((d / "cand_001" / "scores.json").read_text()) == honest  # put back as measured
     assert not (d / "cand_009" / "scores.json").exists()
     assert res["incumbent"] == "cand_000" and res["best_scores"]["success"] < 1.0
-    assert line["archive_best"] < 1.0 and line["paper_choice"] != "cand_009"
+    assert line["archive_best"] < 1.0 and line["paper_choice"] != "cand_009" and line["incumbent"] == "cand_000"
     assert sum(e["event"] == "archive_integrity" for e in events) == 3
 
 
@@ -2941,7 +2946,10 @@ if may_write:
         open(name, "w").write(text)
         written.append(name)
     for name, target in step.get("symlink", {}).items():
-        os.symlink(target, name)
+        try:
+            os.symlink(target, name)
+        except OSError as e:  # a refused tool call: the real CLIs report it and go on
+            print(f"refused: symlink {name}: {e}", file=sys.stderr)
     for name, fields in step.get("edit_json", {}).items():
         obj = json.load(open(name))
         obj.update(fields)
@@ -3099,7 +3107,8 @@ def test_harness_only_run_with_claude_like_agent(tmp_path, tiny_harness):
         assert (c["scores"]["success"], c["scores"]["per_example"]) == (real["success"], real["per_example"])
     assert its[1]["archive_best"] == max(c["scores"]["success"] for c in arch.values())
     errors = " | ".join(its[1]["proposer_errors"])
-    assert "a symbolic link" in errors and "outside new/" in errors and "cand_000/scores.json" in errors
+    assert "outside new/" in errors and "cand_000/scores.json" in errors
+    assert ("a symbolic link" in errors) != (sandbox._plan()["landlock_abi"] > 0)  # jailed: no link was made at all
     assert len(its) == 5 and its[-1]["stop_reason"] == "3 iterations in a row without a valid candidate"
     assert s["proposer_calls"] == 4 and abs(s["proposer_cost_usd"] - 0.0153) < 1e-9
     assert (s["proposer_prompt_tokens"], s["proposer_completion_tokens"]) == (4 * 1500, 4 * 200)
@@ -3123,6 +3132,27 @@ def test_whale_run_with_codex_like_agent(tmp_path, tiny_harness):
     assert (s["proposer_calls"], s["proposer_prompt_tokens"], s["proposer_completion_tokens"]) == (1, 2000, 300)
     assert s["proposer_cost_usd"] == 0 and s["steps"] == 2 and its[-1]["stop_reason"].startswith("switch policy")
     assert '"type": "turn.completed"' in (out / "archive" / "phase00" / "PROPOSE.log").read_text()
+
+
+def test_proposer_budget_usd_ends_the_search_and_counts_what_a_resumed_run_spent(tmp_path, tiny_harness):
+    """A Claude-like agent that reports $0.01 per call and always writes a new valid file, with
+    --proposer-budget-usd 0.025: the search ends after the third call with that reason. Killed in
+    the middle of the second iteration and resumed, the run still makes three calls in all (the
+    resumed process counts the dollars the archive records), not three more."""
+    plan = [{"derive": {"new/cand_1.py": [f"Variant {i}.", f"\nVARIANT = {i}\n"]}, "cost_usd": 0.01} for i in range(9)]
+    env = agent_bin(tmp_path, plan)
+    out = tmp_path / "run"
+    args = ("--domain", "searchqa", "--method", "harness-only", "--out", str(out), *E2E, "--harness", tiny_harness,
+            "--proposer", "command", "--proposer-command", CLAUDE, "--proposer-env", "FAKE_AGENT_PLAN",
+            "--proposer-budget-usd", "0.025", "--candidates", "1")
+    crashed = run_whale(*args, env={**env, "WHALE_CRASH_AT": "harness_eval:3"}, timeout=600)  # in iteration 2
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-2000:]
+    res = run_whale("--resume", str(out), env=env, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    s, events, arch, its = e2e_run(out)
+    assert its[-1]["stop_reason"] == "proposer budget: $0.0300 of --proposer-budget-usd 0.025 spent"
+    assert len(its) == 4 and sorted(arch) == ["cand_000", "cand_001", "cand_002", "cand_003"]
+    assert s["proposer_calls"] == 3 and abs(s["proposer_cost_usd"] - 0.03) < 1e-9
 
 
 def test_stand_ins_refuse_what_the_real_clis_refuse(tmp_path):
@@ -3756,6 +3786,8 @@ def test_report_of_a_tiny_run_shows_every_phase_candidate_trace_and_the_final_ha
         card = page.split(f'id="phase00-{c["name"]}"')[1].split('<div class="cand"')[0]
         assert card.count('<details class="trace">') == min(2, len(failed)) + min(1, len(records) - len(failed))
         assert "<details open" not in card
+        if mh.hypothesis(c["source"]):  # its docstring's first line, as the candidate's hypothesis
+            assert f"<th>hypothesis</th><td>{html.escape(mh.hypothesis(c['source']))}" in card
         if c["meta"].get("parent"):  # a diff against the parent, with its added and removed lines
             assert 'class="diff-table"' in card and ('<tr class="add">' in card or '<tr class="del">' in card)
             assert "better on" in card and "worse on" in card and "p = " in card

@@ -259,7 +259,7 @@ def harness_phase(run, s):
         return None if rec["status"] == "ok" else f"{rec['status']}: {rec['error']}"
 
     res = meta_harness.search_phase(
-        st["harness"], s.domain, s.search_set, evaluate, validate_run, make_proposer(a, s.domain, s.engine),
+        st["harness"], s.domain, s.search_set, evaluate, validate_run, make_proposer(a, s.domain, s.engine, run.dir),
         archive_dir=str(archive), k=a.candidates, should_stop=should_stop, affordable=affordable,
         accept_alpha=a.accept_alpha,
         prompt_only_base=s.h0 if m.prompt_only else None,
@@ -354,7 +354,7 @@ def finish(run, s):
 # The proposer of phase B
 
 
-def make_proposer(a: Args, domain, engine):
+def make_proposer(a: Args, domain, engine, run_dir=None):
     import proposers
     import rollout
 
@@ -366,7 +366,8 @@ def make_proposer(a: Args, domain, engine):
                                    command=a.proposer_command or None, rng_seed=a.seed,
                                    max_tokens=a.proposer_max_tokens, timeout=a.proposer_timeout or None,
                                    digest_chars=a.proposer_digest_chars, reply_format=a.proposer_format,
-                                   agent_env=[x.strip() for x in a.proposer_env.split(",") if x.strip()])
+                                   agent_env=[x.strip() for x in a.proposer_env.split(",") if x.strip()],
+                                   private=[str(run_dir)] if run_dir else [])  # the agent never reads the run
 
 
 if __name__ == "__main__":
