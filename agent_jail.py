@@ -180,8 +180,10 @@ def _launch(spec):
         try:
             libc.prctl(sandbox.PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # the launcher killed: PID 1 dies
             if pid_ns:  # a /proc of this namespace only, in a mount namespace of its own
-                libc.mount(None, b"/", None, sandbox.MS_REC | sandbox.MS_PRIVATE, None)
-                libc.mount(b"proc", b"/proc", b"proc", sandbox.MS_NOSUID | sandbox.MS_NODEV | 8, None)  # 8: MS_NOEXEC
+                if libc.mount(None, b"/", None, sandbox.MS_REC | sandbox.MS_PRIVATE, None) or \
+                        libc.mount(b"proc", b"/proc", b"proc", sandbox.MS_NOSUID | sandbox.MS_NODEV | 8, None):  # 8: NOEXEC
+                    print(f"agent_jail: WARNING: no /proc of its own ({os.strerror(p['get_errno']())}): the host's "
+                          "processes are visible to the agent", file=sys.stderr, flush=True)
             if spec["landlock"]:
                 cell = dict(p, landlock_abi=spec["landlock"], landlock_rules=[tuple(r) for r in spec["rules"]],
                             scratch=spec["writable"][0], extra_writable=spec["writable"][1:],
