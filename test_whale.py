@@ -2499,7 +2499,7 @@ def test_command_agent_ends_by_its_deadline_with_everything_it_started(tmp_path,
 
 
 @pytest.mark.slow
-def test_openai_request_is_bounded_as_a_whole_against_a_dripping_server(tmp_path):
+def test_openai_proposer_request_is_bounded_as_a_whole_against_a_dripping_server(tmp_path):
     """A server that drips its headers or its body a byte every 0.25 s (each read comes well
     within the timeout): the request ends at --proposer-timeout all the same, as a failed call."""
     class Drip(http.server.BaseHTTPRequestHandler):
@@ -2534,7 +2534,7 @@ def test_openai_request_is_bounded_as_a_whole_against_a_dripping_server(tmp_path
         server.shutdown()
 
 
-def test_selection_trusts_only_its_own_records_against_a_between_calls_forger(tmp_path):
+def test_search_trusts_only_its_own_records_against_a_between_calls_forger(tmp_path):
     """Between two proposer calls (right after iteration 1 is logged) something rewrites
     cand_001's scores.json into a win, plants a scored candidate and names cand_001 the incumbent
     in iterations.jsonl: selection reads the ledger, so none of it counts; every edit is refused,
