@@ -37,13 +37,20 @@ reference answers, never the test split):
            traces.jsonl  every rollout record of the evaluation (token id lists dropped)
            invalid.txt   why it was rejected (then there is no scores.json)
            reply.txt     the LLM proposer's raw reply, when there was one
-  summary.jsonl          append-only, one line per finished candidate (with its cost)
+  summary.jsonl          append-only, one line per finished candidate (with its cost and its
+                         hypothesis: the first line of its module docstring)
   iterations.jsonl       append-only, one line per finished iteration: both choices, the test,
                          the incumbent, how many candidates were valid, the proposer's errors
                          and cost, and stop_reason on the line that ended the phase
   frontier.json          Pareto frontier: success vs mean turns, success vs mean context tokens
   rules.json             what proposers must respect (the axes a prompt-only search may change)
   proposer_calls.jsonl   the command proposer's record of each agent call (proposers.py)
+Beside it, <archive_dir>.ledger.jsonl: the parent's own record, appended before the archive's
+files are written: every score it measured, every incumbent it chose. Selection reads only the
+ledger; a scores.json or an incumbent in iterations.jsonl that differs from it (an edit at any
+time, also between proposer calls) is refused, put back and listed in the iteration's
+`integrity` field and an archive_integrity event. (The agent never gets the ledger: it works in
+a copy of the archive, jailed away from the run directory; see proposers.py and agent_jail.py.)
 
 Resuming: call search_phase again on the same archive_dir. Finished candidates (scores.json or
 invalid.txt) are reused, candidates proposed but not finished are finished without asking the
@@ -56,11 +63,12 @@ Proposers live in proposers.py (one interface: propose(archive_dir, k) -> [dict(
 proposer, note, ...)]); search_phase only calls the one it is given.
 
 Events (to `log`, one dict each): harness_candidate (scored or invalid, with the reason),
-proposer_error, proposer_backoff, harness_iteration, harness_phase_end (with the reason).
+proposer_error, proposer_backoff, archive_integrity, harness_iteration, harness_phase_end
+(with the reason).
 
 What it leaves out: running harness code (sandbox.py, behind the run_candidate/validate_run
 callables the lead passes in), the model (engine.py), when to switch (switch.py), parallel
-proposer calls, the proposers themselves (proposers.py). Selection reads only files this
+proposer calls, the proposers themselves (proposers.py). Selection reads only the ledger this
 module writes; the command proposer's coding agent works in a copy of the archive, never in
 this directory (proposers.py says how that is enforced and checked).
 """
@@ -285,6 +293,46 @@ def read_traces(cand):
     return read_jsonl(os.path.join(cand["dir"], "traces.jsonl"))
 
 
+# The parent's own record of what it measured, outside the archive (the command proposer's agent
+# gets a copy of the archive, never this file, and its jail cannot reach the run directory).
+# Selection reads scores and the incumbent from here; a scores.json that differs is refused.
+
+def ledger_path_for(archive_dir):
+    return os.path.abspath(archive_dir).rstrip("/") + ".ledger.jsonl"
+
+
+def read_ledger(path):
+    """({cand: scores} as measured, {iteration: incumbent} as chosen) from the ledger file."""
+    scores, incumbents = {}, {}
+    for line in read_jsonl(path):
+        if "scores" in line:
+            scores[line["cand"]] = line["scores"]
+        elif "incumbent" in line:
+            incumbents[line["iteration"]] = line["incumbent"]
+    return scores, incumbents
+
+
+def trusted_archive(archive_dir, ledger_path):
+    """(load_archive with every candidate's scores taken from the ledger, problems): a scores.json
+    that differs from what the search measured (edited, planted, deleted) is put back as measured
+    (or removed, if the search never scored that candidate) and listed in problems."""
+    measured, _ = read_ledger(ledger_path)
+    archive, problems = load_archive(archive_dir), []
+    for c in archive:
+        want, path = measured.get(c["name"]), os.path.join(c["dir"], "scores.json")
+        if c["scores"] == want:
+            continue
+        if want is None:
+            os.remove(path)
+            problems.append(f"{c['name']}/scores.json: this search never scored {c['name']}; refused, removed")
+        else:
+            _write_json(path, want)
+            problems.append(f"{c['name']}/scores.json: {'missing' if c['scores'] is None else 'changed'} after "
+                            "the search wrote it; refused, rewritten as measured")
+        c["scores"] = want
+    return archive, problems
+
+
 def rank_key(cand):
     """The paper's order: success desc, then mean turns asc; ties go to the older candidate."""
     s = cand["scores"]
@@ -472,6 +520,15 @@ def spent_rollouts(archive_dir):
     return _sum_costs(archive_dir).get("rollouts", 0)
 
 
+def spent_usd(archive_dir):
+    """Dollars the proposer reported for this archive (a proposer budget needs it): the finished
+    iterations', and the proposal of the one not yet recorded (its candidates carry its cost)."""
+    done = {line.get("iteration") for line in read_jsonl(os.path.join(archive_dir, "iterations.jsonl"))}
+    pending = {c["meta"].get("iteration"): (c["meta"].get("proposal_cost") or {}).get("proposer_cost_usd", 0.0)
+               for c in load_archive(archive_dir) if c["meta"].get("iteration") not in done}
+    return _sum_costs(archive_dir).get("proposer_cost_usd", 0.0) + sum(pending.values())
+
+
 def _write_candidate(archive_dir, num, cand, iteration, proposal_cost):
     d = os.path.join(archive_dir, cand_name(num))
     os.makedirs(d, exist_ok=True)
@@ -496,10 +553,20 @@ def _write_candidate(archive_dir, num, cand, iteration, proposal_cost):
         format=cand.get("format"), finish=cand.get("finish"), reject=reject, proposal_cost=proposal_cost))
 
 
+def hypothesis(source):
+    """The first line of a harness's module docstring: what its author expected it to do."""
+    try:
+        doc = ast.get_docstring(ast.parse(source)) or ""
+    except (SyntaxError, ValueError):
+        return None
+    return doc.strip().splitlines()[0][:300] if doc.strip() else None
+
+
 def _summary_line(c):
     m, s = c["meta"], c["scores"]
     line = dict(cand=c["name"], iteration=m.get("iteration"), proposer=m.get("proposer"),
-                parent=m.get("parent"), axis=m.get("axis"), format=m.get("format"), note=m.get("note"))
+                parent=m.get("parent"), axis=m.get("axis"), format=m.get("format"), note=m.get("note"),
+                hypothesis=hypothesis(c["source"]))
     if s:
         line.update(status="ok", success=s["success"], mean_turns=s["mean_turns"],
                     mean_tokens=s["mean_tokens"], n=s["n"], status_counts=s["status_counts"],
@@ -524,7 +591,7 @@ def _iteration_event(line, **extra):
 
 
 def _finish_candidate(c, archive_dir, archive, examples, ids, run_candidate, validate_run,
-                      prompt_only_base, allowed, log):
+                      prompt_only_base, allowed, log, ledger_path):
     """Validate, then evaluate (or reject) one proposed candidate; write its files."""
     src, d, t0 = c["source"], c["dir"], time.time()
     reason = None
@@ -566,6 +633,7 @@ def _finish_candidate(c, archive_dir, archive, examples, ids, run_candidate, val
              cost=dict(candidates=1, evaluated=1, rollouts=len(records),
                        rollout_tokens=sum(int(r.get("tokens") or 0) for r in records),
                        validate_seconds=round(t1 - t0, 3), eval_seconds=round(t2 - t1, 3)))
+    append_jsonl(ledger_path, dict(cand=c["name"], scores=json.loads(json.dumps(s, default=str))))  # first
     _write_json(os.path.join(d, "scores.json"), s)
     c["scores"] = s
     line = _summary_line(c)
@@ -637,7 +705,7 @@ def stop_reason(iters, should_stop, max_empty=EMPTY_ITERATIONS_TO_STOP):
 
 def search_phase(incumbent_src, domain, examples, run_candidate, validate_run, propose, *, archive_dir,
                  k=3, should_stop, affordable=None, prompt_only_base=None, accept_alpha=0.1, log=print,
-                 max_empty=EMPTY_ITERATIONS_TO_STOP, backoff=BACKOFF):
+                 max_empty=EMPTY_ITERATIONS_TO_STOP, backoff=BACKOFF, ledger_path=None):
     """Run (or resume) one Meta-Harness search. Returns dict(incumbent_source, incumbent_scores,
     iterations, counters, history, incumbent, paper_choice, stop_reason).
 
@@ -653,7 +721,8 @@ def search_phase(incumbent_src, domain, examples, run_candidate, validate_run, p
     a string, which becomes the recorded stop reason. affordable() -> how many candidates the
     budget still pays for (None: always k): an iteration proposes min(k, affordable()), so the
     last one of a phase can be smaller and a run spends its whole budget. log(event dict) gets
-    every event."""
+    every event. ledger_path: the parent's record of the scores it measured and the incumbents
+    it chose (default: beside archive_dir, <archive_dir>.ledger.jsonl); selection reads only it."""
     os.makedirs(archive_dir, exist_ok=True)
     ids = [str(ex["id"]) for ex in examples]
     allowed = sorted(domain.PROMPT_AXES) if prompt_only_base is not None else None
@@ -662,7 +731,17 @@ def search_phase(incumbent_src, domain, examples, run_candidate, validate_run, p
     summary_path = os.path.join(archive_dir, "summary.jsonl")
     iters_path = os.path.join(archive_dir, "iterations.jsonl")
 
-    archive = load_archive(archive_dir)
+    ledger_path = ledger_path or ledger_path_for(archive_dir)
+    if not os.path.exists(ledger_path):  # a new search, or an archive from before the ledger: trust its files once
+        for c in load_archive(archive_dir):
+            if c["scores"]:
+                append_jsonl(ledger_path, dict(cand=c["name"], scores=c["scores"]))
+        for line in read_jsonl(iters_path):
+            append_jsonl(ledger_path, dict(iteration=line["iteration"], incumbent=line["incumbent"]))
+        open(ledger_path, "a").close()
+    archive, problems = trusted_archive(archive_dir, ledger_path)  # (also: killed between the ledger and scores.json)
+    for p in problems:
+        log(dict(event="archive_integrity", reason=p))
     first = next((c for c in archive if c["num"] == 0), None)
     if first is not None and normalized(first["source"]) != normalized(incumbent_src):
         raise ValueError(f"{archive_dir} holds a different cand_000; use a fresh archive_dir per phase")
@@ -696,8 +775,13 @@ def search_phase(incumbent_src, domain, examples, run_candidate, validate_run, p
         if reason:
             break
         it = len(iters)
-        incumbent = iters[-1]["incumbent"] if iters else cand_name(0)
-        archive = load_archive(archive_dir)
+        # What the files say is checked against what this search measured and chose (the ledger):
+        # between iterations (a process the agent left behind), and again after the proposer ran.
+        archive, integrity = trusted_archive(archive_dir, ledger_path)
+        incumbent = read_ledger(ledger_path)[1].get(it - 1, cand_name(0)) if iters else cand_name(0)
+        if iters and iters[-1]["incumbent"] != incumbent:
+            integrity.append(f"iterations.jsonl names {iters[-1]['incumbent']} the incumbent, the search chose "
+                             f"{incumbent}; refused")
         members = [c for c in archive if c["meta"].get("iteration") == it]
         errors, exhausted, failed = [], False, False
         if members:  # proposed before a crash (or cand_000): finish them, don't ask again
@@ -714,12 +798,15 @@ def search_phase(incumbent_src, domain, examples, run_candidate, validate_run, p
             nxt = max([c["num"] for c in archive] + [0]) + 1
             for j, cand in enumerate(cands):
                 _write_candidate(archive_dir, nxt + j, cand, it, cost)
-            archive = load_archive(archive_dir)
+            archive, problems = trusted_archive(archive_dir, ledger_path)
+            integrity += problems
             members = [c for c in archive if c["meta"].get("iteration") == it]
         for c in members:
             if not (c["scores"] or c["invalid"]):
                 _finish_candidate(c, archive_dir, archive, examples, ids, run_candidate, validate_run,
-                                  prompt_only_base, allowed, log)
+                                  prompt_only_base, allowed, log, ledger_path)
+        for p in integrity:
+            log(dict(event="archive_integrity", reason=p))
 
         # Selection: the paper's argmax over the whole phase archive, and ours.
         scored = [c for c in archive if c["scores"]]
@@ -741,16 +828,17 @@ def search_phase(incumbent_src, domain, examples, run_candidate, validate_run, p
                     test=test, accepted=accepted, incumbent=new_inc,
                     incumbent_success=by_name[new_inc]["scores"]["success"],
                     proposer_errors=[str(e)[:300] for e in errors],
-                    proposer_failed=failed, proposer_exhausted=exhausted,
+                    proposer_failed=failed, proposer_exhausted=exhausted, integrity=integrity,
                     cost=dict(cost, iterations=1, accepted=int(accepted)))
         # The line that ends the phase says why (should_stop sees this iteration's history too).
         line["stop_reason"] = stop_reason(iters + [line], should_stop, max_empty)
+        append_jsonl(ledger_path, dict(iteration=it, incumbent=new_inc))  # the ledger first
         append_jsonl(iters_path, line)
         log(_iteration_event(line))
 
-    archive = load_archive(archive_dir)
+    archive, _ = trusted_archive(archive_dir, ledger_path)
     by_name = {c["name"]: c for c in archive}
-    inc = by_name[iters[-1]["incumbent"]]
+    inc = by_name[read_ledger(ledger_path)[1].get(len(iters) - 1, iters[-1]["incumbent"])]
     log(dict(event="harness_phase_end", reason=reason, iterations=len(iters), incumbent=inc["name"],
              incumbent_success=inc["scores"]["success"]))
     return dict(incumbent_source=inc["source"], incumbent_scores=inc["scores"], iterations=len(iters),

@@ -29,16 +29,19 @@ the archive and checked; a copy the agent works in), the copy is the simplest so
 call gets a fresh temporary directory holding a copy of the archive; only regular files named
 new/cand_N.py directly under new/ (no symbolic links, at most MAX_CANDIDATE_BYTES) are read back,
 and every other change the agent made there is listed in the proposer's errors (a snapshot
-before and after). The agent CLIs' own sandboxes (Codex's workspace-write, Claude Code's
-working-directory scope) keep it inside that copy; an agent run with full permissions could
-still write the real archive by absolute path, so the real archive is snapshotted too (files up
-to KEEP_BYTES kept in memory) and any change made during the call is undone and reported.
+before and after). agent_jail.py keeps the agent inside that copy (a PID namespace, Landlock,
+a scrubbed environment: see there); behind it (a kernel without Landlock), the real archive is
+snapshotted too (files up to KEEP_BYTES kept in memory), any change made during the call is
+undone and reported, and new files in the run directory, the repository and the top of /tmp
+are listed. Selection itself trusts only the parent's ledger (meta_harness.py). The copy also
+holds reading aids (write_workspace): GUIDE.md, OUTCOMES.md + outcomes.tsv, failures/.
 
 A proposer reads only the archive (harness-split traces, scores, sources), never the
 reference answers or the test split. What it leaves out: parallel proposer calls, retries
 of a failed LLM call within one iteration (the iteration gets fewer candidates; the search
-backs off before the next call), a sandbox for the agent CLI itself (it runs as the user,
-with the permissions its own flags give it), cleanup of the agent's copy after a kill -9.
+backs off before the next call), cleanup of the agent's copy after a kill -9. The openai
+proposer's timeout bounds each request as a whole (bounded_request), the command proposer's
+the agent's run with all it started.
 """
 
 import ast
@@ -50,9 +53,7 @@ import random
 import re
 import shlex
 import shutil
-import signal
 import stat
-import subprocess
 import tempfile
 import time
 import urllib.error
@@ -490,6 +491,63 @@ def _llm_proposer(name, domain, ask, digest_chars, reply_format="any", transport
     return propose
 
 
+def bounded_request(req, timeout):
+    """The body of an HTTP(S) request (urllib: proxies and redirects as usual), the request as a
+    whole bounded by `timeout` seconds: connect, headers and body. urllib's own timeout bounds
+    each socket operation, so a server that drips its reply a byte at a time would never time
+    out; here a watchdog thread shuts the connection's socket down at the deadline, which ends
+    whatever read is blocked, and the caller gets TimeoutError."""
+    import http.client
+    import socket
+    import threading
+    socks, done, expired = [], threading.Event(), threading.Event()
+
+    def track(cls, **extra):  # the connection urllib makes, its socket kept for the watchdog (urllib
+        def make(host, **kw):  # drops its own reference once the headers are in)
+            conn = cls(host, **kw, **extra)
+            connect = conn.connect
+
+            def connect_and_keep():
+                connect()
+                socks.append(conn.sock)
+            conn.connect = connect_and_keep
+            return conn
+        return make
+
+    def watchdog():
+        if done.wait(timeout):
+            return
+        expired.set()
+        while not done.wait(0.05):  # until the caller is out (a socket may appear just after the deadline)
+            for sock in socks:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+    http_h, https_h = urllib.request.HTTPHandler(), urllib.request.HTTPSHandler()
+    http_h.http_open = lambda r: http_h.do_open(track(http.client.HTTPConnection), r)
+    https_h.https_open = lambda r: https_h.do_open(track(http.client.HTTPSConnection), r, context=https_h._context)
+    threading.Thread(target=watchdog, daemon=True).start()
+    try:
+        with urllib.request.build_opener(http_h, https_h).open(req, timeout=timeout) as r:
+            data = r.read()
+    except urllib.error.HTTPError as e:  # keep the server's explanation (a context overflow, a quota)
+        try:
+            e.body = e.read(2000).decode("utf-8", "replace")
+        except Exception:
+            e.body = ""
+        raise
+    except (OSError, http.client.HTTPException) as e:
+        if expired.is_set():
+            raise TimeoutError(f"the request took over {timeout:g}s in all (connect, headers, body)") from e
+        raise
+    finally:
+        done.set()
+    if expired.is_set():  # a reply cut by the shutdown can still look complete
+        raise TimeoutError(f"the request took over {timeout:g}s in all (connect, headers, body)")
+    return data
+
+
 def _openai_ask(base_url, model, api_key, max_tokens, timeout):
     base = base_url.rstrip("/")
     headers = {"Content-Type": "application/json"}
@@ -501,23 +559,14 @@ def _openai_ask(base_url, model, api_key, max_tokens, timeout):
         # vLLM and Ollama want the served model's name; if none was given, ask the server.
         if chosen[0] is None:
             req = urllib.request.Request(base + "/models", headers=headers)
-            with urllib.request.urlopen(req, timeout=timeout) as r:
-                chosen[0] = json.loads(r.read().decode("utf-8", "replace"))["data"][0]["id"]
+            chosen[0] = json.loads(bounded_request(req, timeout).decode("utf-8", "replace"))["data"][0]["id"]
         return chosen[0]
 
     def ask(prompt):
         body = dict(model=get_model(), messages=[{"role": "user", "content": prompt}], max_tokens=max_tokens)
         req = urllib.request.Request(base + "/chat/completions", data=json.dumps(body).encode(),
                                      headers=headers, method="POST")
-        try:
-            with urllib.request.urlopen(req, timeout=timeout) as r:
-                data = json.loads(r.read().decode("utf-8", "replace"))
-        except urllib.error.HTTPError as e:  # keep the server's explanation (a context overflow, a quota)
-            try:
-                e.body = e.read(2000).decode("utf-8", "replace")
-            except Exception:
-                e.body = ""
-            raise
+        data = json.loads(bounded_request(req, timeout).decode("utf-8", "replace"))
         choice = data["choices"][0]
         text, finish = choice["message"].get("content"), choice.get("finish_reason")
         if text is None and finish == "length":
@@ -697,6 +746,115 @@ def _copy_archive(archive_dir, work):
             shutil.copyfile(src, os.path.join(work, name))
 
 
+FAILURE_KINDS = {  # what each failure signature (failure_signatures) means, for the agent's failures/ files
+    "error": "the harness crashed, timed out, or a tool call raised",
+    "no_answer": "the rollout ended without an answer (parsing or stopping lost it)",
+    "no_tool": "answered without calling any tool",
+    "truncated": "answered wrong while a tool output it saw was cut short (the answer may be in the cut part)",
+    "unsupported": "answered, but the answer is nowhere in the tool outputs (retrieval or tool use missed it)",
+    "wrong": "the answer came from the tool output and was still wrong (instructions, format)",
+}
+
+
+def write_workspace(archive_dir, work, domain, traces_per_kind=3):
+    """The agent's reading aids, written into its copy (they are derived from the archive, so an
+    edit to them changes nothing): GUIDE.md (what is where, the contract, the limits, the rules),
+    OUTCOMES.md + outcomes.tsv (per example, what each candidate won and lost against its parent,
+    and every candidate's score on every example), failures/cand_NNN.md (its failed rollouts
+    grouped by failure kind, a few traces of each)."""
+    import sandbox  # its limits, for the guide
+    archive = mh.load_archive(archive_dir)
+    by_name = {c["name"]: c for c in archive}
+    scored = [c for c in archive if c["scores"]]
+    rules = mh.read_json(os.path.join(archive_dir, "rules.json"), {}) or {}
+    with open(os.path.join(work, "GUIDE.md"), "w") as f:
+        f.write(GUIDE.format(skill=domain.SKILL, rules=RULES, k=rules.get("k", "k"),
+                             allowed="" if rules.get("allowed_axes") is None else
+                             f"\n- prompt-only search: only the top-level names {rules['allowed_axes']} may change",
+                             max_prompt=sandbox.MAX_PROMPT_CHARS, max_messages=sandbox.MAX_MESSAGES))
+    rows = ["# Outcomes per example", "", "Won / lost = examples on which the candidate scored above / below "
+            "its parent (same examples, same order). outcomes.tsv: every candidate's score on every example.", "",
+            "cand | parent | success | parent's | won | lost | won on | lost on", "--- | --- | --- | --- | --- | --- | --- | ---"]
+    for c in scored:
+        parent = by_name.get(c["meta"].get("parent") or "")
+        wl = outcomes_vs(c, parent) if parent and parent["scores"] else None
+        won, lost = wl if wl else ([], [])
+        rows.append(f"{c['name']} | {parent['name'] if parent else '-'} | {c['scores']['success']:.3f} | "
+                    f"{parent['scores']['success']:.3f} | {len(won)} | {len(lost)} | {_ids(won, 40)} | {_ids(lost, 40)}"
+                    if wl else f"{c['name']} | - | {c['scores']['success']:.3f} | - | - | - | - | -")
+    with open(os.path.join(work, "OUTCOMES.md"), "w") as f:
+        f.write("\n".join(rows) + "\n")
+    if scored:
+        ids = scored[0]["scores"]["example_ids"]
+        with open(os.path.join(work, "outcomes.tsv"), "w") as f:
+            f.write("\t".join(["example_id"] + [c["name"] for c in scored]) + "\n")
+            for j, eid in enumerate(ids):
+                f.write("\t".join([str(eid)] + [f"{c['scores']['per_example'][j]:.3g}" for c in scored]) + "\n")
+    os.makedirs(os.path.join(work, "failures"), exist_ok=True)
+    for c in scored:
+        groups = {}
+        for r in mh.read_traces(c):
+            kind = next(iter(failure_signatures([r])), None)
+            if kind:
+                groups.setdefault(kind, []).append(r)
+        parts = [f"# {c['name']}: failed rollouts by kind ({sum(map(len, groups.values()))} of "
+                 f"{c['scores']['rollouts']})"]
+        for kind, recs in sorted(groups.items(), key=lambda kv: -len(kv[1])):
+            parts.append(f"\n## {kind}: {len(recs)} rollouts. {FAILURE_KINDS.get(kind, '')}\n"
+                         f"examples: {_ids([r.get('example_id') for r in recs], 40)}\n")
+            parts += [render_trace(r, 2000) + "\n" for r in recs[:traces_per_kind]]
+        with open(os.path.join(work, "failures", c["name"] + ".md"), "w") as f:
+            f.write("\n".join(parts) + "\n")
+
+
+GUIDE = """---
+name: whale-harness-proposer
+description: Write new harness files for a Meta-Harness search from this copy of its archive.
+---
+# Guide to this directory
+
+## What is where
+- PROPOSE.md: your task for this call (how many files, where to write them).
+- OUTCOMES.md: per candidate, the examples it won and lost against its parent; outcomes.tsv:
+  every candidate's score on every example (find the examples no candidate solves).
+- failures/cand_NNN.md: that candidate's failed rollouts grouped by failure kind, a few full
+  traces of each; read these first.
+- cand_NNN/harness.py (source), scores.json (success, mean turns/tokens, per-example scores in
+  the order of example_ids), traces.jsonl (every rollout: model calls, tool calls, answer,
+  score), meta.json (proposer, parent, note), invalid.txt (why it was rejected).
+- summary.jsonl (one line per candidate, with its hypothesis), iterations.jsonl (each
+  iteration: the best, the acceptance test, the incumbent), frontier.json.
+- new/: write your files here, new/cand_1.py ... new/cand_{k}.py. Nothing else is read back;
+  any other change is reported. This copy is deleted after the call.
+
+## The harness contract
+{skill}
+
+## Tools and their limits
+- Every llm() and tools.<name>() call goes to the parent process, which checks it: at most
+  {max_prompt} characters and {max_messages} messages per llm() call, a per-rollout deadline that
+  counts model and tool time, a call budget. A refused call raises ToolError in the harness.
+- The harness runs jailed: standard library only, no files outside its scratch directory, no
+  network, no processes.
+- You (the agent) run jailed too: you can read the system and this directory, write only this
+  directory and your HOME, and connect only to TCP port 443. The data, the test split and the
+  run directory are not readable; do not look for them.
+
+## What the rules check, in order
+- the file parses and defines run(task, llm, tools) at top level; it imports only the
+  standard library; it is not a copy of an archived candidate (compared without comments,
+  layout or docstrings){allowed};
+- it runs one task in the sandbox without crashing;
+- then it is evaluated on the search set; it replaces the incumbent only if a paired sign
+  test on the same examples says it is better beyond noise.
+
+{rules}
+
+Start the module docstring with one line stating the hypothesis (the mechanism and why it
+should help); it is kept as the candidate's hypothesis in summary.jsonl and the report.
+"""
+
+
 def command_prompt(domain, archive_dir, k, digest_chars=DIGEST_CHARS):
     allowed = (mh.read_json(os.path.join(archive_dir, "rules.json"), {}) or {}).get("allowed_axes")
     restrict = "" if allowed is None else (
@@ -710,6 +868,8 @@ def command_prompt(domain, archive_dir, k, digest_chars=DIGEST_CHARS):
         "cand_NNN/traces.jsonl: every rollout (model calls, tool calls, answer, score); "
         "cand_NNN/invalid.txt: why a candidate was rejected\n"
         "- summary.jsonl (one line per candidate), iterations.jsonl, frontier.json\n"
+        "- GUIDE.md (read it first: the files, the contract, the limits, the rules), OUTCOMES.md and "
+        "outcomes.tsv (examples won and lost), failures/cand_NNN.md (failed traces by failure kind)\n"
         "Read the sources and especially the traces of failed and successful rollouts.\n\n"
         f"## Task\n{domain.SKILL}\n\n{RULES}{restrict}\n\n"
         f"## Output\nWrite exactly {k} files new/cand_1.py ... new/cand_{k}.py, each a complete "
@@ -720,7 +880,9 @@ def command_prompt(domain, archive_dir, k, digest_chars=DIGEST_CHARS):
         f"{archive_digest(archive_dir, digest_chars, with_traces=False)}\n")
 
 
-def _command_proposer(domain, command, timeout, digest_chars, workdir_root=None):
+def _command_proposer(domain, command, timeout, digest_chars, workdir_root=None, env_names=(), private=()):
+    import agent_jail
+
     def propose(archive_dir, k):
         propose.errors = []
         archive = mh.load_archive(archive_dir)
@@ -729,36 +891,45 @@ def _command_proposer(domain, command, timeout, digest_chars, workdir_root=None)
         prompt = command_prompt(domain, archive_dir, k, digest_chars)
         propose.stats["calls"] += 1
         propose.stats["prompt_chars"] += len(prompt)
-        work = tempfile.mkdtemp(prefix="whale-agent-", dir=workdir_root)
+        # root/archive: its copy (cwd); root/home: its HOME and TMPDIR. Both writable, nothing else.
+        root = tempfile.mkdtemp(prefix="whale-agent-", dir=workdir_root)
+        work, home = os.path.join(root, "archive"), os.path.join(root, "home")
         out = err = ""
         files, rc, timed_out, t0 = [], None, False, time.time()
         try:
+            os.makedirs(work)
+            os.makedirs(home)
             _copy_archive(archive_dir, work)
+            write_workspace(archive_dir, work, domain)
             os.makedirs(os.path.join(work, "new"))
             path = os.path.join(work, "PROPOSE.md")
             with open(path, "w") as f:
                 f.write(prompt)
             work_before = snapshot(work)
             archive_before = snapshot(archive_dir, keep_bytes=KEEP_BYTES)
+            since = time.time()
+            # The prompt goes to stdin (claude -p and codex exec - read it there) and is in
+            # PROPOSE.md ({prompt_file} in the command names it). agent_jail.py: its own PID
+            # namespace (all it starts ends with the call), Landlock, a scrubbed environment.
             try:
-                # The prompt goes to stdin (claude -p and codex exec - read it there) and is in
-                # PROPOSE.md ({prompt_file} in the command names it). Own process group, so a
-                # timeout kills the agent and everything it started.
-                proc = subprocess.Popen(command.replace("{prompt_file}", shlex.quote(path)), shell=True, cwd=work,
-                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                        text=True, errors="replace", start_new_session=True)
-                try:
-                    out, err = proc.communicate(prompt, timeout=timeout)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    out, err = proc.communicate()
-                    timed_out = True
+                res = agent_jail.run_agent(command.replace("{prompt_file}", shlex.quote(path)), work, home, prompt,
+                                           timeout, env_names, private=_private_paths(archive_dir, private))
+                out, err, rc, timed_out = res["out"], res["err"], res["rc"], res["timed_out"]
+                propose.errors += [f"command: {n}" for n in res["notes"]]
+                if timed_out:
                     propose.errors.append(f"command: timed out after {timeout:g}s; collecting what it wrote")
-                rc = proc.returncode
-                if rc and not timed_out:
-                    propose.errors.append(f"command: exit status {rc}: {_short(((err or '') + (out or ''))[-300:], 300)}")
+                elif rc:  # one error per line of its stderr's end: every refusal it met is listed
+                    tail = [x for x in (err or out or "").splitlines() if x.strip()][-20:]
+                    propose.errors.append(f"command: exit status {rc}")
+                    propose.errors += [f"command: stderr: {_short(x, 240)}" for x in tail]
             except OSError as e:
+                res = {}
                 propose.errors.append(f"command: could not start: {e}")
+            outside = writes_outside(archive_dir, since, skip=[root, archive_dir], tmp=not res.get("landlock"),
+                                     more=[p for p in private if os.path.isdir(p)])
+            if outside:
+                propose.errors.append("integrity: written outside its copy during the call (by the agent or "
+                                      f"another process): {_list([(p, 'written') for p in outside])}")
             # The real archive first: nothing the agent did there may reach selection.
             undone = restore(archive_dir, archive_before, snapshot(archive_dir))
             if undone:
@@ -772,7 +943,7 @@ def _command_proposer(domain, command, timeout, digest_chars, workdir_root=None)
             if elsewhere:
                 propose.errors.append(f"integrity: the agent changed files outside new/ (ignored): {_list(elsewhere)}")
         finally:
-            shutil.rmtree(work, ignore_errors=True)
+            shutil.rmtree(root, ignore_errors=True)
         seconds = time.time() - t0
         propose.stats["seconds"] += seconds
         usage = agent_usage(out)
@@ -808,6 +979,54 @@ def _command_proposer(domain, command, timeout, digest_chars, workdir_root=None)
     return propose
 
 
+def _private_paths(archive_dir, extra=()):
+    """What the agent must never read, should a directory it is granted hold one of them: the
+    archive itself and the run directory above it, the repository's data/, WHALE_DATA, $HOME."""
+    run_dir = os.path.dirname(os.path.abspath(archive_dir))
+    repo = os.path.dirname(os.path.realpath(__file__))
+    return [archive_dir, run_dir, os.path.join(repo, "data"), os.environ.get("WHALE_DATA"),
+            os.path.expanduser("~"), *extra]
+
+
+def writes_outside(archive_dir, since, skip=(), tmp=True, more=(), max_entries=20000):
+    """Paths written since `since` (mtime or ctime) in the places an agent that got out of its
+    copy would write: the archive's parent, the directories in `more` (whale.py: the run
+    directory), the repository and, with tmp, the top level of the temporary directory (other
+    processes write there too: only asked when the agent ran without its Landlock jail, which
+    refuses /tmp). `skip`: directories not to report."""
+    repo = os.path.dirname(os.path.realpath(__file__))
+    roots = [(os.path.dirname(os.path.abspath(archive_dir)), 99), *[(d, 99) for d in more], (repo, 99)] + \
+        [(tempfile.gettempdir(), 0)] * tmp
+    skip = [os.path.realpath(p) for p in skip]
+    found, seen = [], 0
+    for top, depth in roots:
+        top = os.path.realpath(top)
+        for dirpath, dirnames, filenames in os.walk(top):
+            level = dirpath[len(top):].count(os.sep)
+            dirnames[:] = [d for d in dirnames if d != ".git"
+                           and not any(_inside(os.path.join(dirpath, d), s) for s in skip)]
+            names = dirnames + filenames
+            if level >= depth:
+                dirnames[:] = []
+            for name in names:
+                path = os.path.join(dirpath, name)
+                seen += 1
+                try:
+                    st = os.lstat(path)
+                except OSError:
+                    continue
+                if max(st.st_mtime, st.st_ctime) >= since and not any(_inside(path, s) for s in skip) \
+                        and path not in found:
+                    found.append(path)
+            if seen > max_entries:
+                break
+    return sorted(found)
+
+
+def _inside(path, root):
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
 # -----------------------------------------------------------------------------
 
 def endpoint_error(base_url, model=None, api_key=None, timeout=10.0):
@@ -829,12 +1048,14 @@ def endpoint_error(base_url, model=None, api_key=None, timeout=10.0):
 
 def make_proposer(name, domain, *, llm_text=None, base_url=None, model=None, api_key=None,
                   api_key_env="OPENAI_API_KEY", command=None, rng_seed=0, max_tokens=4096, timeout=None,
-                  digest_chars=DIGEST_CHARS, reply_format="any", workdir_root=None):
+                  digest_chars=DIGEST_CHARS, reply_format="any", workdir_root=None, agent_env=(), private=()):
     """propose(archive_dir, k) -> [dict(source, proposer, note, [parent, axis, format, reject, raw])].
     The callable carries .stats (calls, chars, tokens, seconds, cost) and .errors (last call).
-    max_tokens: the LLM reply's length limit; timeout: seconds per LLM request (openai,
-    default 600) or per agent run (command, default 1800); reply_format: what the LLM is asked
-    for (file | edit | any; replies of either form are accepted)."""
+    max_tokens: the LLM reply's length limit; timeout: seconds per LLM request as a whole, from
+    connect to the last byte (openai, default 600) or per agent run with everything it started
+    (command, default 1800); reply_format: what the LLM is asked for (file | edit | any; replies
+    of either form are accepted); agent_env: names of variables the agent gets besides the
+    basics (agent_jail.py); private: more paths the agent must never read."""
     if reply_format not in ("any", "file", "edit"):
         raise ValueError(f"unknown reply format {reply_format!r}; expected any, file or edit")
     if name == "primitives":
@@ -860,5 +1081,5 @@ def make_proposer(name, domain, *, llm_text=None, base_url=None, model=None, api
     if name == "command":
         if not command:
             raise ValueError("the command proposer needs command, e.g. 'claude -p'")
-        return _command_proposer(domain, command, timeout or 1800.0, digest_chars, workdir_root)
+        return _command_proposer(domain, command, timeout or 1800.0, digest_chars, workdir_root, agent_env, private)
     raise ValueError(f"unknown proposer {name!r}; expected primitives, self, openai or command")

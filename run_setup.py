@@ -188,10 +188,17 @@ def check_proposer_flags(a):
     """The phase-B proposer flags: values in range, and none given to a proposer that ignores it."""
     if a.proposer_max_tokens <= 0 or a.proposer_timeout < 0 or a.proposer_digest_chars < 1000:
         raise UserError("--proposer-max-tokens must be > 0, --proposer-timeout >= 0 and --proposer-digest-chars >= 1000")
+    if not 0 <= a.proposer_budget_usd < float("inf"):  # nan fails too
+        raise UserError(f"--proposer-budget-usd must be a number >= 0 (0 = no cap), not {a.proposer_budget_usd}")
+    for name in filter(None, (x.strip() for x in a.proposer_env.split(","))):
+        if not name.replace("_", "a").isalnum() or name[0].isdigit():
+            raise UserError(f"--proposer-env {name!r} is not an environment variable name")
+        if name not in os.environ:
+            raise UserError(f"--proposer-env {name}: that environment variable is not set")
     defaults = type(a)()
     for flag, users in (("proposer_max_tokens", ("self", "openai")), ("proposer_format", ("self", "openai")),
                         ("proposer_timeout", ("openai", "command")), ("proposer_api_key_env", ("openai",)),
-                        ("proposer_digest_chars", ("self", "openai", "command"))):
+                        ("proposer_digest_chars", ("self", "openai", "command")), ("proposer_env", ("command",))):
         if getattr(a, flag) != getattr(defaults, flag) and a.proposer not in users:
             raise UserError(f"--{flag.replace('_', '-')} is only used by --proposer {' or '.join(users)}, "
                             f"not --proposer {a.proposer}")

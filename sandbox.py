@@ -257,7 +257,7 @@ _SYSTEM_DIRS = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/etc", "/p
 # Landlock (include/uapi/linux/landlock.h): syscall numbers (the same on every architecture),
 # ruleset attribute fields by ABI version, access rights.
 SYS_LANDLOCK_CREATE_RULESET, SYS_LANDLOCK_ADD_RULE, SYS_LANDLOCK_RESTRICT_SELF = 444, 445, 446
-LANDLOCK_CREATE_RULESET_VERSION, LANDLOCK_RULE_PATH_BENEATH = 1, 1
+LANDLOCK_CREATE_RULESET_VERSION, LANDLOCK_RULE_PATH_BENEATH, LANDLOCK_RULE_NET_PORT = 1, 1, 2
 FS_EXECUTE, FS_WRITE_FILE, FS_READ_FILE, FS_READ_DIR = 1 << 0, 1 << 1, 1 << 2, 1 << 3
 FS_REMOVE_DIR, FS_REMOVE_FILE, FS_MAKE_DIR, FS_MAKE_REG = 1 << 4, 1 << 5, 1 << 7, 1 << 8
 FS_ABI1 = (1 << 13) - 1  # EXECUTE .. MAKE_SYM: everything ABI 1 knows (also char/block/fifo/socket/symlink)
@@ -328,7 +328,9 @@ def _landlock_rules(exe, stdlib):
 
 def _landlock(p):
     """In the forked child (before exec, after the mounts): restrict this process and everything
-    it execs to p["landlock_rules"] + read/write in scratch, for good. Raises OSError on failure."""
+    it execs to p["landlock_rules"] + read/write in scratch, for good. Raises OSError on failure.
+    agent_jail.py reuses it with p["extra_writable"] (more read/write dirs) and p["tcp_connect"]
+    (TCP ports it may connect to; the harness child gets none)."""
     import struct  # already imported by the parent: no file access here
     libc, abi = p["libc"], p["landlock_abi"]
 
@@ -345,7 +347,8 @@ def _landlock(p):
     check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(PR_SET_NO_NEW_PRIVS)")  # required unprivileged
     ruleset = check(libc.syscall(SYS_LANDLOCK_CREATE_RULESET, attr, len(attr), 0), "landlock_create_ruleset")
     try:
-        for path, rights in p["landlock_rules"] + [(p["scratch"], SCRATCH_RIGHTS)]:
+        writable = [p["scratch"]] + list(p.get("extra_writable", ()))  # more than scratch: agent_jail.py
+        for path, rights in p["landlock_rules"] + [(w, SCRATCH_RIGHTS) for w in writable]:
             try:
                 fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
             except FileNotFoundError:
@@ -358,6 +361,9 @@ def _landlock(p):
                       f"landlock_add_rule {path}")
             finally:
                 os.close(fd)
+        for port in p.get("tcp_connect", ()) if net else ():  # struct landlock_net_port_attr
+            check(libc.syscall(SYS_LANDLOCK_ADD_RULE, ruleset, LANDLOCK_RULE_NET_PORT,
+                               struct.pack("QQ", NET_CONNECT_TCP, port), 0), f"landlock_add_rule port {port}")
         check(libc.syscall(SYS_LANDLOCK_RESTRICT_SELF, ruleset, 0), "landlock_restrict_self")
     finally:
         os.close(ruleset)

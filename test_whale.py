@@ -65,6 +65,7 @@ import json
 import random
 import re
 import select
+import shlex
 import shutil
 import signal
 import socket
@@ -83,6 +84,7 @@ import numpy as np
 import pytest
 import torch
 
+import agent_jail
 import engine
 import meta_harness as mh
 import proposers
@@ -2594,8 +2596,14 @@ AGENT_ATTACKS = {
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("jail", ["landlock", "no landlock"])
 @pytest.mark.parametrize("attack", list(AGENT_ATTACKS))
-def test_command_agent_cannot_edit_the_archive_into_a_win(tmp_path, attack):
+def test_command_agent_cannot_edit_the_archive_into_a_win(tmp_path, attack, jail, monkeypatch):
+    """Jailed (agent_jail.py), the kernel refuses every write outside its copy and links; without
+    Landlock (WHALE_SANDBOX_NO_LANDLOCK=1) the layers behind it undo, ignore and report them."""
+    jailed = jail == "landlock" and sandbox._plan()["landlock_abi"] > 0
+    if jail != "landlock":
+        monkeypatch.setenv("WHALE_SANDBOX_NO_LANDLOCK", "1")
     d = tmp_path / "arch"
     mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate, None, archive_dir=str(d),
                     should_stop=stop_after(1), log=quiet)
@@ -2627,13 +2635,252 @@ def test_command_agent_cannot_edit_the_archive_into_a_win(tmp_path, attack):
     errors = " | ".join(its[-1]["proposer_errors"])
     if "scores in its directory" in attack or "outside new" in attack:
         assert "changed files outside new/" in errors and "cand_000/" in errors
+    elif jailed and ("real archive" in attack or "symlink" in attack):  # refused by the kernel: the agent's own error says so, nothing to undo
+        assert "PermissionError: [Errno 13] Permission denied" in errors and "the archive itself" not in errors
     elif "real archive" in attack:
         assert "the archive itself changed" in errors and ("restored" in errors or "removed" in errors)
     else:
         assert "integrity: ignored new/cand_2.py" in errors
     calls = [json.loads(x) for x in open(d / "proposer_calls.jsonl")]
     assert calls[-1]["files"] == ["cand_1.py"] and calls[-1]["errors"] == its[-1]["proposer_errors"]
-    assert any(e["event"] == "proposer_error" and "integrity" in e["reason"] for e in events)
+    refused = jailed and ("real archive" in attack or "symlink" in attack)
+    assert any(e["event"] == "proposer_error" and ("Permission denied" if refused else "integrity") in e["reason"]
+               for e in events)
+
+
+def leftover_processes(marker):
+    """Host processes whose command line holds `marker` (from /proc)."""
+    out = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if marker in open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode():
+                out.append(pid)
+        except OSError:
+            pass
+    return out
+
+
+@pytest.mark.slow
+def test_command_agent_ends_by_its_deadline_with_everything_it_started(tmp_path, monkeypatch):
+    """A daemonizing agent (setsid, its own session): whether the agent exits or runs past its
+    deadline, the call ends by the deadline and no process it started is left (a PID namespace,
+    killed as a whole); a left-behind forger therefore never gets to edit the archive between
+    calls. Without Landlock, so the namespace alone is what stops the forger."""
+    if not sandbox._plan()["root"]:
+        pytest.skip("the PID namespace needs root")
+    monkeypatch.setenv("WHALE_SANDBOX_NO_LANDLOCK", "1")
+    d = tmp_path / "arch"
+    mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate, None, archive_dir=str(d),
+                    should_stop=stop_after(1), log=quiet)
+    scores = (d / "cand_000" / "scores.json").read_bytes()
+    forge = f"sleep 3; echo forged > {d}/cand_000/scores.json"
+    for command, timeout, marker in [(f"setsid sleep 61.5 & setsid sh -c '{forge}' & exit 0", 20, "sleep 61.5"),
+                                     ("setsid sleep 62.5 & sleep 60", 2, "sleep 62.5")]:
+        prop = proposers.make_proposer("command", DOMAIN, command=command, timeout=timeout)
+        t0 = time.time()
+        assert prop(str(d), 1) == []
+        took = time.time() - t0
+        assert took < timeout + agent_jail.GRACE_S + 5 < 60, took  # not the daemon's 60 s
+        assert leftover_processes(marker) == [], marker
+        assert ("timed out" in " ".join(prop.errors)) == (timeout == 2)
+    time.sleep(4)  # the forger would have written by now
+    assert (d / "cand_000" / "scores.json").read_bytes() == scores
+
+
+@pytest.mark.slow
+def test_openai_proposer_request_is_bounded_as_a_whole_against_a_dripping_server(tmp_path):
+    """A server that drips its headers or its body a byte every 0.25 s (each read comes well
+    within the timeout): the request ends at --proposer-timeout all the same, as a failed call."""
+    class Drip(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100\r\n"
+            self.wfile.write(head if "headers" in self.path else head + b"\r\n")
+            try:
+                for _ in range(80):  # at most 20 s, then the connection closes
+                    self.wfile.write(b"X-Drip: 1\r\n" if "headers" in self.path else b" ")
+                    self.wfile.flush()
+                    time.sleep(0.25)
+            except OSError:
+                pass  # the client hung up: stop dripping
+
+        def log_message(self, *args):
+            pass
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Drip)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    d = str(tmp_path / "arch")
+    mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate, None, archive_dir=d,
+                    should_stop=stop_after(1), log=quiet)
+    try:
+        for where in ("body", "headers"):
+            prop = proposers.make_proposer("openai", DOMAIN, base_url=f"http://127.0.0.1:{server.server_address[1]}"
+                                           f"/{where}", model="m", timeout=2)
+            t0 = time.time()
+            assert prop(d, 2) == []
+            assert time.time() - t0 < 10  # the drip lasts 20 s
+            assert len(prop.errors) == 1 and "TimeoutError" in prop.errors[0] and "in all" in prop.errors[0]
+    finally:
+        server.shutdown()
+
+
+def test_search_trusts_only_its_own_records_against_a_between_calls_forger(tmp_path):
+    """Between two proposer calls (right after iteration 1 is logged) something rewrites
+    cand_001's scores.json into a win, plants a scored candidate and names cand_001 the incumbent
+    in iterations.jsonl: selection reads the ledger, so none of it counts; every edit is refused,
+    put back and listed in the next iteration's record."""
+    d = tmp_path / "arch"
+    batches = [[mh.splice(H0, "QUALITY", "QUALITY = 0.1")], [mh.splice(H0, "QUALITY", "QUALITY = 0.15")]]
+
+    def propose(archive_dir, k):
+        return [dict(source=s, proposer="fake", note="n", parent="cand_000") for s in batches.pop(0)]
+    events = []
+
+    def log_and_forge(e):
+        events.append(e)
+        if e["event"] == "harness_iteration" and e["iteration"] == 1:
+            honest = json.loads((d / "cand_001" / "scores.json").read_text())
+            forged = dict(honest, success=1.0, per_example=[1.0] * 40)
+            (d / "cand_001" / "scores.json").write_text(json.dumps(forged))
+            (d / "cand_009").mkdir()
+            (d / "cand_009" / "harness.py").write_text(H0 + "X = 9\n")
+            (d / "cand_009" / "meta.json").write_text(json.dumps({"iteration": 1}))
+            (d / "cand_009" / "scores.json").write_text(json.dumps(forged))
+            its = (d / "iterations.jsonl").read_text().replace('"incumbent": "cand_000"', '"incumbent": "cand_001"')
+            (d / "iterations.jsonl").write_text(its)
+            events.append(dict(event="forged", honest=honest))
+    res = mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate, propose, archive_dir=str(d),
+                          should_stop=stop_after(3), log=log_and_forge)
+    line = json.loads((d / "iterations.jsonl").read_text().splitlines()[-1])
+    assert line["iteration"] == 2
+    integrity = " | ".join(line["integrity"])
+    assert "cand_001/scores.json: changed after the search wrote it" in integrity
+    assert "cand_009/scores.json: this search never scored cand_009" in integrity
+    assert "names cand_001 the incumbent, the search chose cand_000" in integrity
+    honest = next(e["honest"] for e in events if e["event"] == "forged")
+    assert json.loads((d / "cand_001" / "scores.json").read_text()) == honest  # put back as measured
+    assert not (d / "cand_009" / "scores.json").exists()
+    assert res["incumbent"] == "cand_000" and res["best_scores"]["success"] < 1.0
+    assert line["archive_best"] < 1.0 and line["paper_choice"] != "cand_009" and line["incumbent"] == "cand_000"
+    assert sum(e["event"] == "archive_integrity" for e in events) == 3
+
+
+PROBER = r"""
+'''A stand-in agent that looks around: it tries each read and write the jail must refuse or
+allow, prints one line per refusal on stderr, and writes a candidate whose docstring records
+what it could read and write. Then it exits 3 if anything was refused.'''
+import json, os, socket, sys
+T = json.loads(sys.argv[1])
+sys.stdin.read()
+could, refused = [], []
+def attempt(what, fn):
+    try:
+        fn()
+        could.append(what)
+    except OSError as e:
+        refused.append(what)
+        print(f"refused: {what}: {type(e).__name__}: {e}", file=sys.stderr)
+def read(path):
+    return lambda: os.listdir(path) if os.path.isdir(path) else open(path, "rb").read(1)
+def write(path):
+    return lambda: open(path, "w").write("x")
+def connect(port):
+    def go():
+        with socket.create_connection(("127.0.0.1", port), timeout=2):
+            pass
+    return go
+for what, path in T["reads"].items():
+    attempt("read " + what, read(path))
+for what, path in T["writes"].items():
+    attempt("write " + what, write(path))
+attempt("connect to a local service", connect(T["port"]))
+env = sorted(k for k in os.environ if k.startswith("WHALE_TEST_"))
+doc = "Probe. could: " + "; ".join(could) + ". env: " + ",".join(env) + ". files: " + ",".join(sorted(os.listdir(".")))
+open("new/cand_1.py", "w").write('"' * 3 + doc + '"' * 3 + "\n" + open("cand_000/harness.py").read() + "X = 1\n")
+sys.exit(3 if refused else 0)
+"""
+
+
+@pytest.mark.slow
+def test_command_agent_is_jailed_by_the_kernel(tmp_path, monkeypatch):
+    """The agent reads the system and its copy of the archive (with the guide, outcome tables and
+    failure files), writes only that copy and its HOME; the repository's data/, WHALE_DATA, the
+    run directory, the home directory and /tmp are unreadable or unwritable, a local service is
+    unreachable, and it sees only the environment variables the user named."""
+    if not sandbox._plan()["landlock_abi"]:
+        pytest.skip(f"no Landlock here: {sandbox._plan()['landlock_off']}")
+    data = tmp_path / "whale_data"
+    data.mkdir()
+    (data / "answers.jsonl").write_text('{"answer": "secret"}\n')
+    monkeypatch.setenv("WHALE_DATA", str(data))
+    monkeypatch.setenv("WHALE_TEST_SECRET", "s3cret")
+    monkeypatch.setenv("WHALE_TEST_NAMED", "ok")
+    run = tmp_path / "run"
+    d = run / "archive" / "phase00"
+    mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate, None, archive_dir=str(d),
+                    should_stop=stop_after(1), log=quiet)
+    (run / "metrics.jsonl").write_text('{"event": "eval", "split": "test"}\n')
+    repo = Path(proposers.__file__).resolve().parent
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    plan = dict(port=listener.getsockname()[1],
+                reads={"the system": "/etc/hostname", "its copy": "cand_000/traces.jsonl", "the guide": "GUIDE.md",
+                       "the repository's data": str(repo / "data"), "WHALE_DATA": str(data / "answers.jsonl"),
+                       "the run directory": str(run / "metrics.jsonl"), "the real archive": str(d),
+                       "the home directory": os.path.expanduser("~"), "tmp": tempfile.gettempdir()},
+                writes={"its copy": "new/notes.txt", "its home": os.path.join("..", "home", "cfg"),
+                        "tmp": os.path.join(tempfile.gettempdir(), "whale-prober-was-here"),
+                        "the run directory": str(run / "planted.txt"), "the repository": str(repo / "planted.txt")})
+    script = tmp_path / "prober.py"
+    script.write_text(PROBER)
+    prop = proposers.make_proposer("command", DOMAIN, timeout=60, agent_env=["WHALE_TEST_NAMED"],
+                                   command=f"{sys.executable} {script} {shlex.quote(json.dumps(plan))}")
+    try:
+        cands = prop(str(d), 1)
+    finally:
+        listener.close()
+    doc = cands[0]["note"]
+    could = doc.split("could: ")[1].split(". env:")[0].split("; ")
+    assert could == ["read the system", "read its copy", "read the guide", "write its copy", "write its home"], doc
+    assert "env: WHALE_TEST_NAMED." in doc  # named: passed; WHALE_TEST_SECRET: scrubbed
+    for f in ("GUIDE.md", "OUTCOMES.md", "outcomes.tsv", "failures", "PROPOSE.md"):
+        assert f in doc.split("files: ")[1], f
+    errors = " | ".join(prop.errors)
+    for what in ["read the repository's data", "read WHALE_DATA", "read the run directory", "read the real archive",
+                 "read the home directory", "read tmp", "write tmp", "write the run directory", "write the repository",
+                 "connect to a local service"]:
+        assert f"refused: {what}: PermissionError" in errors, what
+    assert not (run / "planted.txt").exists() and not (repo / "planted.txt").exists()
+    assert not os.path.exists(os.path.join(tempfile.gettempdir(), "whale-prober-was-here"))
+
+
+def test_agent_workspace_outcome_tables_failures_guide_and_hypotheses(tmp_path):
+    """What the agent's copy adds to the archive: per-example outcome tables, failed traces grouped
+    by failure kind, a guide; every candidate's docstring line is its hypothesis in summary.jsonl."""
+    d = str(tmp_path / "arch")
+    arch = archive_with_history(d)
+    work = tmp_path / "work"
+    work.mkdir()
+    proposers.write_workspace(d, str(work), DOMAIN)
+    guide = (work / "GUIDE.md").read_text()
+    assert guide.startswith("---\nname: ") and DOMAIN.SKILL in guide and "new/cand_1.py" in guide
+    assert str(sandbox.MAX_PROMPT_CHARS) in guide and "paired sign" in guide
+    c1, c0 = arch[1], arch[0]
+    won, lost = proposers.outcomes_vs(c1, c0)
+    table = (work / "OUTCOMES.md").read_text()
+    assert f"cand_001 | cand_000 | {c1['scores']['success']:.3f} | {c0['scores']['success']:.3f} | {len(won)} | 0 |" in table
+    tsv = [x.split("\t") for x in (work / "outcomes.tsv").read_text().splitlines()]
+    scored = [c for c in arch if c["scores"]]
+    assert tsv[0] == ["example_id"] + [c["name"] for c in scored] and len(tsv) == 1 + len(EXAMPLES)
+    assert [float(x) for x in tsv[1][1:]] == [c["scores"]["per_example"][0] for c in scored]
+    fails = (work / "failures" / "cand_000.md").read_text()
+    n_failed = sum(float(r["score"]) < 0.5 for r in mh.read_traces(c0))
+    assert f"failed rollouts by kind ({n_failed} of 40)" in fails
+    for kind, n in proposers.failure_signatures(mh.read_traces(c0)).items():
+        assert f"## {kind}: {n} rollouts. {proposers.FAILURE_KINDS[kind]}" in fails
+    assert fails.count("### example") == 3  # a few traces per kind, not all of them
+    summary = [json.loads(x) for x in open(os.path.join(d, "summary.jsonl"))]
+    assert summary[0]["hypothesis"] == "Toy harness." and summary[-1]["hypothesis"] is None  # unparsable: none
 
 
 # ---- LLM and agent proposers: replies, edit blocks, cut replies, the archive digest, usage -----
@@ -2906,7 +3153,8 @@ AGENT_STANDIN = r'''
 Codex's `codex exec` (which one: the name it is run as). It parses their flags (an unknown flag is
 an error, as in the real CLIs; without write permission it writes nothing), reads the prompt from
 stdin as they do, acts on its working directory as the test's plan (FAKE_AGENT_PLAN) says for
-this call, and prints the JSON its original prints: Claude's one result object, Codex's JSONL."""
+this call (the plan is JSON in that variable), and prints the JSON its original prints: Claude's
+one result object, Codex's JSONL."""
 import argparse, json, os, sys
 
 kind = os.path.basename(sys.argv[0])
@@ -2947,11 +3195,9 @@ prompt = a.prompt if a.prompt not in (None, "-") else sys.stdin.read()
 if not prompt.strip():
     sys.exit("Error: Input must be provided either through stdin or as a prompt argument when using --print")
 assert "new/cand_1.py" in prompt and "## Task" in prompt, "not a whale proposer prompt"
-plan_path = os.environ["FAKE_AGENT_PLAN"]
-calls = plan_path + ".calls"
-n = len(open(calls).read()) if os.path.exists(calls) else 0
-open(calls, "a").write("x")
-plan = json.load(open(plan_path))
+plan = json.loads(os.environ["FAKE_AGENT_PLAN"])  # it gets the variable only if --proposer-env names it
+# the n-th call of a search (counted from its copy of the archive: it can read and write nothing else)
+n = max(0, len(open("iterations.jsonl").read().splitlines()) - 1) if os.path.exists("iterations.jsonl") else 0
 step = plan[n] if n < len(plan) else {}
 written = []
 if may_write:
@@ -2963,7 +3209,10 @@ if may_write:
         open(name, "w").write(text)
         written.append(name)
     for name, target in step.get("symlink", {}).items():
-        os.symlink(target, name)
+        try:
+            os.symlink(target, name)
+        except OSError as e:  # a refused tool call: the real CLIs report it and go on
+            print(f"refused: symlink {name}: {e}", file=sys.stderr)
     for name, fields in step.get("edit_json", {}).items():
         obj = json.load(open(name))
         obj.update(fields)
@@ -2999,15 +3248,15 @@ E2E = ["--budget", "32", "--prompts-per-step", "2", "--group", "4", "--candidate
 
 
 def agent_bin(tmp_path, plan):
-    """A bin directory with stand-ins named claude and codex, and the plan they follow."""
+    """A bin directory with stand-ins named claude and codex, and the plan they follow (pass
+    --proposer-env FAKE_AGENT_PLAN: the agent's environment is scrubbed)."""
     b = tmp_path / "bin"
     b.mkdir()
     (b / "agent_standin.py").write_text(f"#!{sys.executable}\n" + AGENT_STANDIN)
     (b / "agent_standin.py").chmod(0o755)
     for name in ("claude", "codex"):
         (b / name).symlink_to(b / "agent_standin.py")
-    (tmp_path / "plan.json").write_text(json.dumps(plan))
-    return {"PATH": f"{b}{os.pathsep}{os.environ['PATH']}", "FAKE_AGENT_PLAN": str(tmp_path / "plan.json")}
+    return {"PATH": f"{b}{os.pathsep}{os.environ['PATH']}", "FAKE_AGENT_PLAN": json.dumps(plan)}
 
 
 def e2e_run(out):
@@ -3113,7 +3362,7 @@ def test_harness_only_run_with_claude_like_agent(tmp_path, tiny_harness):
     out = tmp_path / "run"
     res = run_whale("--domain", "searchqa", "--method", "harness-only", "--out", str(out), *E2E,
                     "--harness", tiny_harness, "--proposer", "command", "--proposer-command", CLAUDE,
-                    "--proposer-timeout", "120", env=env, timeout=600)
+                    "--proposer-timeout", "120", "--proposer-env", "FAKE_AGENT_PLAN", env=env, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     s, events, arch, its = e2e_run(out)
     assert sorted(arch) == ["cand_000", "cand_001"] and arch["cand_001"]["scores"]
@@ -3124,7 +3373,8 @@ def test_harness_only_run_with_claude_like_agent(tmp_path, tiny_harness):
         assert (c["scores"]["success"], c["scores"]["per_example"]) == (real["success"], real["per_example"])
     assert its[1]["archive_best"] == max(c["scores"]["success"] for c in arch.values())
     errors = " | ".join(its[1]["proposer_errors"])
-    assert "a symbolic link" in errors and "outside new/" in errors and "cand_000/scores.json" in errors
+    assert "outside new/" in errors and "cand_000/scores.json" in errors
+    assert ("a symbolic link" in errors) != (sandbox._plan()["landlock_abi"] > 0)  # jailed: no link was made at all
     assert len(its) == 5 and its[-1]["stop_reason"] == "3 iterations in a row without a valid candidate"
     assert s["proposer_calls"] == 4 and abs(s["proposer_cost_usd"] - 0.0153) < 1e-9
     assert (s["proposer_prompt_tokens"], s["proposer_completion_tokens"]) == (4 * 1500, 4 * 200)
@@ -3140,8 +3390,8 @@ def test_whale_run_with_codex_like_agent(tmp_path, tiny_harness):
     env = agent_bin(tmp_path, plan)
     out = tmp_path / "run"
     res = run_whale("--domain", "searchqa", "--method", "whale", "--out", str(out), *E2E, "--budget", "24",
-                    "--harness", tiny_harness, "--proposer", "command", "--proposer-command", CODEX, env=env,
-                    timeout=600)
+                    "--harness", tiny_harness, "--proposer", "command", "--proposer-command", CODEX,
+                    "--proposer-env", "FAKE_AGENT_PLAN", env=env, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     s, events, arch, its = e2e_run(out)
     assert arch["cand_001"]["scores"] and arch["cand_001"]["meta"]["parent"] == "cand_000"
@@ -3149,6 +3399,28 @@ def test_whale_run_with_codex_like_agent(tmp_path, tiny_harness):
     assert (s["proposer_calls"], s["proposer_prompt_tokens"], s["proposer_completion_tokens"]) == (1, 2000, 300)
     assert s["proposer_cost_usd"] == 0 and s["steps"] == 2 and its[-1]["stop_reason"].startswith("switch policy")
     assert '"type": "turn.completed"' in (out / "archive" / "phase00" / "PROPOSE.log").read_text()
+
+
+@pytest.mark.slow
+def test_proposer_budget_usd_ends_the_search_and_counts_what_a_resumed_run_spent(tmp_path, tiny_harness):
+    """A Claude-like agent that reports $0.01 per call and always writes a new valid file, with
+    --proposer-budget-usd 0.025: the search ends after the third call with that reason. Killed in
+    the middle of the second iteration and resumed, the run still makes three calls in all (the
+    resumed process counts the dollars the archive records), not three more."""
+    plan = [{"derive": {"new/cand_1.py": [f"Variant {i}.", f"\nVARIANT = {i}\n"]}, "cost_usd": 0.01} for i in range(9)]
+    env = agent_bin(tmp_path, plan)
+    out = tmp_path / "run"
+    args = ("--domain", "searchqa", "--method", "harness-only", "--out", str(out), *E2E, "--harness", tiny_harness,
+            "--proposer", "command", "--proposer-command", CLAUDE, "--proposer-env", "FAKE_AGENT_PLAN",
+            "--proposer-budget-usd", "0.025", "--candidates", "1")
+    crashed = run_whale(*args, env={**env, "WHALE_CRASH_AT": "harness_eval:3"}, timeout=600)  # in iteration 2
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-2000:]
+    res = run_whale("--resume", str(out), env=env, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    s, events, arch, its = e2e_run(out)
+    assert its[-1]["stop_reason"] == "proposer budget: $0.0300 of --proposer-budget-usd 0.025 spent"
+    assert len(its) == 4 and sorted(arch) == ["cand_000", "cand_001", "cand_002", "cand_003"]
+    assert s["proposer_calls"] == 3 and abs(s["proposer_cost_usd"] - 0.03) < 1e-9
 
 
 @pytest.mark.slow
@@ -3881,6 +4153,10 @@ def test_whale_and_the_results_tools_import_without_torch():
         importlib.util.find_spec(module) is not None, reason=f"{package} is installed in this Python"))
       for name, module, package in [("tensorboard", "tensorboard", "tensorboard"), ("mlflow", "mlflow", "mlflow-skinny"),
                                     ("wandb", "wandb", "wandb")]],
+    (["--proposer-budget-usd", "nan"], "--proposer-budget-usd must be a number >= 0"),
+    (["--proposer-env", "HOME"], "only used by --proposer command"),
+    (["--proposer", "command", "--proposer-command", "claude -p", "--proposer-env", "HOME,WHALE_NO_SUCH_KEY"],
+     "--proposer-env WHALE_NO_SUCH_KEY: that environment variable is not set"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, needle, tmp_path):
     bad = tmp_path / "bad.py"
@@ -3995,6 +4271,8 @@ def test_report_of_a_tiny_run_shows_every_phase_candidate_trace_and_the_final_ha
         card = page.split(f'id="phase00-{c["name"]}"')[1].split('<div class="cand"')[0]
         assert card.count('<details class="trace">') == min(2, len(failed)) + min(1, len(records) - len(failed))
         assert "<details open" not in card
+        if mh.hypothesis(c["source"]):  # its docstring's first line, as the candidate's hypothesis
+            assert f"<th>hypothesis</th><td>{html.escape(mh.hypothesis(c['source']))}" in card
         if c["meta"].get("parent"):  # a diff against the parent, with its added and removed lines
             assert 'class="diff-table"' in card and ('<tr class="add">' in card or '<tr class="del">' in card)
             assert "better on" in card and "worse on" in card and "p = " in card

@@ -82,6 +82,10 @@ class Args:
                                       "against the parent, or either (file | edit | any)")
     proposer_digest_chars: int = arg(16000, "self/openai/command proposer: character budget of the archive view "
                                             "in the prompt")
+    proposer_env: str = arg("", "command proposer: environment variables its agent gets besides PATH, HOME, LANG, "
+                                "TERM... (the rest is scrubbed), e.g. ANTHROPIC_API_KEY; repeatable or a comma list")
+    proposer_budget_usd: float = arg(0.0, "end the harness search once the proposer's reported cost reaches this "
+                                          "many dollars, counted over the whole run (0 = no cap)")
     candidates: int = arg(3, "M: candidates per harness iteration")
     harness_examples: int = arg(64, "examples of the harness search set used (0 = all)")
     harness_n: int = arg(2, "rollouts per harness-search example (the prefill is shared, so n=2 costs little)")
@@ -110,9 +114,12 @@ def parse_args(argv=None) -> Args:
     p.error = one_line
     for f in dataclasses.fields(Args):
         shown = f" [default: {f.default}]" if f.default != "" else ""
-        p.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default,
-                       help=f.metadata["help"] + shown)
-    return Args(**vars(p.parse_args(argv)))
+        repeatable = f.name == "proposer_env"  # (the one flag that may be given several times)
+        p.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=None if repeatable else f.default,
+                       help=f.metadata["help"] + shown, action="append" if repeatable else "store")
+    a = vars(p.parse_args(argv))
+    a["proposer_env"] = ",".join(x.strip() for v in a["proposer_env"] or [] for x in v.split(",") if x.strip())
+    return Args(**a)
 
 
 # -----------------------------------------------------------------------------
@@ -243,6 +250,9 @@ def harness_phase(run, s):
     def should_stop(history):  # -> why the phase ends (a sentence), or False
         if affordable() == 0:
             return f"budget: {a.budget - reserve} rollouts spent or reserved, a candidate costs {cand_cost}"
+        usd = st["counters"].get("proposer_cost_usd", 0) + meta_harness.spent_usd(str(archive))  # earlier phases + this
+        if a.proposer_budget_usd and usd >= a.proposer_budget_usd:
+            return f"proposer budget: ${usd:.4f} of --proposer-budget-usd {a.proposer_budget_usd:g} spent"
         return (method.harness_until == "switch" and s.policy.harness_done(history)
                 and "switch policy: harness phase done")
 
@@ -259,7 +269,8 @@ def harness_phase(run, s):
         return None if rec["status"] == "ok" else f"{rec['status']}: {rec['error']}"
 
     res = meta_harness.search_phase(
-        st["harness"], s.domain, s.search_set, run_candidate, validate_run, make_proposer(a, s.domain, s.engine),
+        st["harness"], s.domain, s.search_set, run_candidate, validate_run,
+        make_proposer(a, s.domain, s.engine, run.dir),
         archive_dir=str(archive), k=a.candidates, should_stop=should_stop, affordable=affordable,
         accept_alpha=a.accept_alpha,
         prompt_only_base=s.h0 if method.prompt_only else None,
@@ -354,7 +365,7 @@ def finish(run, s):
 # The proposer of phase B
 
 
-def make_proposer(a: Args, domain, engine):
+def make_proposer(a: Args, domain, engine, run_dir=None):
     import proposers
     import rollout
 
@@ -365,7 +376,9 @@ def make_proposer(a: Args, domain, engine):
                                    model=a.proposer_model or None, api_key_env=a.proposer_api_key_env,
                                    command=a.proposer_command or None, rng_seed=a.seed,
                                    max_tokens=a.proposer_max_tokens, timeout=a.proposer_timeout or None,
-                                   digest_chars=a.proposer_digest_chars, reply_format=a.proposer_format)
+                                   digest_chars=a.proposer_digest_chars, reply_format=a.proposer_format,
+                                   agent_env=[x.strip() for x in a.proposer_env.split(",") if x.strip()],
+                                   private=[str(run_dir)] if run_dir else [])  # the agent never reads the run
 
 
 if __name__ == "__main__":

@@ -13,9 +13,10 @@ The page follows the run's order:
   phase B      per iteration: the paper's choice (the archive's top scorer), the run's
                acceptance test (paired sign test against the incumbent: better / worse
                counts, p, accepted or not), and per candidate its proposer, note,
-               validation outcome, search-set score, the same paired test against the
-               incumbent, its change as a highlighted diff against its parent, and two
-               failed and one successful trace (collapsed <details>);
+               hypothesis (its docstring's first line), validation outcome, search-set
+               score, the same paired test against the incumbent, its change as a
+               highlighted diff against its parent, and two failed and one successful
+               trace (collapsed <details>);
   final        the harness the run ended with (or holds now, if it is still running), in full.
 
 Everything the page shows comes from the run directory (run_dir.py and meta_harness.py describe
@@ -47,7 +48,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python tools/x.py` imports the repository's modules
 
 # the run's own acceptance test, and a packed archive read (meta_harness needs only the standard library)
-from meta_harness import sign_test, unpacked_archive
+from meta_harness import hypothesis, sign_test, unpacked_archive
 
 HERE = Path(__file__).resolve().parents[1]  # the repository root
 PASS = 0.5  # a rollout "succeeds" when its verifier score is above this (rs_sft.py keeps the same ones)
@@ -528,7 +529,7 @@ def render_phase_b(section, phase, run):
 
 ITER_KNOWN = {"iteration", "cands", "iteration_best", "archive_best", "paper_choice", "paper_success",
               "paper_mean_turns", "test", "accepted", "incumbent", "incumbent_success", "proposer_errors", "cost",
-              "t", "event", "cycle", "rollouts"}
+              "t", "event", "cycle", "rollouts", "integrity"}
 
 
 def render_iteration(it, line, members, by_name, incumbent_before, run_tests):
@@ -561,6 +562,8 @@ def render_iteration(it, line, members, by_name, incumbent_before, run_tests):
                         f"{num(cost.get('proposer_seconds'), 1)} s</p>")
         for e in line.get("proposer_errors") or []:
             decided += f'<p class="bad">proposer error: {clip(e, 600)}</p>'
+        for e in line.get("integrity") or []:  # an archive file that differed from what the search measured
+            decided += f'<p class="bad">archive integrity: {clip(e, 600)}</p>'
         decided += extras(line, ITER_KNOWN)
     cards = [render_candidate(c, by_name, incumbent_before, run_tests.get(c["name"], [])) for c in members]
     return f'<section class="iteration">{head}{decided}{"".join(cards) or "<p>no candidates</p>"}</section>'
@@ -586,6 +589,8 @@ def render_candidate(c, by_name, incumbent, run_tests):
             f'{" · axis " + esc(meta.get("axis")) if meta.get("axis") else ""}'
             f'{" · parent " + esc(meta.get("parent")) if meta.get("parent") else ""}</span>{marks}</h4>')
     rows = [("note", clip(meta.get("note", ""), 1000))]
+    if hypothesis(c["source"] or ""):  # the first line of its docstring: what its author expected
+        rows.append(("hypothesis", clip(hypothesis(c["source"] or ""), 300)))
     if c["invalid"] is not None:
         rows.append(("validation", badge("invalid", "no") + " " + clip(c["invalid"].strip(), 1500)))
     elif s is None:
