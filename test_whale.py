@@ -2759,7 +2759,7 @@ def test_search_trusts_only_its_own_records_against_a_between_calls_forger(tmp_p
     honest = next(e["honest"] for e in events if e["event"] == "forged")
     assert json.loads((d / "cand_001" / "scores.json").read_text()) == honest  # put back as measured
     assert not (d / "cand_009" / "scores.json").exists()
-    assert res["incumbent"] == "cand_000" and res["best_scores"]["success"] < 1.0
+    assert res["incumbent"] == "cand_000" and res["incumbent_scores"]["success"] < 1.0
     assert line["archive_best"] < 1.0 and line["paper_choice"] != "cand_009" and line["incumbent"] == "cand_000"
     assert sum(e["event"] == "archive_integrity" for e in events) == 3
 
