@@ -263,11 +263,14 @@ class Run:
     def elapsed(self):
         return time.time() - self.t0
 
-    def log(self, row):
-        """One line of metrics.jsonl and the console (rank 0); `rollouts` is the run's total so far."""
+    def log(self, row, rollouts=None):
+        """One line of metrics.jsonl and the console (rank 0). `rollouts` is the run's total so far:
+        the state's count, unless the caller knows more (a harness phase books its rollouts in the
+        state only when it ends, and passes the count at each of its events)."""
         if self.rank != 0:
             return
-        row = {"t": round(self.elapsed(), 1), **row, "rollouts": self.state["rollouts"]}
+        row = {"t": round(self.elapsed(), 1), **row,
+               "rollouts": self.state["rollouts"] if rollouts is None else rollouts}
         log_metrics(self.dir, row, self.state)
         self.bar.write(" ".join(f"{k}={round(v, 4) if isinstance(v, float) else v}" for k, v in row.items()
                                 if not isinstance(v, (list, dict)) and v is not None))
