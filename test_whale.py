@@ -150,26 +150,42 @@ def tiny_reference(tmp_path_factory, tiny_harness):
 def check_run(out, method):
     """What every finished run directory holds: a complete summary.json (its gain measured on the
     same questions), config.json, metrics.jsonl that starts with the code's commit and has the
-    method's events, harnesses/ where a harness phase ran, and a checkpoint transformers loads."""
+    method's events, harnesses/ where a harness phase ran, the rollout count on every line (phase B's
+    too) never above the budget and never going back, and a checkpoint that loads: with --train-layers K
+    only the trained blocks, on the base weights it names (--method eval: no weights at all)."""
     s = json.loads((out / "summary.json").read_text())
     for k in ("method", "domain", "seed", "rollouts", "test_mean8_initial", "test_mean8_final", "test_mean8_best_val",
               "test_mean8_best_test", "test_mean8_final_se", "test_gain", "test_gain_se", "seconds"):
         assert k in s
     assert abs(s["test_gain"] - (s["test_mean8_final"] - s["test_mean8_initial"])) < 1e-9  # same questions
-    assert s["method"] == method and 0 < s["rollouts"] <= 32
+    assert s["method"] == method and (0 < s["rollouts"] <= 32 if method != "eval" else s["rollouts"] == 0)
     assert json.loads((out / "config.json").read_text())["method"] == method
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     events = {x["event"] for x in lines}
     assert "eval" in events
     assert lines[0]["event"] == "start"  # which code made the run: its git commit (a checkout without .git: unknown)
     assert len(lines[0]["commit"].split("+")[0]) == 40 if (ROOT / ".git").exists() else lines[0]["commit"] == "unknown"
-    if method != "harness-only":
+    if method not in ("harness-only", "eval"):
         assert "rollout_step" in events
-    if method != "weight-only":
+    if method not in ("weight-only", "eval"):
         assert "harness_iteration" in events and list((out / "harnesses").glob("*.py"))
         assert s["proposer_calls"] >= 1  # the primitives proposer was asked at least once
-    from transformers import AutoModelForCausalLM
-    AutoModelForCausalLM.from_pretrained(out / "checkpoint")  # loadable HF checkpoint
+    counts = [x["rollouts"] for x in lines if x["event"] != "start"]
+    assert counts == sorted(counts) and counts[-1] == s["rollouts"]
+    for prev, x in zip(lines, lines[1:]):  # each candidate's rollouts are on its own line, not after the phase
+        if x["event"] == "harness_candidate":
+            assert x["rollouts"] - prev["rollouts"] == (4 if x["status"] == "ok" else 0), x  # 4 examples x 1
+    ckpt = out / "checkpoint"
+    assert not (ckpt / "optimizer.pt").exists()  # a finished run trains no more
+    if method == "eval":
+        assert sorted(f.name for f in ckpt.iterdir()) == ["state.json"] and not (out / "best_val").exists()
+        return s
+    assert not (ckpt / "model.safetensors").exists() and (ckpt / "trained.safetensors").stat().st_size < 20e6
+    model, _ = engine.load_model(str(ckpt))  # the base it names + the trained blocks (--train-layers 1: the top one)
+    base, _ = engine.load_model(json.loads((ckpt / "base.json").read_text())["model"])
+    changed = {k for k, v in model.state_dict().items() if not torch.equal(v, base.state_dict()[k])}
+    top = f"model.layers.{model.config.num_hidden_layers - 1}."
+    assert (changed or method == "harness-only") and all(k.startswith((top, "model.norm.")) for k in changed)
     return s
 
 
@@ -684,7 +700,7 @@ def test_tiny_model_end_to_end_with_resume(tiny_models, own_cache, tmp_path, nam
     assert first.stderr.count("converting") == (1 if name.endswith("gguf") else 0)
     again = run_whale("--resume", str(run))
     assert again.returncode == 0, again.stderr[-3000:]
-    assert "converting" not in again.stderr  # the checkpoint is an HF directory; the GGUF is not read again
+    assert "converting" not in again.stderr  # the base's conversion is cached; the GGUF is not read again
     s = check_run(run, "whale")
     assert s["model"] == tiny_models[name] and s["steps"] >= 2 and s["cycles"] >= 1
     steps = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
@@ -3208,7 +3224,7 @@ def test_tiny_whale_run_writes_a_valid_summary(tiny_reference):
     assert any(x["event"] == "rollout_step" and x["opt_steps"] > 0 for x in steps)  # it really trained
 
 
-@pytest.mark.parametrize("method", ["weight-only", "harness-only", "fst", "stagewise"])
+@pytest.mark.parametrize("method", ["weight-only", "harness-only", "fst", "stagewise", "eval"])
 def test_tiny_run_of_each_method_writes_a_valid_summary(tmp_path, method, tiny_harness):
     out = tmp_path / method
     r = run_whale("--domain", "searchqa", "--method", method, "--out", str(out), *TINY, "--harness", tiny_harness)
@@ -3249,6 +3265,24 @@ def test_sigkill_anywhere_then_resume_matches_an_uninterrupted_run(tmp_path, tin
     assert not list(run.glob(".*tmp*"))  # no half-written checkpoint left behind
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]  # the torn line is gone
     assert rows[-1]["event"] == "eval" and rows[-1]["tag"] == "final"
+    ref_rows = [json.loads(x) for x in (tiny_reference / "metrics.jsonl").read_text().splitlines()]
+    # the same events with the same rollout counts, phase B's replayed ones too
+    assert [(x["event"], x["rollouts"]) for x in rows if x["event"] != "start"] == \
+        [(x["event"], x["rollouts"]) for x in ref_rows if x["event"] != "start"]
+
+
+def test_resume_refuses_trained_blocks_on_another_base(tmp_path, tiny_reference):
+    """A checkpoint holds only the trained blocks and the fingerprint of the base weights they were
+    trained on; a resume whose --model loads other weights stops with one line and changes nothing."""
+    run = copy_run(tiny_reference, tmp_path / "run")
+    shutil.copytree(tiny_reference / "checkpoint", run / "checkpoint")
+    base = json.loads((run / "checkpoint" / "base.json").read_text())
+    (run / "checkpoint" / "base.json").write_text(json.dumps({**base, "sha256": "0" * 64}))  # as if the base changed
+    before = (run / "metrics.jsonl").read_text()
+    r = run_whale("--resume", str(run), timeout=300)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert "trained on other base weights" in r.stderr.strip().splitlines()[-1]
+    assert (run / "metrics.jsonl").read_text() == before
 
 
 def test_ctrl_c_says_how_to_resume_and_the_resume_finishes_the_run(tmp_path, tiny_reference, tiny_harness):

@@ -156,7 +156,10 @@ def main(a: Args):
     s.optimizer = rs_sft.make_optimizer(rs_sft.set_trainable(s.engine.model, a.train_layers), a.lr)
     s.ddp_model = rs_sft.ddp_wrap(s.engine.model)  # None in one process
     run.start(rd.new_state(phase=s.method.first if s.method else "A", done=s.method is None, harness=s.h0,
-                           loader=rs_sft.new_loader(len(s.pool), a.seed)), optimizer=s.optimizer)
+                           loader=rs_sft.new_loader(len(s.pool), a.seed)), optimizer=s.optimizer, engine=s.engine,
+              # what a checkpoint holds: the trained blocks and a pointer to the base, the whole model
+              # (full fine-tuning), or no weights at all (--method eval trains nothing)
+              weights="none" if s.method is None else "trained" if a.train_layers > 0 else "all")
 
     # ---- the algorithm: initial evaluation; phase A / phase B until the budget is spent; final test
     if run.state["pending_eval"] and run.rank == 0:
@@ -395,6 +398,7 @@ def finish(run, s):
     rd.plot_curve(run.dir, st["evals"], f"{a.method} on {a.domain} (seed {a.seed})")
     run.print_summary(run.write_summary(tests, best_val_test))
     run.write_report()
+    run.drop_optimizer()  # nothing trains after this: the run directory keeps only weights, state and records
 
 # -----------------------------------------------------------------------------
 # The proposer of phase B
