@@ -275,6 +275,8 @@ class Run:
         resumed run's trained blocks are put on them."""
         from tqdm import tqdm
         from engine import weights_fingerprint
+        if weights == "trained" and self.state and (self.dir / "checkpoint" / "model.safetensors").exists():
+            weights = "all"  # a run begun with whole-model checkpoints (older code) goes on with them
         self.weights = weights
         if weights == "trained":
             self.base = {"model": self.args.model, "sha256": weights_fingerprint(engine.model)}
