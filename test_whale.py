@@ -3271,6 +3271,7 @@ def test_sigkill_anywhere_then_resume_matches_an_uninterrupted_run(tmp_path, tin
         [(x["event"], x["rollouts"]) for x in ref_rows if x["event"] != "start"]
 
 
+@pytest.mark.slow
 def test_resume_refuses_trained_blocks_on_another_base(tmp_path, tiny_reference):
     """A checkpoint holds only the trained blocks and the fingerprint of the base weights they were
     trained on; a resume whose --model loads other weights stops with one line and changes nothing."""
