@@ -39,6 +39,7 @@ checkpoints (only the text of a conversation reaches the model).
 """
 import hashlib
 import inspect
+import json
 import os
 import shutil
 import subprocess
@@ -182,6 +183,8 @@ def check_model(name: str, chat_format: str = "auto", train_layers: int = 0) -> 
     empty (meta-device) model are built, and the weights' shapes read from their headers."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    if is_local(name) and (Path(name) / "base.json").exists():  # a run's light checkpoint: its base loads or not
+        return check_model(json.loads((Path(name) / "base.json").read_text())["model"], chat_format, train_layers)
     if name != EMBEDDED and is_local(name) and not Path(name).expanduser().exists():
         raise ModelError(f"model path {name} does not exist")
     try:
@@ -236,8 +239,18 @@ def check_model(name: str, chat_format: str = "auto", train_layers: int = 0) -> 
 
 
 def load_model(name: str = EMBEDDED, device: str = "cpu", dtype=None):
-    """(model, tokenizer) in eval mode. fp32 on CPU, bf16 on GPU unless told."""
+    """(model, tokenizer) in eval mode. fp32 on CPU, bf16 on GPU unless told. `name` may also be a
+    light checkpoint of a run (trained.safetensors + base.json): its base, with the trained blocks on it."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    light = Path(name) / "base.json"
+    if is_local(name) and light.exists():
+        base = json.loads(light.read_text())
+        model, tokenizer = load_model(base["model"], device, dtype)
+        if weights_fingerprint(model) != base["sha256"]:
+            raise ModelError(f"{name}: its trained blocks sit on other base weights than {base['model']} loads now")
+        from safetensors.torch import load_file
+        model.load_state_dict(load_file(Path(name) / "trained.safetensors"), strict=False)
+        return model, tokenizer
     path = resolve_model_path(name)
     if dtype is None:
         dtype = torch.float32 if device == "cpu" else torch.bfloat16
@@ -245,6 +258,18 @@ def load_model(name: str = EMBEDDED, device: str = "cpu", dtype=None):
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
     model.eval()
     return model, tokenizer
+
+
+def weights_fingerprint(model) -> str:
+    """sha256 of a model's parameter names, shapes and values, the values rounded to bf16 so that
+    the fp32 weights of a CPU run and the bf16 weights of a GPU resume agree. A light checkpoint
+    (--train-layers K) records the fingerprint of the base its blocks were trained on, and no
+    load puts them on another one."""
+    h = hashlib.sha256()
+    for k, p in model.named_parameters():  # (a tied head is the embedding: hashed once; ~1 s for 135M on CPU)
+        h.update(f"{k}:{tuple(p.shape)}".encode())
+        h.update(p.detach().to("cpu", torch.bfloat16).contiguous().view(torch.int16).numpy())
+    return h.hexdigest()
 
 
 # -----------------------------------------------------------------------------

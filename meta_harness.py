@@ -529,6 +529,12 @@ def spent_usd(archive_dir):
     return _sum_costs(archive_dir).get("proposer_cost_usd", 0.0) + sum(pending.values())
 
 
+def candidate_rollouts(archive_dir, cand):
+    """Rollouts one finished candidate of this archive cost (0: rejected before its evaluation)."""
+    line = next((x for x in read_jsonl(os.path.join(archive_dir, "summary.jsonl")) if x.get("cand") == cand), {})
+    return (line.get("cost") or {}).get("rollouts", 0)
+
+
 def _write_candidate(archive_dir, num, cand, iteration, proposal_cost):
     d = os.path.join(archive_dir, cand_name(num))
     os.makedirs(d, exist_ok=True)

@@ -34,6 +34,7 @@ import contextlib
 import math
 import random
 import time
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -148,12 +149,40 @@ def make_optimizer(params, lr: float, weight_decay: float = 0.0):
     return torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=weight_decay)
 
 
-def sft_update(model, optimizer, seqs, *, minibatch: int = 16, micro_batch: int = 4, clip: float = 1.0,
-               pad_id: int = 0, max_len: int = 1024, seed: int = 0, ddp_model=None) -> dict:
-    """One epoch over `seqs` in shuffled minibatches of `minibatch` sequences;
+@dataclass(frozen=True)
+class Config:
+    """Phase A's settings, one object (whale.py builds it from the command line once)."""
+    batch: int = 16               # B: prompts per rollout step
+    group: int = 8                # G: rollouts per prompt
+    max_tokens: int = 256         # cap on new tokens per llm() call
+    max_kept_per_prompt: int = 2  # kept rollouts per prompt (0 = all), see keep()
+    minibatch: int = 16           # sequences per optimizer step
+    micro_batch: int = 4          # sequences per forward/backward (gradient accumulation)
+    clip: float = 1.0             # gradient-norm clip
+    max_len: int = 1024           # tokens of a sequence that are trained (the rest is cut)
+
+
+def token_nll(model, ids, labels, mask):
+    """THE LOSS of phase A, on one micro-batch: the summed negative log-likelihood of the
+    labelled tokens (those the model itself wrote; token t predicts token t+1). `model` is
+    whatever runs the forward (the DDP wrapper under torchrun); labels are IGNORE on every
+    other token (prompt, tool output, padding) and `mask` is the attention mask (0 on padding),
+    as pad() makes them. A sum, not a mean: sft_update divides by the label count of the whole
+    minibatch, so that micro-batches and ranks add up to one mean. To try another objective (a
+    token weighting, an extra term), change this function or pass sft_update another loss_fn
+    with the same signature; nothing else in the update needs to know."""
+    logits = model(input_ids=ids, attention_mask=mask).logits
+    return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(),
+                           ignore_index=IGNORE, reduction="sum")
+
+
+def sft_update(model, optimizer, seqs, cfg: Config = Config(), *, pad_id: int = 0, seed: int = 0, ddp_model=None,
+               loss_fn=token_nll) -> dict:
+    """One epoch over `seqs` in shuffled minibatches of cfg.minibatch sequences;
     each minibatch is one optimizer step, accumulated over micro-batches of
-    `micro_batch` sequences. The loss is the mean NLL per labelled token of the
-    minibatch. Returns loss, mean pre-clip gradient norm, steps, tokens and speed.
+    cfg.micro_batch sequences. The loss is loss_fn (token_nll: the mean NLL per
+    labelled token of the minibatch). Returns loss, mean pre-clip gradient norm,
+    steps, tokens and speed.
 
     Data parallel (ddp_model = ddp_wrap(model)): every rank passes the same GLOBAL
     `seqs` and `seed`, so all ranks cut the same minibatches; each rank then
@@ -170,40 +199,37 @@ def sft_update(model, optimizer, seqs, *, minibatch: int = 16, micro_batch: int 
     order = list(range(len(seqs)))
     random.Random(seed).shuffle(order)
     t0, total_nll, total_lab, tokens, steps, norms = time.time(), 0.0, 0, 0, 0, []
-    for m in range(0, len(order), minibatch):
-        mb = [seqs[i] for i in order[m:m + minibatch]]
+    for m in range(0, len(order), cfg.minibatch):
+        mb = [seqs[i] for i in order[m:m + cfg.minibatch]]
         # the normaliser is the label count of the WHOLE minibatch (every rank knows it)
-        n_lab = sum(sum(l != IGNORE for l in lab[1:max_len]) for _, lab in mb)
+        n_lab = sum(sum(l != IGNORE for l in lab[1:cfg.max_len]) for _, lab in mb)
         mine = mb[rank::world]
-        chunks = [mine[s:s + micro_batch] for s in range(0, len(mine), micro_batch)]
+        chunks = [mine[s:s + cfg.micro_batch] for s in range(0, len(mine), cfg.micro_batch)]
         # DDP all-reduces in the backward of a forward made outside no_sync(), and every
         # rank must join that all-reduce: a rank whose slice is empty (a minibatch smaller
         # than the world) runs one sequence without labels, which adds a zero gradient
         chunks = chunks or [[([pad_id, pad_id], [IGNORE, IGNORE])]]
         optimizer.zero_grad(set_to_none=True)
         for c, chunk in enumerate(chunks):
-            ids, labels, mask = pad([x[:max_len] for x, _ in chunk], [y[:max_len] for _, y in chunk], pad_id)
+            ids, labels, mask = pad([x[:cfg.max_len] for x, _ in chunk], [y[:cfg.max_len] for _, y in chunk], pad_id)
             ids, labels, mask = ids.to(dev), labels.to(dev), mask.to(dev)
             # micro-batches accumulate locally; only the last one of a rank syncs gradients
             last = ddp_model is None or c == len(chunks) - 1
             with contextlib.nullcontext() if last else ddp_model.no_sync():
-                logits = fwd(input_ids=ids, attention_mask=mask).logits
-                # token t predicts t+1; sum here, divide by the minibatch's label count
-                nll = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(),
-                                      labels[:, 1:].flatten(),
-                                      ignore_index=IGNORE, reduction="sum")
+                loss = loss_fn(fwd, ids, labels, mask)
                 # DDP AVERAGES gradients over ranks; scaling by world turns that average into
                 # the sum over the whole minibatch, so the step's gradient is exactly one
-                # process's sum(NLL) / n_lab on the same minibatch (and so is the clip below)
-                (nll * (world / max(n_lab, 1))).backward()
-            total_nll += nll.item()
+                # process's sum(loss) / n_lab on the same minibatch (and so is the clip below)
+                (loss * (world / max(n_lab, 1))).backward()
+            total_nll += loss.item()
             tokens += int(mask.sum()) if mine else 0
-        norms.append(float(torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], clip)))
+        norms.append(float(torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad],
+                                                          cfg.clip)))
         optimizer.step()
         crash_point("sft")
         total_lab += n_lab
         steps += 1
-    if world > 1:  # each rank summed the NLL and tokens of its own slices
+    if world > 1:  # each rank summed the loss and tokens of its own slices
         import torch.distributed as dist
         tot = torch.tensor([total_nll, float(tokens)], dtype=torch.float64, device=dev)
         dist.all_reduce(tot)
@@ -232,29 +258,27 @@ def pad(ids_list, labels_list, pad_id):
 # -----------------------------------------------------------------------------
 # one rollout step = rollouts + filter + update + sync
 
-def rollout_step(engine, domain, harness: str, pool: list[dict], loader: dict, optimizer, *, batch: int,
-                 group: int, seed, sampling: dict, max_kept_per_prompt: int = 2, minibatch: int = 16,
-                 micro_batch: int = 4, clip: float = 1.0, max_tokens: int = 256, ddp_model=None,
-                 shard=(0, 1), progress=None) -> dict:
-    """Phase A's unit of work. Returns the step's metrics (and nothing else: the
+def rollout_step(engine, domain, harness: str, pool: list[dict], loader: dict, optimizer, cfg: Config, *, seed,
+                 sampling: dict, ddp_model=None, shard=(0, 1), progress=None) -> dict:
+    """Phase A's unit of work: cfg.batch prompts x cfg.group rollouts, then the update. Returns the step's metrics (and nothing else: the
     model and optimizer are updated in place, the loader advances).
     shard=(rank, world): under torchrun each rank rolls out its slice of the batch
     and passes ddp_model; the metrics returned are global, the same on every rank."""
-    idx = next_batch(loader, batch)
+    idx = next_batch(loader, cfg.batch)
     rank, world = shard
     examples = [pool[i] for i in idx][rank::world]
     t0 = time.time()
-    records = rollout.run(engine, domain, harness, examples, group, seed=seed, sampling=sampling,
-                          max_tokens=max_tokens, progress=progress)
+    records = rollout.run(engine, domain, harness, examples, cfg.group, seed=seed, sampling=sampling,
+                          max_tokens=cfg.max_tokens, progress=progress)
     if world > 1:
-        records = gather_records(records, rank, world, group)
+        records = gather_records(records, rank, world, cfg.group)
         if progress is not None:  # the bar has counted this rank's rollouts; add the others'
-            progress.update(len(records) - len(examples) * group)
+            progress.update(len(records) - len(examples) * cfg.group)
     t_roll = time.time() - t0
-    kept = keep(records, max_kept_per_prompt)
+    kept = keep(records, cfg.max_kept_per_prompt)
     seqs = [s for r in kept for s in sequences(r)]
-    upd = sft_update(engine.model, optimizer, seqs, minibatch=minibatch, micro_batch=micro_batch, clip=clip,
-                     pad_id=engine.pad_id, seed=rollout.stable_seed(seed, "sft"), ddp_model=ddp_model)
+    upd = sft_update(engine.model, optimizer, seqs, cfg, pad_id=engine.pad_id, seed=rollout.stable_seed(seed, "sft"),
+                     ddp_model=ddp_model)
     if not upd["skipped"]:
         engine.sync_weights()
     reward = sum(r["score"] for r in records) / max(len(records), 1)

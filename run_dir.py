@@ -5,10 +5,13 @@ how it resumes, and the one DDP sync point.
   config.json        vars(args) of the run
   metrics.jsonl      one line per rollout step, harness iteration and evaluation, and a
                      "start" line each time a process starts or resumes the run (git commit, argv)
-  checkpoint/        the latest completed state: the model in HF format (loadable by
-                     transformers and vLLM), the optimizer, and state.json (phase,
-                     counters, loader, current harness, evaluations so far)
-  best_val/          the checkpoint with the best validation score (for best-on-val test)
+  checkpoint/        the latest completed state: state.json (phase, counters, loader, current
+                     harness, evaluations so far), the optimizer (until the run finishes) and
+                     the weights: with --train-layers K (default 4) only the trained blocks
+                     (trained.safetensors) and base.json, the --model they sit on and its
+                     weights' fingerprint (a load on other base weights is refused); with
+                     --train-layers 0 the whole model in HF format; --method eval: no weights
+  best_val/          the weights with the best validation score (for best-on-val test), no optimizer
   harnesses/         every accepted harness as a .py file
   archive/           phase B archives (meta_harness.py), one folder per harness phase
   summary.json, curve.png
@@ -104,21 +107,38 @@ def truncate_metrics(run: Path, lines: int):
     return len(kept)
 
 
-def save_checkpoint(run: Path, engine, optimizer, state: dict, name: str = "checkpoint", model_changed=True):
-    """Write model + tokenizer + optimizer + state into run/name atomically.
-    When the model did not change since the last checkpoint (a harness phase),
+def save_checkpoint(run: Path, engine, optimizer, state: dict, name: str = "checkpoint", model_changed=True,
+                    weights="all", base=None):
+    """Write weights + optimizer + state into run/name atomically. weights:
+      "all"      the whole model in HF format with its tokenizer (full fine-tuning: transformers
+                 and vLLM load the folder as it is);
+      "trained"  only the parameters that train (--train-layers K: the top K blocks and the final
+                 norm) in trained.safetensors, and base.json (`base`: the --model and the
+                 fingerprint of the weights they sit on, which every load checks);
+      "none"     no weights and no optimizer (--method eval: nothing trains).
+    When the model did not change since the last checkpoint (a harness phase, an evaluation),
     the weights file is hard-linked instead of written again."""
     target = run / name
     tmp = Path(tempfile.mkdtemp(dir=run, prefix=f".{name}.tmp"))
-    old_weights = target / "model.safetensors"
-    if not model_changed and old_weights.exists():
-        engine.model.config.save_pretrained(tmp)
-        engine.model.generation_config.save_pretrained(tmp)
-        os.link(old_weights, tmp / "model.safetensors")
-    else:
-        engine.model.save_pretrained(tmp)
-    engine.tokenizer.save_pretrained(tmp)
-    if optimizer is not None:
+    if weights == "all":
+        old_weights = target / "model.safetensors"
+        if not model_changed and old_weights.exists():
+            engine.model.config.save_pretrained(tmp)
+            engine.model.generation_config.save_pretrained(tmp)
+            os.link(old_weights, tmp / "model.safetensors")
+        else:
+            engine.model.save_pretrained(tmp)
+        engine.tokenizer.save_pretrained(tmp)
+    elif weights == "trained":
+        from safetensors.torch import save_file
+        old_weights = target / "trained.safetensors"
+        if not model_changed and old_weights.exists():
+            os.link(old_weights, tmp / "trained.safetensors")
+        else:
+            save_file({k: p.detach().contiguous() for k, p in engine.model.named_parameters() if p.requires_grad},
+                      tmp / "trained.safetensors")
+        write_json(tmp / "base.json", base)
+    if optimizer is not None and weights != "none":
         torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
     write_json(tmp / "state.json", state)
     crash_point("checkpoint")
@@ -132,10 +152,12 @@ def save_checkpoint(run: Path, engine, optimizer, state: dict, name: str = "chec
 
 
 def copy_checkpoint(run: Path, src: str, dst: str):
-    """dst := src (hard links, atomically), e.g. checkpoint -> best_val."""
+    """dst := src without the optimizer state (hard links, atomically), e.g. checkpoint -> best_val:
+    a copy is for loading weights (best_val is scored on test), never for training on."""
     tmp = Path(tempfile.mkdtemp(dir=run, prefix=f".{dst}.tmp"))
     for f in (run / src).iterdir():
-        os.link(f, tmp / f.name)
+        if f.name != "optimizer.pt":
+            os.link(f, tmp / f.name)
     shutil.rmtree(run / dst, ignore_errors=True)
     os.rename(tmp, run / dst)
 
@@ -245,16 +267,30 @@ class Run:
             truncate_metrics(self.dir, 0)
 
     def model_path(self, model):
-        """Where the weights come from: the checkpoint of a resumed run, else --model."""
-        return str(self.dir / "checkpoint") if self.state else model
+        """Where the weights come from: a resumed run's checkpoint if it holds the whole model (full
+        fine-tuning), else --model (the base; a light checkpoint's blocks go on it in start())."""
+        whole = self.state and (self.dir / "checkpoint" / "model.safetensors").exists()
+        return str(self.dir / "checkpoint") if whole else model
 
-    def start(self, initial_state, optimizer):
-        """Take the initial state (a new run) or the resumed one; restore the optimizer; log a start line."""
+    def start(self, initial_state, optimizer, engine, weights):
+        """Take the initial state (a new run) or the resumed one; restore the trained weights and the
+        optimizer; log a start line. weights: what checkpoints hold, "all" | "trained" | "none"
+        (save_checkpoint); for "trained", the base weights are fingerprinted here, before a
+        resumed run's trained blocks are put on them."""
         from tqdm import tqdm
+        from engine import weights_fingerprint
+        if weights == "trained" and self.state and (self.dir / "checkpoint" / "model.safetensors").exists():
+            weights = "all"  # a run begun with whole-model checkpoints (older code) goes on with them
+        self.weights = weights
+        if weights == "trained":
+            self.base = {"model": self.args.model, "sha256": weights_fingerprint(engine.model)}
         if self.state is None:
             self.state = initial_state
-        elif (self.dir / "checkpoint" / "optimizer.pt").exists():
-            optimizer.load_state_dict(torch.load(self.dir / "checkpoint" / "optimizer.pt"))
+        else:
+            if (self.dir / "checkpoint" / "trained.safetensors").exists():
+                self.load_weights("checkpoint", engine)
+            if (self.dir / "checkpoint" / "optimizer.pt").exists():
+                optimizer.load_state_dict(torch.load(self.dir / "checkpoint" / "optimizer.pt"))
         self.t0 = time.time() - self.state["seconds"]
         a = self.args
         self.bar = tqdm(total=a.budget, initial=self.state["rollouts"], unit="rollout", desc=f"{a.method} {a.domain}",
@@ -270,11 +306,14 @@ class Run:
     def elapsed(self):
         return time.time() - self.t0
 
-    def log(self, row):
-        """One line of metrics.jsonl and the console (rank 0); `rollouts` is the run's total so far."""
+    def log(self, row, rollouts=None):
+        """One line of metrics.jsonl and the console (rank 0). `rollouts` is the run's total so far:
+        the state's count, unless the caller knows more (a harness phase books its rollouts in the
+        state only when it ends, and passes the count at each of its events)."""
         if self.rank != 0:
             return
-        row = {"t": round(self.elapsed(), 1), **row, "rollouts": self.state["rollouts"]}
+        row = {"t": round(self.elapsed(), 1), **row,
+               "rollouts": self.state["rollouts"] if rollouts is None else rollouts}
         log_metrics(self.dir, row, self.state)
         if self.tracker:  # every row to TensorBoard/MLflow/W&B too; metrics.jsonl stays the record
             self.tracker.log(row)
@@ -291,7 +330,8 @@ class Run:
     def checkpoint(self, engine, optimizer, model_changed: bool):
         if self.rank == 0:
             self.state["seconds"] = self.elapsed()
-            save_checkpoint(self.dir, engine, optimizer, self.state, model_changed=model_changed)
+            save_checkpoint(self.dir, engine, optimizer, self.state, model_changed=model_changed,
+                            weights=self.weights, base=getattr(self, "base", None))
 
     def write_summary(self, tests, best_val_test):
         """summary.json: the run's numbers in one file (results.py's tables read these). tests: the
@@ -349,10 +389,26 @@ class Run:
         copy_checkpoint(self.dir, "checkpoint", name)
 
     def load_weights(self, name, engine):
-        """Put the weights of checkpoint `name` (e.g. best_val) into the engine."""
+        """Put the weights of checkpoint `name` (e.g. best_val) into the engine. Trained blocks go
+        only on the base they were trained on: another one is refused in one line (exit 2)."""
         from safetensors.torch import load_file
-        engine.model.load_state_dict(load_file(self.dir / name / "model.safetensors"), strict=False)
+        d = self.dir / name
+        if (d / "trained.safetensors").exists():
+            base = read_json(d / "base.json")
+            if base["sha256"] != self.base["sha256"]:
+                from run_setup import UserError
+                raise UserError(f"{d} holds blocks trained on other base weights than --model {self.args.model} "
+                                f"loads now (fingerprint {base['sha256'][:12]}, not {self.base['sha256'][:12]}); "
+                                f"give it the model it was trained on")
+            weights = load_file(d / "trained.safetensors")
+        else:
+            weights = load_file(d / "model.safetensors")
+        engine.model.load_state_dict(weights, strict=False)
         engine.sync_weights()
+
+    def drop_optimizer(self):
+        """A finished run trains no more: its optimizer state (2x the trained weights) goes."""
+        (self.dir / "checkpoint" / "optimizer.pt").unlink(missing_ok=True)
 
     def sync(self):
         """The one DDP sync point: every rank takes rank 0's state (a no-op in one process)."""

@@ -128,13 +128,14 @@ def check_args(a):
 
 
 def check_model(a):
-    """--model (on --resume: the checkpoint the run continues from) loads as a causal LM with a
-    tokenizer in --chat-format, with the layers --train-layers trains: config, tokenizer and an
-    empty model, no weights read (engine.check_model)."""
+    """--model (on --resume: the checkpoint the run continues from, if it holds the whole model)
+    loads as a causal LM with a tokenizer in --chat-format, with the layers --train-layers trains:
+    config, tokenizer and an empty model, no weights read (engine.check_model)."""
     import engine  # (imports torch: last, after the checks that need nothing)
     # (".checkpoint.old": a run killed between the two renames of a checkpoint; open_run puts it back)
     ckpts = [Path(a.resume) / d for d in ("checkpoint", ".checkpoint.old")] if a.resume else []
-    name = next((str(c) for c in ckpts if (c / "state.json").exists()), a.model)
+    name = next((str(c) for c in ckpts if (c / "state.json").exists() and (c / "model.safetensors").exists()),
+                a.model)
     try:
         engine.check_model(name, a.chat_format, a.train_layers)
     except engine.ModelError as e:

@@ -24,9 +24,10 @@ Two policies, as in the paper (parse_schedule reads the --schedule spelling):
                after at least 6 iterations, and always at 15.
                The paper's launcher only wires the harness side; we wire both.
 
-Leaves out: budgets (the caller stops at its total rollout budget, so phase A has
-no cap of its own here), I/O, logging, and any validation/test signal: both
-policies look at training signals only, so switching never peeks at held-out data.
+Leaves out: budgets (whale.Budget says what the rollout budget buys, and the loop
+ends a phase when it runs out, so phase A has no cap of its own here), I/O,
+logging, and any validation/test signal: both policies look at training signals
+only, so switching never peeks at held-out data.
 """
 
 import math
@@ -155,14 +156,3 @@ def parse_schedule(text: str) -> Fixed | Patience:
         raise ValueError(f"unknown schedule kind {kind!r}")
     except ValueError as e:  # int("6.5") etc. land here too: say what was wrong and what works
         raise ValueError(f"bad schedule {text!r}: {e}; {USAGE}") from None
-
-
-def weight_share(policy, steps_per_epoch: int, step_cost: int, iter_cost: int, incoming_cost: int) -> float:
-    """The share of a rollout budget one fixed WHALE cycle spends on weights; the
-    stagewise baseline spends that share first, then the rest on harness search.
-    (Adaptive phases have no fixed length: half and half.)"""
-    if not isinstance(policy, Fixed):
-        return 0.5
-    a_cost = policy.weight_steps(steps_per_epoch) * step_cost
-    b_cost = incoming_cost + (policy.I - 1) * iter_cost
-    return a_cost / (a_cost + b_cost)

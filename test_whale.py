@@ -31,7 +31,7 @@ new test should keep it so):
      -k "test_searchqa or test_math or test_chess or every_domain"
   4. phase A (rs_sft.py): sequences and labels, SFT raises the log-probability, an all-rejected
      step skips the update, the loader
-     -k "labels_mask or sft_updates or all_rejected or loader"
+     -k "labels_mask or sft_updates or all_rejected or loader or phase_a_"
   5. phase B (meta_harness.py, proposers.py): source surgery, the archive and resume, acceptance,
      liveness, integrity, the LLM and agent proposers (in-process and end to end through whale.py)
      -k "(splice_replaces or top_level_names or differs_only or search_ or archive or primitives_axis or primitives_menu or prompt_only or resume_after or incumbent or sign_test or paired_acceptance or proposer or reply_cut or agent or edit_blocks or stand_ins) and not (engines_chat_format or vllm_serve or bad_input)"
@@ -40,7 +40,7 @@ new test should keep it so):
   7. the loop and resume (whale.py, run_dir.py; results.py): tiny runs of every method,
      SIGKILL-and-resume, experiment trackers (tracking.py), the methods table, the eval cache key,
      the results tables
-     -k "tiny_whale_run or tiny_run_of_each or sigkill or methods_table or eval_key or mean_at_k or results or tracker"
+     -k "tiny_whale_run or tiny_run_of_each or sigkill or methods_table or eval_key or mean_at_k or results or tracker or test_budget"
   8. bad input: one line, exit 2
      -k "bad_input or corrupt_data"
   9. the report (report.py), in a headless browser too
@@ -62,6 +62,7 @@ import http.server
 import importlib.util
 import inspect
 import json
+import math
 import random
 import re
 import select
@@ -100,7 +101,7 @@ import domains
 from domains import chess as chessdom
 from domains import math as M
 from domains import searchqa
-from switch import Fixed, Patience, epochs_to_steps, parse_schedule, smoothed, weight_share
+from switch import Fixed, Patience, epochs_to_steps, parse_schedule, smoothed
 
 ROOT = Path(__file__).resolve().parent  # the repository (pytest puts it on sys.path)
 
@@ -159,26 +160,42 @@ def tiny_reference(tmp_path_factory, tiny_harness):
 def check_run(out, method):
     """What every finished run directory holds: a complete summary.json (its gain measured on the
     same questions), config.json, metrics.jsonl that starts with the code's commit and has the
-    method's events, harnesses/ where a harness phase ran, and a checkpoint transformers loads."""
+    method's events, harnesses/ where a harness phase ran, the rollout count on every line (phase B's
+    too) never above the budget and never going back, and a checkpoint that loads: with --train-layers K
+    only the trained blocks, on the base weights it names (--method eval: no weights at all)."""
     s = json.loads((out / "summary.json").read_text())
     for k in ("method", "domain", "seed", "rollouts", "test_mean8_initial", "test_mean8_final", "test_mean8_best_val",
               "test_mean8_best_test", "test_mean8_final_se", "test_gain", "test_gain_se", "seconds"):
         assert k in s
     assert abs(s["test_gain"] - (s["test_mean8_final"] - s["test_mean8_initial"])) < 1e-9  # same questions
-    assert s["method"] == method and 0 < s["rollouts"] <= 32
+    assert s["method"] == method and (0 < s["rollouts"] <= 32 if method != "eval" else s["rollouts"] == 0)
     assert json.loads((out / "config.json").read_text())["method"] == method
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     events = {x["event"] for x in lines}
     assert "eval" in events
     assert lines[0]["event"] == "start"  # which code made the run: its git commit (a checkout without .git: unknown)
     assert len(lines[0]["commit"].split("+")[0]) == 40 if (ROOT / ".git").exists() else lines[0]["commit"] == "unknown"
-    if method != "harness-only":
+    if method not in ("harness-only", "eval"):
         assert "rollout_step" in events
-    if method != "weight-only":
+    if method not in ("weight-only", "eval"):
         assert "harness_iteration" in events and list((out / "harnesses").glob("*.py"))
         assert s["proposer_calls"] >= 1  # the primitives proposer was asked at least once
-    from transformers import AutoModelForCausalLM
-    AutoModelForCausalLM.from_pretrained(out / "checkpoint")  # loadable HF checkpoint
+    counts = [x["rollouts"] for x in lines if x["event"] != "start"]
+    assert counts == sorted(counts) and counts[-1] == s["rollouts"]
+    for prev, x in zip(lines, lines[1:]):  # each candidate's rollouts are on its own line, not after the phase
+        if x["event"] == "harness_candidate":
+            assert x["rollouts"] - prev["rollouts"] == (4 if x["status"] == "ok" else 0), x  # 4 examples x 1
+    ckpt = out / "checkpoint"
+    assert not (ckpt / "optimizer.pt").exists()  # a finished run trains no more
+    if method == "eval":
+        assert sorted(f.name for f in ckpt.iterdir()) == ["state.json"] and not (out / "best_val").exists()
+        return s
+    assert not (ckpt / "model.safetensors").exists() and (ckpt / "trained.safetensors").stat().st_size < 20e6
+    model, _ = engine.load_model(str(ckpt))  # the base it names + the trained blocks (--train-layers 1: the top one)
+    base, _ = engine.load_model(json.loads((ckpt / "base.json").read_text())["model"])
+    changed = {k for k, v in model.state_dict().items() if not torch.equal(v, base.state_dict()[k])}
+    top = f"model.layers.{model.config.num_hidden_layers - 1}."
+    assert (changed or method == "harness-only") and all(k.startswith((top, "model.norm.")) for k in changed)
     return s
 
 
@@ -590,7 +607,7 @@ def test_tiny_model_trains_its_top_layer(tiny_models, name):
     assert {id(q) for q in params} == {id(q) for q in [*top.parameters(), *hf.model.model.norm.parameters()]}
     opt = rs_sft.make_optimizer(params, 1e-3)
     for i in range(3):
-        rs_sft.sft_update(hf.model, opt, seqs, minibatch=1, micro_batch=1, seed=i)
+        rs_sft.sft_update(hf.model, opt, seqs, rs_sft.Config(minibatch=1, micro_batch=1), seed=i)
     assert rs_sft.sequence_logprob(hf.model, seqs[0]) > before + 1.0
 
 
@@ -706,7 +723,7 @@ def test_tiny_model_end_to_end_with_resume(tiny_models, own_cache, tmp_path, nam
     assert first.stderr.count("converting") == (1 if name.endswith("gguf") else 0)
     again = run_whale("--resume", str(run))
     assert again.returncode == 0, again.stderr[-3000:]
-    assert "converting" not in again.stderr  # the checkpoint is an HF directory; the GGUF is not read again
+    assert "converting" not in again.stderr  # the base's conversion is cached; the GGUF is not read again
     s = check_run(run, "whale")
     assert s["model"] == tiny_models[name] and s["steps"] >= 2 and s["cycles"] >= 1
     steps = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
@@ -2112,7 +2129,7 @@ def test_sft_updates_raise_logprob_of_kept_completions(hf):
     params = rs_sft.set_trainable(model, 2)
     opt = rs_sft.make_optimizer(params, 1e-4)
     for i in range(3):
-        st = rs_sft.sft_update(model, opt, seqs, minibatch=2, micro_batch=1, seed=i)
+        st = rs_sft.sft_update(model, opt, seqs, rs_sft.Config(minibatch=2, micro_batch=1), seed=i)
     after = sum(rs_sft.sequence_logprob(model, s) for s in seqs)
     assert st["opt_steps"] == 1 and st["loss"] > 0
     assert after > before + 1.0, (before, after)
@@ -2125,13 +2142,73 @@ def test_all_rejected_step_skips_the_optimizer(hf):
     params = rs_sft.set_trainable(hf.model, 1)
     opt = rs_sft.make_optimizer(params, 1e-3)
     loader = rs_sft.new_loader(8, 0)
-    m = rs_sft.rollout_step(hf, searchqa, never, searchqa.load_split("weight")[:8], loader, opt, batch=2, group=2,
-                            seed=0, sampling={"temperature": 1.0, "top_k": 20, "top_p": 1.0})
+    m = rs_sft.rollout_step(hf, searchqa, never, searchqa.load_split("weight")[:8], loader, opt,
+                            rs_sft.Config(batch=2, group=2), seed=0,
+                            sampling={"temperature": 1.0, "top_k": 20, "top_p": 1.0})
     assert m["rollouts"] == 4 and m["kept"] == 0
     assert m["skipped_update"] is True and m["opt_steps"] == 0 and m["loss"] is None
     assert torch.equal(w0, hf.model.model.layers[-1].mlp.down_proj.weight)
     assert opt.state == {}
     rs_sft.set_trainable(hf.model, 0)
+
+
+class SameLogits(torch.nn.Module):
+    """A 'language model' over 3 tokens that predicts p = (1/4, 1/4, 1/2) at every position."""
+
+    def __init__(self):
+        super().__init__()
+        self.logits = torch.nn.Parameter(torch.log(torch.tensor([1.0, 1.0, 2.0])))
+
+    def forward(self, input_ids, attention_mask):
+        return types.SimpleNamespace(logits=self.logits.expand(*input_ids.shape, 3))
+
+
+def test_phase_a_loss_on_a_hand_computed_case():
+    """-log p of each labelled token but the first (nothing predicts it); masked tokens and padding
+    count nothing. Here: tokens 2, 2 (-log 1/2 each) and 1 (-log 1/4) = 4 log 2, over 3 labels."""
+    X = rs_sft.IGNORE
+    seqs = [([0, 1, 2, 2], [X, X, 2, 2]),  # a prompt of two tokens and a completion of two
+            ([0, 1], [X, 1]),              # padded to length 4 in the batch: the padding counts nothing
+            ([2, 0], [2, X])]              # a label on the first token: nothing predicts it
+    ids, labels, mask = rs_sft.pad([x for x, _ in seqs], [y for _, y in seqs], pad_id=0)
+    assert math.isclose(rs_sft.token_nll(SameLogits(), ids, labels, mask).item(), 4 * math.log(2), rel_tol=1e-6)
+    # sft_update reports it per label of the minibatch, whatever the micro-batches
+    model = SameLogits()
+    st = rs_sft.sft_update(model, torch.optim.SGD(model.parameters(), lr=0.0), seqs,
+                           rs_sft.Config(minibatch=3, micro_batch=2))
+    assert st["opt_steps"] == 1 and st["trained_tokens"] == 3 and math.isclose(st["loss"], 4 * math.log(2) / 3,
+                                                                                 rel_tol=1e-6)
+
+
+def tiny_lm(seed=0):
+    """A 2-block causal LM over 64 tokens, random weights: phase A's update without the embedded model."""
+    from transformers import AutoModelForCausalLM, Qwen2Config
+    torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(Qwen2Config(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, tie_word_embeddings=False)).eval()
+
+
+def test_phase_a_a_changed_loss_reaches_the_update():
+    """sft_update trains on whatever loss_fn returns: a zero loss leaves the weights as they were;
+    the negated loss moves them exactly the other way (AdamW's first step is lr * g / |g|)."""
+    g = torch.Generator().manual_seed(0)
+    seqs = [(ids, [rs_sft.IGNORE] * 4 + ids[4:]) for ids in torch.randint(0, 64, (6, 10), generator=g).tolist()]
+    cfg = rs_sft.Config(minibatch=6, micro_batch=4)
+
+    def delta(loss_fn):
+        model = tiny_lm()
+        before = [p.detach().clone() for p in model.parameters()]
+        opt = rs_sft.make_optimizer(rs_sft.set_trainable(model, 1), 1e-3)
+        rs_sft.sft_update(model, opt, seqs, cfg, loss_fn=loss_fn)
+        return [p.detach() - q for p, q in zip(model.parameters(), before)]
+
+    nll = delta(rs_sft.token_nll)
+    assert max(float(d.abs().max()) for d in nll) > 5e-4  # it trained
+    assert all(float(d.abs().max()) == 0 for d in delta(lambda *x: rs_sft.token_nll(*x) * 0))
+    neg = delta(lambda *x: -rs_sft.token_nll(*x))
+    assert all(torch.allclose(a, -b, atol=1e-6) for a, b in zip(nll, neg))
+    assert sum(int((d != 0).sum()) for d in nll) < sum(p.numel() for p in tiny_lm().parameters())  # frozen blocks
 
 
 def test_loader_never_repeats_within_an_epoch():
@@ -3652,12 +3729,6 @@ def test_switch_parse_schedule_error_says_what_is_accepted():
     assert "'x=2'" in msg and "fixed:E,I" in msg and "adaptive:w=" in msg
 
 
-def test_switch_stagewise_weight_share_matches_one_fixed_cycle():
-    # one cycle: 2 steps x 128 rollouts on weights; 32 incoming + 2 iterations x 96 on the harness
-    assert weight_share(Fixed(E_steps=2, I=3), 100, 128, 96, 32) == 256 / (256 + 32 + 192)
-    assert weight_share(Patience(), 100, 128, 96, 32) == 0.5
-
-
 # ==============================================================================================
 # 7. THE LOOP AND RESUME (whale.py, run_dir.py; results.py)
 # ==============================================================================================
@@ -3668,6 +3739,24 @@ def test_switch_stagewise_weight_share_matches_one_fixed_cycle():
 # on everything that decides a score and nothing else; the results tables and claims come from the
 # summaries, pairing methods on the same questions, and the results tools import without torch.
 
+def test_budget_says_what_a_step_and_a_candidate_cost_and_what_is_reserved():
+    b = whale.Budget(total=32, step_cost=8, candidate_cost=4, candidates=2)  # TINY: 2 prompts x 4; 4 examples x 1
+    assert b.iteration_cost() == 8 and b.reserve(weights_follow=True) == 8 and b.reserve(weights_follow=False) == 0
+    assert b.step_fits(24) and not b.step_fits(25)                    # a step needs 8 left
+    assert b.cycle_fits(16) and not b.cycle_fits(17)                  # an iteration (8) and a step after it (8)
+    assert b.candidates_affordable(0, weights_follow=True) == 2       # never more than --candidates
+    assert b.candidates_affordable(20, weights_follow=True) == 1      # 12 left, 8 kept for the next weight step
+    assert b.candidates_affordable(20, weights_follow=False) == 2
+    assert b.candidates_affordable(29, weights_follow=False) == 0     # 3 left: no candidate fits
+
+
+def test_budget_stagewise_weight_share_matches_one_fixed_cycle():
+    # one cycle: 2 steps x 128 rollouts on weights; 32 incoming + 2 iterations x 96 on the harness
+    b = whale.Budget(total=1664, step_cost=128, candidate_cost=32, candidates=3)
+    assert b.weight_share(Fixed(E_steps=2, I=3), 100) == 256 / (256 + 32 + 192)
+    assert b.weight_share(Patience(), 100) == 0.5
+
+
 @pytest.mark.slow
 def test_tiny_whale_run_writes_a_valid_summary(tiny_reference):
     s = check_run(tiny_reference, "whale")
@@ -3677,7 +3766,7 @@ def test_tiny_whale_run_writes_a_valid_summary(tiny_reference):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", ["weight-only", "harness-only", "fst", "stagewise"])
+@pytest.mark.parametrize("method", ["weight-only", "harness-only", "fst", "stagewise", "eval"])
 def test_tiny_run_of_each_method_writes_a_valid_summary(tmp_path, method, tiny_harness):
     out = tmp_path / method
     r = run_whale("--domain", "searchqa", "--method", method, "--out", str(out), *TINY, "--harness", tiny_harness)
@@ -3719,6 +3808,25 @@ def test_sigkill_anywhere_then_resume_matches_an_uninterrupted_run(tmp_path, tin
     assert not list(run.glob(".*tmp*"))  # no half-written checkpoint left behind
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]  # the torn line is gone
     assert rows[-1]["event"] == "eval" and rows[-1]["tag"] == "final"
+    ref_rows = [json.loads(x) for x in (tiny_reference / "metrics.jsonl").read_text().splitlines()]
+    # the same events with the same rollout counts, phase B's replayed ones too
+    assert [(x["event"], x["rollouts"]) for x in rows if x["event"] != "start"] == \
+        [(x["event"], x["rollouts"]) for x in ref_rows if x["event"] != "start"]
+
+
+@pytest.mark.slow
+def test_resume_refuses_trained_blocks_on_another_base(tmp_path, tiny_reference):
+    """A checkpoint holds only the trained blocks and the fingerprint of the base weights they were
+    trained on; a resume whose --model loads other weights stops with one line and changes nothing."""
+    run = copy_run(tiny_reference, tmp_path / "run")
+    shutil.copytree(tiny_reference / "checkpoint", run / "checkpoint")
+    base = json.loads((run / "checkpoint" / "base.json").read_text())
+    (run / "checkpoint" / "base.json").write_text(json.dumps({**base, "sha256": "0" * 64}))  # as if the base changed
+    before = (run / "metrics.jsonl").read_text()
+    r = run_whale("--resume", str(run), timeout=300)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert "trained on other base weights" in r.stderr.strip().splitlines()[-1]
+    assert (run / "metrics.jsonl").read_text() == before
 
 
 @pytest.mark.slow
@@ -4527,8 +4635,8 @@ DDP_SCRIPT = textwrap.dedent(r"""
     ddp = rs_sft.ddp_wrap(model)
     losses, norms = [], []
     for i, (mbs, micro) in enumerate([(3, 1), (5, 2), (3, 1)]):
-        st = rs_sft.sft_update(model, opt, seqs, minibatch=mbs, micro_batch=micro, seed=i, ddp_model=ddp,
-                               pad_id=tok.pad_token_id or 0)
+        st = rs_sft.sft_update(model, opt, seqs, rs_sft.Config(minibatch=mbs, micro_batch=micro), seed=i,
+                               ddp_model=ddp, pad_id=tok.pad_token_id or 0)
         losses.append(st["loss"])
         norms.append(st["grad_norm"])  # Adam and clipping hide a wrong gradient SCALE; the norm does not
     # checksums of the UPDATE (p - p0): the weights themselves would hide a wrong step in their bulk
@@ -4544,9 +4652,10 @@ DDP_SCRIPT = textwrap.dedent(r"""
                                 verify=lambda ex, answer, state=None: float(len(answer or "") % 2 == 0))
     harness = "def run(task, llm, tools):\n    return llm('Answer briefly: ' + str(task)[:200], max_tokens=6)\n"
     m = rs_sft.rollout_step(engine.HFEngine(model, tok), dom, harness, searchqa.load_split("weight")[:8],
-                            rs_sft.new_loader(8, 0), opt, batch=3, group=2, seed=0, minibatch=2, micro_batch=1,
-                            sampling={"temperature": 1.0, "top_k": 20, "top_p": 1.0}, max_tokens=6,
-                            ddp_model=ddp, shard=(rank, world))
+                            rs_sft.new_loader(8, 0), opt,
+                            rs_sft.Config(batch=3, group=2, minibatch=2, micro_batch=1, max_tokens=6), seed=0,
+                            sampling={"temperature": 1.0, "top_k": 20, "top_p": 1.0}, ddp_model=ddp,
+                            shard=(rank, world))
     step = {k: m[k] for k in ("prompts", "rollouts", "kept", "sequences", "loss", "grad_norm", "completion_tokens")}
     # one file per rank: torchrun interleaves the ranks' stdout, sometimes within a line
     with open(os.path.join(os.environ["DDP_OUT"], f"rank{rank}.json"), "w") as f:

@@ -162,15 +162,19 @@ def main(a: Args):
         sampling={"temperature": a.temperature, "top_k": a.top_k, "top_p": a.top_p},
         engine=load_engine(run.model_path(a.model), engine=a.engine, device=run.device, tp=a.tp, seed=a.seed,
                            chat_format=a.chat_format),
-        steps_per_epoch=max(1, len(splits["weight"]) // a.prompts_per_step))
-    s.step_cost = a.prompts_per_step * a.group                      # target rollouts of one RSFT step
-    s.iter_cost = len(s.search_set) * a.harness_n * a.candidates    # ... of one harness iteration
-    s.weight_share = switch.weight_share(s.policy, s.steps_per_epoch, s.step_cost, s.iter_cost,
-                                         len(s.search_set) * a.harness_n)  # stagewise's weight stage
+        steps_per_epoch=max(1, len(splits["weight"]) // a.prompts_per_step),
+        sft=rs_sft.Config(batch=a.prompts_per_step, group=a.group, max_tokens=a.max_tokens,
+                          max_kept_per_prompt=a.max_kept_per_prompt, minibatch=a.minibatch,
+                          micro_batch=a.micro_batch, clip=a.clip))
+    s.budget = Budget(total=a.budget, step_cost=a.prompts_per_step * a.group,
+                      candidate_cost=len(s.search_set) * a.harness_n, candidates=a.candidates)
     s.optimizer = rs_sft.make_optimizer(rs_sft.set_trainable(s.engine.model, a.train_layers), a.lr)
     s.ddp_model = rs_sft.ddp_wrap(s.engine.model)  # None in one process
     run.start(rd.new_state(phase=s.method.first if s.method else "A", done=s.method is None, harness=s.h0,
-                           loader=rs_sft.new_loader(len(s.pool), a.seed)), optimizer=s.optimizer)
+                           loader=rs_sft.new_loader(len(s.pool), a.seed)), optimizer=s.optimizer, engine=s.engine,
+              # what a checkpoint holds: the trained blocks and a pointer to the base, the whole model
+              # (full fine-tuning), or no weights at all (--method eval trains nothing)
+              weights="none" if s.method is None else "trained" if a.train_layers > 0 else "all")
 
     # ---- the algorithm: initial evaluation; phase A / phase B until the budget is spent; final test
     if run.state["pending_eval"] and run.rank == 0:
@@ -189,6 +193,58 @@ def main(a: Args):
 
 
 # -----------------------------------------------------------------------------
+# The budget: what every method spends, in one place
+
+@dataclass(frozen=True)
+class Budget:
+    """The run's budget of target rollouts, the same for every method, and what buys what.
+
+    Counted:   an RSFT step costs step_cost = prompts_per_step x group rollouts; a harness
+               candidate costs candidate_cost = search-set examples x harness_n, an iteration
+               up to `candidates` of them (the incoming harness, iteration 0, is one candidate).
+    Reserved:  a harness phase that a weight phase follows leaves one step_cost for it.
+    Not counted: the one-rollout check that a proposed candidate runs at all (validate_run),
+               every evaluation (initial, validation, test subset, final, best-on-val: they
+               measure the agent, the same way for every method), and the proposer's own
+               calls (summary.json counts those apart: proposer_calls, tokens, dollars).
+    What was spent is the state's `rollouts` (Run.spend books it after each step and phase)
+    plus, inside a harness phase, the rollouts its archive records (meta_harness.spent_rollouts)."""
+    total: int           # --budget
+    step_cost: int       # one RSFT step
+    candidate_cost: int  # one harness candidate on the search set
+    candidates: int      # --candidates: per harness iteration
+
+    def iteration_cost(self) -> int:
+        return self.candidates * self.candidate_cost
+
+    def reserve(self, weights_follow: bool) -> int:
+        return self.step_cost if weights_follow else 0
+
+    def step_fits(self, spent: int) -> bool:
+        """Does the budget buy another RSFT step?"""
+        return self.total - spent >= self.step_cost
+
+    def cycle_fits(self, spent: int) -> bool:
+        """Does it buy a harness iteration and a weight step after it (else a weight phase runs to the end)?"""
+        return self.total - spent >= self.iteration_cost() + self.step_cost
+
+    def candidates_affordable(self, spent: int, weights_follow: bool) -> int:
+        """Candidates the next harness iteration may propose: up to `candidates`, fewer at the end."""
+        left = self.total - spent - self.reserve(weights_follow)
+        return max(0, min(self.candidates, left // self.candidate_cost))
+
+    def weight_share(self, policy, steps_per_epoch: int) -> float:
+        """The share one fixed WHALE cycle spends on weights (weight steps against the incoming
+        harness plus I-1 iterations); the stagewise baseline spends that share first, then the
+        rest on harness search. An adaptive policy has no fixed length: half and half."""
+        import switch
+        if not isinstance(policy, switch.Fixed):
+            return 0.5
+        a_cost = policy.weight_steps(steps_per_epoch) * self.step_cost
+        return a_cost / (a_cost + self.candidate_cost + (policy.I - 1) * self.iteration_cost())
+
+
+# -----------------------------------------------------------------------------
 # The two phases
 
 def weight_phase(run, s):
@@ -197,12 +253,9 @@ def weight_phase(run, s):
     import rs_sft
     a, st = s.a, run.state
     while st["phase"] == "A":
-        m = rs_sft.rollout_step(s.engine, s.domain, st["harness"], s.pool, st["loader"], s.optimizer,
-                                batch=a.prompts_per_step, group=a.group, seed=(a.seed, "A", st["steps"]),
-                                sampling=s.sampling, max_kept_per_prompt=a.max_kept_per_prompt,
-                                minibatch=a.minibatch, micro_batch=a.micro_batch, clip=a.clip,
-                                max_tokens=a.max_tokens, progress=run.bar, ddp_model=s.ddp_model,
-                                shard=(run.rank, run.world))
+        m = rs_sft.rollout_step(s.engine, s.domain, st["harness"], s.pool, st["loader"], s.optimizer, s.sft,
+                                seed=(a.seed, "A", st["steps"]), sampling=s.sampling, progress=run.bar,
+                                ddp_model=s.ddp_model, shard=(run.rank, run.world))
         run.spend(m["rollouts"], prompt_tokens=m["prompt_tokens"], completion_tokens=m["completion_tokens"],
                   optimizer_steps=m["opt_steps"])
         st["steps"] += 1
@@ -219,16 +272,15 @@ def weight_phase(run, s):
 def weight_phase_over(run, s) -> bool:
     """Asked after every RSFT step. A weight phase ends when the budget buys no further step (the
     run ends with it, unless the method still owes its harness stage), else as the method says."""
-    a, st, method = s.a, run.state, s.method
-    left = a.budget - st["rollouts"]
-    if left < s.step_cost:
+    st, method, b = run.state, s.method, s.budget
+    if not b.step_fits(st["rollouts"]):
         st["done"] = not (method.one_pass and method.harness_until)  # stagewise's harness stage comes next
         return True
     if method.weights_until == "budget":
         return False
     if method.weights_until == "share":
-        return st["rollouts"] >= s.weight_share * a.budget
-    if left < s.iter_cost + s.step_cost:
+        return st["rollouts"] >= b.weight_share(s.policy, s.steps_per_epoch) * b.total
+    if not b.cycle_fits(st["rollouts"]):
         return False  # no room for another harness phase and a weight step after it: run to the end
     return s.policy.weight_done(st["phase_rewards"], s.steps_per_epoch)
 
@@ -240,16 +292,18 @@ def harness_phase(run, s):
     import rollout
     a, st, method = s.a, run.state, s.method
     archive = run.dir / "archive" / f"phase{st['cycle']:02d}"
-    reserve = 0 if method.one_pass else s.step_cost  # room for the weight phase that follows the search
-    cand_cost = len(s.search_set) * a.harness_n   # one candidate on the search set
+    b, weights_follow = s.budget, not method.one_pass
+
+    def spent():  # the run's rollouts so far: those booked before this phase + this archive's candidates
+        return st["rollouts"] + meta_harness.spent_rollouts(str(archive))
 
     def affordable():  # candidates the budget still pays for: the last iteration may be smaller
-        left = a.budget - st["rollouts"] - meta_harness.spent_rollouts(str(archive)) - reserve
-        return max(0, min(a.candidates, left // cand_cost))
+        return b.candidates_affordable(spent(), weights_follow)
 
     def should_stop(history):  # -> why the phase ends (a sentence), or False
         if affordable() == 0:
-            return f"budget: {a.budget - reserve} rollouts spent or reserved, a candidate costs {cand_cost}"
+            return (f"budget: {b.total - b.reserve(weights_follow)} rollouts spent or reserved, a candidate "
+                    f"costs {b.candidate_cost}")
         usd = st["counters"].get("proposer_cost_usd", 0) + meta_harness.spent_usd(str(archive))  # earlier phases + this
         if a.proposer_budget_usd and usd >= a.proposer_budget_usd:
             return f"proposer budget: ${usd:.4f} of --proposer-budget-usd {a.proposer_budget_usd:g} spent"
@@ -268,14 +322,19 @@ def harness_phase(run, s):
                           sampling=s.sampling, max_tokens=a.max_tokens, rollout_timeout=60)[0]
         return None if rec["status"] == "ok" else f"{rec['status']}: {rec['error']}"
 
+    logged = {"rollouts": st["rollouts"]}  # the run's count at the last logged event of this phase
+
+    def log(e):  # a resumed search replays its finished events: count them again, in the same order
+        if e["event"] == "harness_candidate":
+            logged["rollouts"] += meta_harness.candidate_rollouts(str(archive), e["cand"])
+        run.log({"event": e.pop("event"), "cycle": st["cycle"], **e}, rollouts=logged["rollouts"])
+
     res = meta_harness.search_phase(
         st["harness"], s.domain, s.search_set, run_candidate, validate_run,
         make_proposer(a, s.domain, s.engine, run.dir),
         archive_dir=str(archive), k=a.candidates, should_stop=should_stop, affordable=affordable,
-        accept_alpha=a.accept_alpha,
-        prompt_only_base=s.h0 if method.prompt_only else None,
-        log=lambda e: run.log({"event": e.pop("event"), "cycle": st["cycle"], **e}))  # a resumed search replays
-    c = res["counters"]                                                               # its finished events
+        accept_alpha=a.accept_alpha, prompt_only_base=s.h0 if method.prompt_only else None, log=log)
+    c = res["counters"]
     run.spend(c.get("rollouts", 0), **{k: c.get(k, 0) for k in ("proposer_calls", "proposer_prompt_tokens",
               "proposer_completion_tokens", "proposer_seconds", "proposer_cost_usd")},
               harness_candidates=c.get("candidates", 0), harness_invalid=c.get("invalid", 0),
@@ -360,6 +419,7 @@ def finish(run, s):
     rd.plot_curve(run.dir, st["evals"], f"{a.method} on {a.domain} (seed {a.seed})")
     run.print_summary(run.write_summary(tests, best_val_test))
     run.write_report()
+    run.drop_optimizer()  # nothing trains after this: the run directory keeps only weights, state and records
 
 # -----------------------------------------------------------------------------
 # The proposer of phase B

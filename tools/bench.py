@@ -247,8 +247,8 @@ def sft(model, prompts, q, peak):
         trainable = rs_sft.set_trainable(model, layers)
         opt = rs_sft.make_optimizer(trainable, 1e-6)
         seqs = [(p + [5] * 16, [-100] * len(p) + [5] * 16) for p in prompts[:16 if not q else 8]]
-        rs_sft.sft_update(model, opt, seqs[:4], minibatch=4, micro_batch=4)  # warm-up
-        st = rs_sft.sft_update(model, opt, seqs, minibatch=8, micro_batch=8)
+        rs_sft.sft_update(model, opt, seqs[:4], rs_sft.Config(minibatch=4, micro_batch=4))  # warm-up
+        st = rs_sft.sft_update(model, opt, seqs, rs_sft.Config(minibatch=8, micro_batch=8))
         frac = rs_sft.mfu(model, st["tokens_per_s"], peak * 1e9, layers)
         tag = "full" if layers == 0 else f"top{layers}"
         print(f"sft_{tag}_tokens_per_s: {st['tokens_per_s']:.1f}")
