@@ -4261,7 +4261,8 @@ def test_whale_and_the_results_tools_import_without_torch():
         importlib.util.find_spec(module) is not None, reason=f"{package} is installed in this Python"))
       for name, module, package in [("tensorboard", "tensorboard", "tensorboard"), ("mlflow", "mlflow", "mlflow-skinny"),
                                     ("wandb", "wandb", "wandb")]],
-    (["--proposer-budget-usd", "nan"], "--proposer-budget-usd must be a number >= 0"),
+    (["--proposer-budget-usd", "nan"], "--proposer-budget-usd must be a finite number, not nan"),
+    (["--proposer-budget-usd", "-1"], "--proposer-budget-usd must be a number >= 0"),
     (["--proposer-env", "HOME"], "only used by --proposer command"),
     (["--proposer", "command", "--proposer-command", "claude -p", "--proposer-env", "HOME,WHALE_NO_SUCH_KEY"],
      "--proposer-env WHALE_NO_SUCH_KEY: that environment variable is not set"),
