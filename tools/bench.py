@@ -27,6 +27,7 @@ Prints one `name: value` line per measurement:
     python tools/bench.py --quick                 # smaller shapes, for a smoke run
     python tools/bench.py --only decode,multiturn # some sections (rollout, decode, sandbox, multiturn, sft, deadline, eval)
     python tools/bench.py --only eval             # the real workload, landed vs fast sampler (~25 min on 2 cores)
+    python tools/bench.py --only eval --questions 8 --harnesses long  # a smaller part of it
 
 The limit (eval section): on a CPU a rollout's time is matmul time, so no sampler can beat
 (matmul peak) / (the FLOPs the rollouts need): 2N per prompt position, a prefix shared by
@@ -124,6 +125,7 @@ def main():
     ap.add_argument("--model", default="embedded")
     ap.add_argument("--only", default="rollout,decode,sandbox,multiturn,sft", help="comma-separated sections")
     ap.add_argument("--device", default="cpu", help="cpu or cuda (the eval section; the others assume cpu)")
+    ap.add_argument("--harnesses", default="h0,long", help="eval: which of h0, long ('' = only the phase-A step)")
     ap.add_argument("--questions", type=int, default=0,
                     help="eval: test questions x 8 (default 64, 8 with --quick; phase A: a quarter of it)")
     args = ap.parse_args()
@@ -132,6 +134,15 @@ def main():
     if only - sections:
         print(f"bench.py: unknown section(s) {', '.join(sorted(only - sections))}; "
               f"choose from {', '.join(sorted(sections))}", file=sys.stderr)
+        raise SystemExit(2)
+    if args.device not in ("cpu", "cuda") or (args.device == "cuda" and not torch.cuda.is_available()):
+        print(f"bench.py: --device {args.device}: use cpu, or cuda where torch sees a CUDA device", file=sys.stderr)
+        raise SystemExit(2)
+    if set(filter(None, args.harnesses.split(","))) - {"h0", "long"}:
+        print(f"bench.py: --harnesses takes h0 and/or long, not {args.harnesses!r}", file=sys.stderr)
+        raise SystemExit(2)
+    if args.questions < 0:
+        print(f"bench.py: --questions must be >= 0 (0 = the default), not {args.questions}", file=sys.stderr)
         raise SystemExit(2)
     sys.stdout.reconfigure(line_buffering=True)  # each line as it is measured, also into a file
     q = args.quick
@@ -157,7 +168,7 @@ def main():
         deadline(e, 8 if q else 64, 4 if q else 16)
     if "eval" in only:  # restores the weights it trains
         n_q = args.questions or (8 if q else 64)
-        eval_workload(model, tok, n_q, max(1, n_q // 4))
+        eval_workload(model, tok, n_q, max(1, n_q // 4), args.harnesses.split(","))
     if "sft" in only:  # last: it changes the weights
         sft(model, prompts, q, peak)
     print(f"matmul_fp32_gflops_after: {matmul_gflops():.1f}")
@@ -267,7 +278,7 @@ def least_flops(records, n_body, n_head):
     return 2 * n_body * positions + 2 * (n_body + n_head) * (completion + len(prompts))
 
 
-def eval_workload(model, tok, n_questions, n_phase_a):
+def eval_workload(model, tok, n_questions, n_phase_a, harnesses=("h0", "long")):
     """The real workload, both samplers side by side (same weights, same seeds, interleaved).
 
     The limit (module docstring): (matmul peak) / (least FLOPs per rollout, `least_flops`);
@@ -287,6 +298,8 @@ def eval_workload(model, tok, n_questions, n_phase_a):
     examples = searchqa.load_split("test")[:n_questions]
     engines = {s: eng.HFEngine(model, tok, sampler=s) for s in eng.SAMPLERS}
     for h_name, source in (("h0", open(searchqa.H0).read()), ("long", long_context_harness())):
+        if h_name not in harnesses:
+            continue
         peak = matmul_gflops(device=dev, dtype=dtype)
         print(f"eval_{h_name}_matmul_gflops: {peak:.1f} ({dtype} on {dev})")
         rate = {}
