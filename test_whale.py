@@ -14,10 +14,10 @@ new test should keep it so):
   shared fixtures and helpers: the embedded model, tiny whale.py runs and check_run, the
      in-process harness kit (load_harness, scripted_llm, FakeTools), a local OpenAI-compatible
      server (openai_server)
-  1. the sampler (engine.py): greedy == HF generate, a shared prefill, chunk caps, seeded
-     batch-independent sampling, stop strings, exact rollout records; any causal LM: other
-     architectures, chat formats, end-of-turn tokens, GGUF files, bad models
-     -k "greedy_matches_generate or prefill_it_once or token_cap or seeded_sampling_is or stop_strings_cut or two_call or tiny_model or plain_format_prompt or end_of_turn or gguf or bad_model or engines_chat_format"
+  1. the sampler (engine.py): greedy == HF generate, a shared prefill, fast == landed sampler,
+     chunk caps, seeded batch-independent sampling, stop strings, exact rollout records; any
+     causal LM: other architectures, chat formats, end-of-turn tokens, GGUF files, bad models
+     -k "greedy_matches_generate or prefill_it_once or fast_and_landed or token_cap or seeded_sampling_is or stop_strings_cut or two_call or tiny_model or plain_format_prompt or end_of_turn or gguf or bad_model or engines_chat_format"
   2. the sandbox (sandbox.py): the hostile suite, the Landlock layer, the protocol, timeouts and
      deadlines, run_python
      -k "hostile or landlock or audit_hook or isolation or llm_batch or tool_calls or llm_arguments or print_is or times_out or stall or time_is_charged or flood or batch_timeout or concurren or late_finisher or run_python"
