@@ -550,7 +550,8 @@ class HFEngine:
         self.prefill_tokens += sum(map(len, heads))
         if tail_width:
             # 1b) copy each head's cache to the prompts of its group, then prefill every prompt's
-            #     own tail in one batch. Tails are left-padded too, so all rows end at the last
+            #     own tail: in one batch (landed), or one forward per run of tails of similar length
+            #     (fast, `_tail_buckets`). Tails are left-padded too, so all rows end at the last
             #     column (logits_to_keep=1 still works); the gap between a head and a short tail
             #     is masked out, and positions continue from the head.
             group_of, head_len = [0] * len(prompts), [0] * len(prompts)
