@@ -3478,6 +3478,23 @@ def test_bad_input_is_one_line_and_exit_2(args, needle, tmp_path):
     assert len(err) == 1 and needle in err[0] and "Traceback" not in r.stderr
 
 
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cmd, needle", [
+    (["bash", "tools/gpu_check.sh", "--device", "tpu"], "--device must be cpu or cuda"),
+    (["bash", "tools/gpu_check.sh", "--devcie", "cpu"], "unknown argument --devcie"),
+    ([sys.executable, "tools/bench.py", "--only", "evl"], "unknown section(s) evl"),
+    ([sys.executable, "tools/bench.py", "--device", "tpu"], "--device tpu: use cpu"),
+    ([sys.executable, "tools/bench.py", "--only", "eval", "--questions", "-2"], "--questions must be >= 0"),
+    ([sys.executable, "tools/bench.py", "--only", "eval", "--harnesses", "h9"], "--harnesses takes h0 and/or long"),
+])
+def test_bad_input_of_bench_and_gpu_check(cmd, needle):
+    # issue #31's tools refuse a bad flag in one line, exit 2, before loading the model
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    err = r.stderr.strip().splitlines()
+    assert len(err) == 1 and needle in err[0] and "Traceback" not in r.stderr and not r.stdout
+
 @pytest.mark.parametrize("domain, corrupt", [
     ("searchqa", lambda b: b[:len(b) // 2]),                                        # a truncated copy
     ("math", lambda b: gzip.compress(gzip.decompress(b) + b"{not json\n", mtime=0)),  # a garbage line
