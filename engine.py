@@ -20,8 +20,12 @@ Everything in WHALE is rollouts, so this file is where the time goes. It holds
     computes logits for the last position only, every pending request of every
     running rollout decodes in one batch, and finished rows leave the batch;
     distinct prompts that share a long head (a multi-turn harness's later calls:
-    the same first prompt, then each sample's own reply and feedback) prefill
-    that head once and only their own tails after it;
+    the same first prompt, then each sample's own reply and feedback; a harness's
+    instructions and worked examples) prefill that head once and only their own
+    tails after it, and tails of similar length are prefilled together so that a
+    short tail is not padded to the longest; finished rows leave the cache in
+    place, a quarter of the batch at a time. `HFEngine(sampler="landed")` keeps the
+    loop as it was before those last two (issue #31) for tools/bench.py to compare;
   - `load_engine`: picks HF (default) or vLLM (`vllm_engine.py`, imported only
     when asked for).
 
@@ -410,6 +414,24 @@ def preallocated_cache(model, capacity: int):
             self.k_buf, self.v_buf = self.k_buf[indices], self.v_buf[indices]
             self.keys, self.values = self.k_buf[:, :, :self.length], self.v_buf[:, :, :self.length]
 
+        def row_range(self, r0, r1, length):
+            # rows r0:r1 of the SAME buffers, filled up to `length`: what a forward writes through
+            # this view lands in this layer's cache (the tail prefill of one bucket of rows)
+            view = PreallocatedLayer()
+            view.device, view.is_initialized, view.length = self.device, True, length
+            view.k_buf, view.v_buf = self.k_buf[r0:r1], self.v_buf[r0:r1]
+            view.keys, view.values = view.k_buf[:, :, :length], view.v_buf[:, :, :length]
+            return view
+
+        def keep_rows(self, rows):
+            # rows ascending: move them to the front of the same buffers, copying only the filled
+            # positions (batch_select_indices allocates new buffers and copies the whole capacity)
+            n, end = len(rows), self.length
+            self.k_buf[:n, :, :end] = self.k_buf[rows, :, :end]
+            self.v_buf[:n, :, :end] = self.v_buf[rows, :, :end]
+            self.k_buf, self.v_buf = self.k_buf[:n], self.v_buf[:n]
+            self.keys, self.values = self.k_buf[:, :, :end], self.v_buf[:, :, :end]
+
     cache = DynamicCache(config=model.config)
     cache.layers = [PreallocatedLayer() for _ in cache.layers]
     return cache
@@ -449,13 +471,21 @@ def shared_head_groups(prompts, min_shared):
     return groups
 
 
+SAMPLERS = ("fast", "landed")
+
+
 class HFEngine:
     """Sampler over a transformers causal LM. `.model` is the module phase A trains,
     so a weight update is visible to the next sample() without any copy."""
 
     def __init__(self, model, tokenizer, max_batch_rows: int = 512, max_batch_tokens: int = 2**17,
-                 chat_format: str = "auto"):
+                 chat_format: str = "auto", sampler: str = "fast"):
         self.model, self.tokenizer = model, tokenizer
+        # "fast" (default) or "landed": the decode loop as it was before issue #31, kept so that
+        # tools/bench.py can time both side by side; both give the same tokens (see _sample_chunk)
+        if sampler not in SAMPLERS:
+            raise ValueError(f"unknown sampler {sampler!r} (choose {' or '.join(SAMPLERS)})")
+        self.sampler = sampler
         self.chat_format = resolve_chat_format(tokenizer, chat_format)
         self.chat_stops = chat_stop_strings(self.chat_format)  # added to every request's stop strings
         # a chunk's KV cache holds rows x (prompt + new tokens) positions; the token cap keeps
@@ -471,6 +501,20 @@ class HFEngine:
         # transformers renamed forward's `past_key_values` to `cache` (5.2x); older versions
         # silently ignore an unknown `cache=` kwarg, so ask the signature which one it takes
         self.cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+    def _tail_buckets(self, tail_lens):
+        """[(r0, r1)]: runs of rows (tails sorted by length) prefilled by one forward each. The
+        landed sampler does all rows in one forward, padded to the longest tail; the fast one
+        starts a new run where a tail is over 1.25x the run's shortest (so a run pads at most
+        ~20%; h0's 64 searchqa tails pad ~19% as one run, the long harness's ~31%)."""
+        if self.sampler == "landed":
+            return [(0, len(tail_lens))]
+        runs, r0 = [], 0
+        for r, n in enumerate(tail_lens):
+            if n > 1.25 * tail_lens[r0] + 8:
+                runs.append((r0, r))
+                r0 = r
+        return runs + [(r0, len(tail_lens))]
 
     def chat_ids(self, messages) -> list[int]:
         return chat_ids(self.tokenizer, messages, self.chat_format)
@@ -531,29 +575,54 @@ class HFEngine:
         self.prefill_tokens += sum(map(len, heads))
         if tail_width:
             # 1b) copy each head's cache to the prompts of its group, then prefill every prompt's
-            #     own tail in one batch. Tails are left-padded too, so all rows end at the last
+            #     own tail: in one batch (landed), or one forward per run of tails of similar length
+            #     (fast, `_tail_buckets`). Tails are left-padded too, so all rows end at the last
             #     column (logits_to_keep=1 still works); the gap between a head and a short tail
             #     is masked out, and positions continue from the head.
             group_of, head_len = [0] * len(prompts), [0] * len(prompts)
             for g, (h, js) in enumerate(groups):
                 for j in js:
                     group_of[j], head_len[j] = g, h
-            sel = torch.tensor(group_of, dtype=torch.long)
+            # rows in order of tail length (fast), so that tails of similar length are runs of rows
+            rank = sorted(range(len(prompts)), key=lambda j: lens[j] - head_len[j]) if self.sampler == "fast" \
+                else list(range(len(prompts)))
+            sel = torch.tensor([group_of[j] for j in rank], dtype=torch.long)
             cache.batch_select_indices(sel.to(dev))
-            tails = [p[h:] for p, h in zip(prompts, head_len)]
+            tails = [prompts[j][head_len[j]:] for j in rank]
             tail_ids, tail_mask = left_padded(tails, tail_width, self.pad_id)
-            tail_pos = torch.tensor(head_len).unsqueeze(1) + (tail_mask.cumsum(-1) - 1).clamp(min=0)
+            tail_pos = torch.tensor([head_len[j] for j in rank]).unsqueeze(1) + (tail_mask.cumsum(-1) - 1).clamp(min=0)
             mask = torch.cat([mask[sel], tail_mask], dim=1)
-            out = model(input_ids=tail_ids.to(dev), attention_mask=mask.to(dev), position_ids=tail_pos.to(dev),
-                        use_cache=True, logits_to_keep=1, **{self.cache_kw: cache})
-            self.prefill_tokens += sum(map(len, tails))
+            logits = []
+            for r0, r1 in self._tail_buckets([len(t) for t in tails]):
+                # one forward per bucket, as wide as its longest tail: its rows' columns left of that
+                # (the padding to the chunk's longest tail) are zeroed and masked, never computed
+                w = max(len(t) for t in tails[r0:r1])
+                gap = slice(width, width + tail_width - w)
+                part = preallocated_cache(model, 0)
+                part.layers = [layer.row_range(r0, r1, width + tail_width - w) for layer in cache.layers]
+                for layer in part.layers:
+                    layer.k_buf[:, :, gap], layer.v_buf[:, :, gap] = 0.0, 0.0  # never NaN: 0 x NaN would be NaN
+                out = model(input_ids=tail_ids[r0:r1, -w:].to(dev), attention_mask=mask[r0:r1].to(dev),
+                            position_ids=tail_pos[r0:r1, -w:].to(dev), use_cache=True, logits_to_keep=1,
+                            **{self.cache_kw: part})
+                logits.append(out.logits[:, -1, :])
+                self.prefill_tokens += sum(map(len, tails[r0:r1]))
+            for layer in cache.layers:
+                layer.length = width + tail_width
+                layer.keys, layer.values = layer.k_buf[:, :, :layer.length], layer.v_buf[:, :, :layer.length]
+            last_logits = torch.cat(logits)
+            row_of = {j: row for row, j in enumerate(rank)}
+        else:
+            last_logits = out.logits[:, -1, :]
+            row_of = {j: j for j in range(len(prompts))}
         # 2) one row per request: copy each prompt's cache and last logits to its members
         order = [i for _, members in chunk for i in members]
-        src = torch.tensor([j for j, (_, members) in enumerate(chunk) for _ in members], dtype=torch.long)
+        src = torch.tensor([row_of[j] for j, (_, members) in enumerate(chunk) for _ in members], dtype=torch.long)
         cache.batch_select_indices(src.to(dev))
-        logits = out.logits[:, -1, :].float()[src.to(dev)]
+        logits = last_logits.float()[src.to(dev)]
         mask = mask[src].to(dev)
-        next_pos = torch.tensor([lens[j] for j in src.tolist()], dtype=torch.long, device=dev)
+        next_pos = torch.tensor([lens[j] for j, (_, members) in enumerate(chunk) for _ in members],
+                                dtype=torch.long, device=dev)
         reqs = [requests[i] for i in order]
         temp = torch.tensor([float(r.get("temperature", 1.0)) for r in reqs], device=dev)
         top_k = torch.tensor([int(r.get("top_k", 0) or 0) for r in reqs], device=dev)
@@ -565,16 +634,21 @@ class HFEngine:
                     for r, m in zip(reqs, max_new)]
         tails = [max((len(s) for s in st), default=0) + 2 for st in stops]
         generated = [[] for _ in reqs]
-        finish = ["length"] * len(reqs)
-        live = list(range(len(reqs)))  # positions (into reqs) of rows still in the batch
-        step = 0
-        # 3) decode: every live row advances one token per forward; finished rows leave the batch
-        while live:
-            u = torch.stack([uniforms[k][min(step, len(uniforms[k]) - 1)] for k in live]).to(dev)
+        finish = [None] * len(reqs)   # set when a request ends: "eos", "stop" or "length"
+        rows = list(range(len(reqs)))  # the request (position into reqs) in each row of the batch
+        # 3) decode: every row of the batch advances one token per forward. A finished row stays in
+        #    the batch until the cache is compacted: "landed" compacts at every step where a row
+        #    finished, copying the whole preallocated cache into new buffers each time (~0.6 s at
+        #    a few hundred rows, as much as a decode step); "fast" waits until a quarter of the rows
+        #    have finished (until then they cost one row of compute each) and moves the live rows
+        #    to the front of the same buffers, copying only the positions written so far
+        while True:
+            # a request's k-th token uses the k-th number of its own stream, whatever its row
+            u = torch.stack([uniforms[k][min(len(generated[k]), len(uniforms[k]) - 1)] for k in rows]).to(dev)
             tok = sample_from_logits(logits, temp, top_k, top_p, u).tolist()
-            keep = []
-            for row, k in enumerate(live):
-                t = tok[row]
+            for k, t in zip(rows, tok):
+                if finish[k] is not None:
+                    continue  # finished earlier, not compacted away yet: its token is thrown away
                 generated[k].append(t)
                 if t in self.eos_ids:
                     finish[k] = "eos"
@@ -582,22 +656,25 @@ class HFEngine:
                     finish[k] = "stop"
                 elif len(generated[k]) >= max_new[k]:
                     finish[k] = "length"
-                else:
-                    keep.append(row)
+            keep = [row for row, k in enumerate(rows) if finish[k] is None]
             if not keep:
                 break
-            if len(keep) < len(live):
+            dead = len(rows) - len(keep)
+            if dead and (self.sampler == "landed" or 4 * dead >= len(rows)):
                 sel = torch.tensor(keep, dtype=torch.long, device=dev)
-                cache.batch_select_indices(sel)
+                if self.sampler == "landed":
+                    cache.batch_select_indices(sel)
+                else:
+                    for layer in cache.layers:
+                        layer.keep_rows(sel)
                 mask, next_pos, temp, top_k, top_p = mask[sel], next_pos[sel], temp[sel], top_k[sel], top_p[sel]
-            live = [live[row] for row in keep]
-            last = torch.tensor([[generated[k][-1]] for k in live], dtype=torch.long, device=dev)
-            mask = torch.cat([mask, torch.ones((len(live), 1), dtype=mask.dtype, device=dev)], dim=1)
+                rows = [rows[row] for row in keep]
+            last = torch.tensor([[generated[k][-1]] for k in rows], dtype=torch.long, device=dev)
+            mask = torch.cat([mask, torch.ones((len(rows), 1), dtype=mask.dtype, device=dev)], dim=1)
             out = model(input_ids=last, attention_mask=mask, position_ids=next_pos.unsqueeze(1),
                         use_cache=True, **{self.cache_kw: cache})
             logits = out.logits[:, -1, :].float()
             next_pos = next_pos + 1
-            step += 1
         for k, i in enumerate(order):
             text = self.tokenizer.decode(generated[k], skip_special_tokens=True)
             if finish[k] == "stop":

@@ -19,10 +19,10 @@ new test should keep it so):
   shared fixtures and helpers: the embedded model, tiny whale.py runs and check_run, the
      in-process harness kit (load_harness, scripted_llm, FakeTools), a local OpenAI-compatible
      server (openai_server)
-  1. the sampler (engine.py): greedy == HF generate, a shared prefill, chunk caps, seeded
-     batch-independent sampling, stop strings, exact rollout records; any causal LM: other
-     architectures, chat formats, end-of-turn tokens, GGUF files, bad models
-     -k "greedy_matches_generate or prefill_it_once or token_cap or seeded_sampling_is or stop_strings_cut or two_call or tiny_model or plain_format_prompt or end_of_turn or gguf or bad_model or engines_chat_format"
+  1. the sampler (engine.py): greedy == HF generate, a shared prefill, fast == landed sampler,
+     chunk caps, seeded batch-independent sampling, stop strings, exact rollout records; any
+     causal LM: other architectures, chat formats, end-of-turn tokens, GGUF files, bad models
+     -k "greedy_matches_generate or prefill_it_once or fast_and_landed or token_cap or seeded_sampling_is or stop_strings_cut or two_call or tiny_model or plain_format_prompt or end_of_turn or gguf or bad_model or engines_chat_format"
   2. the sandbox (sandbox.py): the hostile suite, the Landlock layer, the protocol, timeouts and
      deadlines, run_python
      -k "hostile or landlock or audit_hook or isolation or llm_batch or tool_calls or llm_arguments or print_is or times_out or stall or time_is_charged or flood or batch_timeout or concurren or late_finisher or run_python or scratch_of"
@@ -353,6 +353,28 @@ def test_prompts_sharing_a_head_prefill_it_once(hf):
 
 
 @pytest.mark.slow
+def test_fast_and_landed_samplers_give_the_same_tokens(hf):
+    # issue #31: the fast sampler (tails of similar length prefilled per run of rows, finished
+    # rows compacted in place once a quarter of the batch is done) against the decode loop as it
+    # landed before (engine.SAMPLERS): the same tokens, greedy and seeded-sampled, on prompts that
+    # share a head and have tails of very different length, with rows finishing at different steps
+    head = [{"role": "system", "content": "You answer in one short sentence. " * 12}]
+    texts = ["Hi.", "Name a colour.", "Tell me about the sea, the sky and the mountains in the north of Norway. " * 4,
+             "Why is the sky blue? Explain it to a child who has never seen the sea. " * 2]
+    prompts = [hf.chat_ids(head + [{"role": "user", "content": t}]) for t in texts]
+    tails = sorted(len(p) - engine.shared_head_groups(prompts, hf.min_shared_head)[0][0] for p in prompts)
+    assert len(engine.shared_head_groups(prompts, hf.min_shared_head)) == 1 and len(hf._tail_buckets(tails)) >= 2
+    reqs = [{"prompt_ids": p, "max_tokens": 4 + 5 * j, "temperature": t, "top_k": 20, "top_p": 0.95, "seed": 10 * i + j}
+            for i, p in enumerate(prompts) for j in range(4) for t in (0.0, 1.0)]
+    landed = engine.HFEngine(hf.model, hf.tokenizer, sampler="landed")
+    fast, before = hf.sample(reqs), landed.sample(reqs)
+    assert hf.sampler == "fast" and [o["completion_ids"] for o in fast] == [o["completion_ids"] for o in before]
+    assert [o["finish"] for o in fast] == [o["finish"] for o in before]
+    assert len({len(o["completion_ids"]) for o in fast}) > 3  # rows really ended at different steps
+    assert_greedy_matches_generate(hf, prompts)  # and the fast path is what generate gives
+    with pytest.raises(ValueError, match="unknown sampler"):
+        engine.HFEngine(hf.model, hf.tokenizer, sampler="turbo")
+
 def test_chunks_respect_the_token_cap(hf, monkeypatch):
     prompts = [chat(hf, f"Say the number {i} in words.") for i in range(6)]
     reqs = [{"prompt_ids": p, "max_tokens": 8, "temperature": 0.0, "seed": 0} for p in prompts for _ in range(2)]
@@ -4323,6 +4345,23 @@ def test_bad_input_of_a_word_flag_names_the_flag_and_its_words():
 
 
 @pytest.mark.slow
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cmd, needle", [
+    (["bash", "tools/gpu_check.sh", "--device", "tpu"], "--device must be cpu or cuda"),
+    (["bash", "tools/gpu_check.sh", "--devcie", "cpu"], "unknown argument --devcie"),
+    ([sys.executable, "tools/bench.py", "--only", "evl"], "unknown section(s) evl"),
+    ([sys.executable, "tools/bench.py", "--device", "tpu"], "--device tpu: use cpu"),
+    ([sys.executable, "tools/bench.py", "--only", "eval", "--questions", "-2"], "--questions must be >= 0"),
+    ([sys.executable, "tools/bench.py", "--only", "eval", "--harnesses", "h9"], "--harnesses takes h0 and/or long"),
+])
+def test_bad_input_of_bench_and_gpu_check(cmd, needle):
+    # issue #31's tools refuse a bad flag in one line, exit 2, before loading the model
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    err = r.stderr.strip().splitlines()
+    assert len(err) == 1 and needle in err[0] and "Traceback" not in r.stderr and not r.stdout
+
 @pytest.mark.parametrize("domain, corrupt", [
     ("searchqa", lambda b: b[:len(b) // 2]),                                        # a truncated copy
     ("math", lambda b: gzip.compress(gzip.decompress(b) + b"{not json\n", mtime=0)),  # a garbage line

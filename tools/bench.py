@@ -14,6 +14,10 @@ Prints one `name: value` line per measurement:
     sandbox, with shared-head prefill vs without (seconds, tokens prefilled, ratio);
   - SFT: tokens/s of rs_sft.sft_update and its fraction of the matmul peak
     (6N FLOPs per token for full fine-tuning; the reduced count with --train-layers);
+  - eval (only with --only eval): the real workload, `rollout.evaluate` of two real harnesses
+    through the sandbox, the landed sampler and the fast one side by side (engine.SAMPLERS),
+    then one phase-A step (rollouts + SFT update) the same way; see `eval_workload` for what
+    is printed and what the limit is;
   - deadline (only with --only deadline): what rollouts are charged against their
     deadline (own time + tools + their share of each model batch) in a real evaluation,
     64 searchqa questions x 8 = one 512-rollout wave and 16 chess puzzles x 8 (multi-turn,
@@ -21,7 +25,17 @@ Prints one `name: value` line per measurement:
 
     python tools/bench.py                         # everything (~12 min on a 2-core CPU)
     python tools/bench.py --quick                 # smaller shapes, for a smoke run
-    python tools/bench.py --only decode,multiturn # some sections (rollout, decode, sandbox, multiturn, sft, deadline)
+    python tools/bench.py --only decode,multiturn # some sections (rollout, decode, sandbox, multiturn, sft, deadline, eval)
+    python tools/bench.py --only eval             # the real workload, landed vs fast sampler (~25 min on 2 cores)
+    python tools/bench.py --only eval --questions 8 --harnesses long  # a smaller part of it
+
+The limit (eval section): on a CPU a rollout's time is matmul time, so no sampler can beat
+(matmul peak) / (the FLOPs the rollouts need): 2N per prompt position, a prefix shared by
+several prompts counted once, plus 2N per completion token (N: the weights a token goes
+through; `least_flops`). Padding, finished rows still in the batch, copies of the cache,
+thin decode batches and the sandbox's round trips are what stands between a sampler and it;
+eval_fraction_of_peak says how much of it is left. The peak is measured in the same run,
+on the same (possibly shared) cores, right before each side-by-side pair.
 
 Ratios are what to trust on a shared machine; absolute numbers move with load.
 """
@@ -40,12 +54,16 @@ import rollout
 import rs_sft
 
 
-def matmul_gflops(n=2048, reps=5):
-    a, b = torch.randn(n, n), torch.randn(n, n)
+def matmul_gflops(n=2048, reps=5, device="cpu", dtype=torch.float32):
+    """GFLOP/s of an n^3 matmul in the model's dtype on its device: the compute limit."""
+    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
+    sync = torch.cuda.synchronize if str(device).startswith("cuda") else (lambda: None)
     a @ b
+    sync()
     t = time.time()
     for _ in range(reps):
         a @ b
+    sync()
     return 2 * n ** 3 * reps / (time.time() - t) / 1e9
 
 
@@ -106,23 +124,38 @@ def main():
     ap.add_argument("--quick", action="store_true", help="smaller shapes (smoke run)")
     ap.add_argument("--model", default="embedded")
     ap.add_argument("--only", default="rollout,decode,sandbox,multiturn,sft", help="comma-separated sections")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda (the eval section; the others assume cpu)")
+    ap.add_argument("--harnesses", default="h0,long", help="eval: which of h0, long ('' = only the phase-A step)")
+    ap.add_argument("--questions", type=int, default=0,
+                    help="eval: test questions x 8 (default 64, 8 with --quick; phase A: a quarter of it)")
     args = ap.parse_args()
     only = set(args.only.split(","))
-    if only - {"rollout", "decode", "sandbox", "multiturn", "sft", "deadline"}:
-        raise SystemExit(f"bench.py: unknown section(s) {', '.join(sorted(only))}; "
-                         "choose from rollout, decode, sandbox, multiturn, sft, deadline")
+    sections = {"rollout", "decode", "sandbox", "multiturn", "sft", "deadline", "eval"}
+    if only - sections:
+        print(f"bench.py: unknown section(s) {', '.join(sorted(only - sections))}; "
+              f"choose from {', '.join(sorted(sections))}", file=sys.stderr)
+        raise SystemExit(2)
+    if args.device not in ("cpu", "cuda") or (args.device == "cuda" and not torch.cuda.is_available()):
+        print(f"bench.py: --device {args.device}: use cpu, or cuda where torch sees a CUDA device", file=sys.stderr)
+        raise SystemExit(2)
+    if set(filter(None, args.harnesses.split(","))) - {"h0", "long"}:
+        print(f"bench.py: --harnesses takes h0 and/or long, not {args.harnesses!r}", file=sys.stderr)
+        raise SystemExit(2)
+    if args.questions < 0:
+        print(f"bench.py: --questions must be >= 0 (0 = the default), not {args.questions}", file=sys.stderr)
+        raise SystemExit(2)
     sys.stdout.reconfigure(line_buffering=True)  # each line as it is measured, also into a file
     q = args.quick
     torch.manual_seed(0)
-    peak = matmul_gflops()
+    peak = matmul_gflops(device=args.device)
     print(f"matmul_fp32_gflops: {peak:.1f}")
-    model, tok = eng.load_model(args.model)
+    model, tok = eng.load_model(args.model, device=args.device)
     e = eng.HFEngine(model, tok)
     n_params = sum(p.numel() for n_, p in model.named_parameters() if "embed_tokens" not in n_)
     n_params += model.lm_head.weight.numel() if model.config.tie_word_embeddings else 0
 
     P, G, NEW = (8, 8, 16) if q else (32, 8, 32)
-    prompts = squad_prompts(e, P)
+    prompts = squad_prompts(e, P) if only - {"eval", "deadline"} else []
     if "rollout" in only:
         rollout_workload(e, model, prompts, G, NEW, n_params, peak)
     if "decode" in only:
@@ -133,6 +166,9 @@ def main():
         multiturn(e, 4 if q else 16)
     if "deadline" in only:
         deadline(e, 8 if q else 64, 4 if q else 16)
+    if "eval" in only:  # restores the weights it trains
+        n_q = args.questions or (8 if q else 64)
+        eval_workload(model, tok, n_q, max(1, n_q // 4), args.harnesses.split(","))
     if "sft" in only:  # last: it changes the weights
         sft(model, prompts, q, peak)
     print(f"matmul_fp32_gflops_after: {matmul_gflops():.1f}")
@@ -213,6 +249,95 @@ def multiturn(e, n_puzzles):
         print(f"multiturn_{name}_prefill_tokens: {e.prefill_tokens - before}")
         print(f"multiturn_{name}_calls: {len(calls)} (prompt tokens {sum(len(c['prompt_ids']) for c in calls)})")
     print(f"multiturn_speedup: {out['unshared'] / out['shared']:.2f}")
+
+
+def long_context_harness():
+    """searchqa h0 with the domain's own primitives spliced in: three worked examples
+    (EXAMPLES[0]) and three passages of up to 500 characters (RETRIEVAL[1]); ~3x h0's prompt."""
+    import meta_harness
+    from domains import searchqa
+    src = open(searchqa.H0).read()
+    for name, i in (("EXAMPLES", 0), ("RETRIEVAL", 1)):
+        src = meta_harness.splice(src, name, searchqa.PRIMITIVES[name][i])
+    return src
+
+
+def least_flops(records, n_body, n_head):
+    """The FLOPs any sampler must do for these rollouts: every prompt position once (a prefix
+    that several calls share, counted once: the distinct positions of the prompts' prefix
+    tree; the body only, the LM head runs at each prompt's last position, below) and every
+    completion token through body and LM head. Attention over the cache is left out (~5%)."""
+    prompts = sorted({tuple(c["prompt_ids"]) for r in records for c in r["calls"]})
+    positions, prev = 0, ()
+    for p in prompts:
+        n = 0
+        while n < min(len(p), len(prev)) and p[n] == prev[n]:
+            n += 1
+        positions, prev = positions + len(p) - n, p
+    completion = sum(len(c["completion_ids"]) for r in records for c in r["calls"])
+    return 2 * n_body * positions + 2 * (n_body + n_head) * (completion + len(prompts))
+
+
+def eval_workload(model, tok, n_questions, n_phase_a, harnesses=("h0", "long")):
+    """The real workload, both samplers side by side (same weights, same seeds, interleaved).
+
+    The limit (module docstring): (matmul peak) / (least FLOPs per rollout, `least_flops`);
+    the peak is a 2048^3 matmul in the model's dtype, measured right before each pair.
+    eval_fraction_of_peak is how close a sampler gets; eval_speedup = fast / landed rollouts/s.
+    Prints per harness (h0, long: `long_context_harness`) and sampler:
+    eval_<h>_<sampler>_rollouts_per_s, _prompt_tokens, _completion_tokens, _fraction_of_peak,
+    _mean (mean@8, the same within float round-off on both), then eval_<h>_speedup; and for
+    one phase-A step (16 weight-split prompts x 8, rollouts + SFT update of the top 4 blocks, as
+    whale.py's defaults) phase_a_<sampler>_seconds, _fraction_of_peak and phase_a_speedup."""
+    import rs_sft
+    from domains import searchqa
+    n_head = model.lm_head.weight.numel()
+    n_body = sum(p.numel() for n_, p in model.named_parameters() if "embed_tokens" not in n_ and "lm_head" not in n_)
+    sampling = {"temperature": 0.3, "top_k": 20, "top_p": 1.0}  # whale.py's defaults
+    dev, dtype = next(model.parameters()).device, next(model.parameters()).dtype
+    examples = searchqa.load_split("test")[:n_questions]
+    engines = {s: eng.HFEngine(model, tok, sampler=s) for s in eng.SAMPLERS}
+    for h_name, source in (("h0", open(searchqa.H0).read()), ("long", long_context_harness())):
+        if h_name not in harnesses:
+            continue
+        peak = matmul_gflops(device=dev, dtype=dtype)
+        print(f"eval_{h_name}_matmul_gflops: {peak:.1f} ({dtype} on {dev})")
+        rate = {}
+        order = ("landed", "fast") if h_name == "h0" else ("fast", "landed")  # neither always goes first
+        for s in order:
+            res = rollout.evaluate(engines[s], searchqa, source, examples, 8, seed=0, sampling=sampling, max_tokens=48)
+            rate[s] = res["rollouts"] / res["seconds"]
+            frac = least_flops(res["records"], n_body, n_head) / res["seconds"] / 1e9 / peak
+            print(f"eval_{h_name}_{s}_rollouts_per_s: {rate[s]:.2f} ({res['rollouts']} rollouts in {res['seconds']:.1f} s)")
+            print(f"eval_{h_name}_{s}_prompt_tokens: {res['prompt_tokens']}")
+            print(f"eval_{h_name}_{s}_completion_tokens: {res['completion_tokens']}")
+            print(f"eval_{h_name}_{s}_fraction_of_peak: {frac:.2f}")
+            print(f"eval_{h_name}_{s}_mean: {res['mean']:.3f} +- {res['se']:.3f}")
+        print(f"eval_{h_name}_speedup: {rate['fast'] / rate['landed']:.2f}")
+    # one phase-A step per sampler from the same weights: the update is undone between them
+    pool = searchqa.load_split("weight")
+    saved = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    peak, seconds, real_run = matmul_gflops(device=dev, dtype=dtype), {}, rollout.run
+    print(f"phase_a_matmul_gflops: {peak:.1f} ({dtype} on {dev})")
+    for s in ("fast", "landed"):
+        model.load_state_dict(saved)
+        opt = rs_sft.make_optimizer(rs_sft.set_trainable(model, 4), 3e-4)
+        records = []  # the step's rollouts, kept as rs_sft.rollout_step makes them (it returns only metrics)
+        rollout.run = lambda *a, **k: records.extend(real_run(*a, **k)) or records
+        t = time.time()
+        m = rs_sft.rollout_step(engines[s], searchqa, open(searchqa.H0).read(), pool, rs_sft.new_loader(len(pool), 0),
+                                opt, batch=n_phase_a, group=8, seed=(0, "A", 0), sampling=sampling, minibatch=16,
+                                micro_batch=8, max_tokens=48)
+        seconds[s] = time.time() - t
+        rollout.run = real_run
+        flops = least_flops(records, n_body, n_head) + rs_sft.flops_per_token(model, 4) * m["sft_tokens"]
+        print(f"phase_a_{s}_seconds: {seconds[s]:.1f} (rollouts {m['rollout_seconds']:.1f} s, update "
+              f"{m['sft_seconds']:.1f} s, {m['rollouts']} rollouts, {m['sequences']} sequences trained)")
+        print(f"phase_a_{s}_rollouts_per_s: {m['rollouts'] / m['rollout_seconds']:.2f}")
+        print(f"phase_a_{s}_fraction_of_peak: {flops / seconds[s] / 1e9 / peak:.2f}")
+    model.load_state_dict(saved)
+    rs_sft.set_trainable(model, 0)
+    print(f"phase_a_speedup: {seconds['landed'] / seconds['fast']:.2f}")
 
 
 def deadline(e, n_questions, n_puzzles, flood_deadline=30.0):
