@@ -260,8 +260,9 @@ def pad(ids_list, labels_list, pad_id):
 
 def rollout_step(engine, domain, harness: str, pool: list[dict], loader: dict, optimizer, cfg: Config, *, seed,
                  sampling: dict, ddp_model=None, shard=(0, 1), progress=None) -> dict:
-    """Phase A's unit of work: cfg.batch prompts x cfg.group rollouts, then the update. Returns the step's metrics (and nothing else: the
-    model and optimizer are updated in place, the loader advances).
+    """Phase A's unit of work: cfg.batch prompts x cfg.group rollouts, then the update. Returns
+    the step's metrics (and nothing else: the model and optimizer are updated in place, the
+    loader advances).
     shard=(rank, world): under torchrun each rank rolls out its slice of the batch
     and passes ddp_model; the metrics returned are global, the same on every rank."""
     idx = next_batch(loader, cfg.batch)

@@ -325,9 +325,9 @@ def eval_workload(model, tok, n_questions, n_phase_a, harnesses=("h0", "long")):
         records = []  # the step's rollouts, kept as rs_sft.rollout_step makes them (it returns only metrics)
         rollout.run = lambda *a, **k: records.extend(real_run(*a, **k)) or records
         t = time.time()
+        cfg = rs_sft.Config(batch=n_phase_a, group=8, minibatch=16, micro_batch=8, max_tokens=48)
         m = rs_sft.rollout_step(engines[s], searchqa, open(searchqa.H0).read(), pool, rs_sft.new_loader(len(pool), 0),
-                                opt, batch=n_phase_a, group=8, seed=(0, "A", 0), sampling=sampling, minibatch=16,
-                                micro_batch=8, max_tokens=48)
+                                opt, cfg, seed=(0, "A", 0), sampling=sampling)
         seconds[s] = time.time() - t
         rollout.run = real_run
         flops = least_flops(records, n_body, n_head) + rs_sft.flops_per_token(model, 4) * m["sft_tokens"]
