@@ -2124,13 +2124,15 @@ def test_search_archives_everything_and_primitives_never_repeats(tmp_path):
     d = str(tmp_path / "arch")
     prop = proposers.make_proposer("primitives", DOMAIN, rng_seed=1)
     res = mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate, prop, archive_dir=d, k=3,
-                          should_stop=stop_after(8), log=quiet)
+                          should_stop=lambda history: False, log=quiet)
     arch = mh.load_archive(d)
     norms = [mh.normalized(c["source"]) for c in arch]
     assert len(norms) == len(set(norms)) > 7               # no archived source proposed twice
     assert not any(c["invalid"] for c in arch)
-    # the menu runs out before 8 iterations: the phase ends at once, with the reason recorded
-    assert res["iterations"] == len(res["history"]) < 8 and "exhausted" in res["stop_reason"]
+    # past the single swaps it combines, retries and pairs; when even those are spent the phase
+    # ends at once, with the reason recorded
+    assert {c["meta"]["kind"] for c in arch[1:]} >= {"swap", "combine", "pair"}
+    assert "exhausted" in res["stop_reason"] and res["iterations"] == len(res["history"])
     assert constant(res["best_source"], "QUALITY") == 0.8
     s = json.load(open(os.path.join(d, "cand_000", "scores.json")))
     assert s["example_ids"] == [e["id"] for e in EXAMPLES] and len(s["per_example"]) == 40
@@ -2175,6 +2177,78 @@ def test_primitives_axis_follows_failure_signature(tmp_path):
     # an axis that explains over half the failures gets two of the k candidates, then the others
     p3 = proposers.make_proposer("primitives", DOMAIN)(str(tmp_path / "c"), 3)
     assert [c["axis"] for c in p3][:2] == ["TOP_K", "TOP_K"] and p3[2]["axis"] != "TOP_K"
+
+
+def all_swaps_on(cand):
+    """Every single PRIMITIVES swap on an archived candidate that is not the candidate itself."""
+    return [dict(source=mh.splice(cand["source"], axis, alt), proposer="primitives", parent=cand["name"], axis=axis)
+            for axis, alts in DOMAIN.PRIMITIVES.items() for alt in alts
+            if mh.normalized(mh.splice(cand["source"], axis, alt)) != mh.normalized(cand["source"])]
+
+
+def test_primitives_menu_keeps_proposing_after_every_single_swap(tmp_path):
+    # A synthetic archive in which every single swap on the best was tried: h0's swaps, then the
+    # best's (QUALITY 0.8) swaps. A "Think" prompt loses one example it would win: a near miss.
+    def evaluate(source, examples, tag):
+        ok = [U[i] < constant(source, "QUALITY") for i in range(len(examples))]
+        if "Think" in source and True in ok:
+            ok[ok.index(True)] = False
+        return [record(ex, hit) for ex, hit in zip(examples, ok)]
+    d = str(tmp_path / "arch")
+    batches = [lambda: all_swaps_on(mh.load_archive(d)[0]), lambda: all_swaps_on(mh.paper_best(mh.load_archive(d)))]
+    mh.search_phase(H0, DOMAIN, EXAMPLES, evaluate, ok_validate, lambda a, k: batches.pop(0)(), archive_dir=d,
+                    k=100, should_stop=stop_after(3), log=quiet)
+    arch = mh.load_archive(d)
+    best = mh.paper_best(arch)
+    assert constant(best["source"], "QUALITY") == 0.8
+    singles = {mh.normalized(mh.splice(best["source"], a, alt)) for a, alts in DOMAIN.PRIMITIVES.items() for alt in alts}
+    seen = {mh.normalized(c["source"]) for c in arch}
+    assert singles <= seen | {mh.normalized(best["source"])}  # every single swap on the best is archived
+    prop = proposers.make_proposer("primitives", DOMAIN, rng_seed=4)
+    out = prop(d, 6)
+    assert len(out) == 6 and not prop.exhausted and not prop.errors
+    norms = [mh.normalized(c["source"]) for c in out]
+    assert len(set(norms)) == 6 and not set(norms) & seen  # distinct, never seen
+    by_name = {c["name"]: c for c in arch}
+    for c in out:
+        assert mh.static_check(c["source"]) is None and c["kind"] in ("combine", "retry", "pair")
+        assert c["parents"][0] == c["parent"] and all(p in by_name for p in c["parents"])
+        # the candidate is its first parent with exactly the named axes changed
+        assert set(proposers.changed_axes(by_name[c["parent"]]["source"], c["source"], DOMAIN.PRIMITIVES)) \
+            == set(c["axes"]) and c["axis"] == "+".join(c["axes"])
+    combined = [c for c in out if c["kind"] == "combine" and len(c["axes"]) == 2]
+    assert combined and all(len(c["parents"]) == 3 and c["parents"][0] == best["name"] for c in combined)
+    assert [c["source"] for c in proposers.make_proposer("primitives", DOMAIN, rng_seed=4)(d, 6)] \
+        == [c["source"] for c in out]  # deterministic: the archive on disk is the state
+    # near misses (within two examples of the best, behaving differently) are retried one swap on
+    miss = proposers.near_misses(best, [c for c in arch if c["scores"]], 2 / len(EXAMPLES))
+    assert miss and all("Think" in c["source"] for c in miss)
+    later = list(proposers.later_candidates(DOMAIN, best, [c for c in arch if c["scores"]], list(DOMAIN.PRIMITIVES),
+                                            2 / len(EXAMPLES), H0))
+    assert {x[0] for x in later} == {"combine", "retry", "pair"}
+    assert {x[2][0] for x in later if x[0] == "retry"} == {c["name"] for c in miss}
+
+
+def test_primitives_provenance_is_written(tmp_path):
+    d = str(tmp_path / "arch")
+    mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate,
+                    proposers.make_proposer("primitives", DOMAIN, rng_seed=2), archive_dir=d, k=3,
+                    should_stop=stop_after(9), log=quiet)
+    arch = mh.load_archive(d)
+    summary = {x["cand"]: x for x in mh.read_jsonl(os.path.join(d, "summary.jsonl"))}
+    kinds = set()
+    for c in arch[1:]:
+        meta = json.load(open(os.path.join(c["dir"], "meta.json")))
+        assert meta["kind"] in ("swap", "combine", "retry", "pair") and meta["axes"] and meta["parents"]
+        assert meta["parents"][0] == meta["parent"] and meta["axis"] == "+".join(meta["axes"])
+        assert {k: summary[c["name"]][k] for k in ("kind", "axes", "parents")} == \
+            {k: meta[k] for k in ("kind", "axes", "parents")}
+        kinds.add(meta["kind"])
+    assert kinds >= {"swap", "combine"}  # 8 iterations x 3 outlast the 7 single swaps
+    combo = next(c for c in arch if c["meta"].get("kind") == "combine")  # the report shows how it was made
+    page = report.render_candidate(report.read_candidate(combo["dir"]), {c["name"]: c for c in arch}, "cand_000", [])
+    assert "<b>combine</b>: " + " + ".join(combo["meta"]["axes"]) in re.sub(r" from cand_\d+", "", page)
+    assert all(p in page for p in combo["meta"]["parents"])
 
 
 def test_invalid_candidates_are_archived_and_search_continues(tmp_path):
