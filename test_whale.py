@@ -1470,6 +1470,47 @@ def test_searchqa_h0_and_primitives_splice():
                 assert mod.extract_answer("", "Who painted the Mona Lisa?") is None
 
 
+
+def test_searchqa_primitives_reach_where_designed():
+    """Issue 33's alternatives do what their comments say, on made-up passages (the search tool
+    is a stand-in here: what is under test is the harness code, not retrieval)."""
+    h0 = Path(searchqa.H0).read_text()
+    P = searchqa.PRIMITIVES
+    passage = ("[1] Old Mill: The Old Mill is a watermill on the river. The Old Mill was sold in 1890. "
+               "Its paternity was claimed by the brothers Ivo and Marek Hal. A donation from the banker John D. "
+               "Rockefeller paid for the roof, finished on March 3, 1901.")
+    # evidence selection by rare words: the title's words ("Old Mill") do not decide
+    rare = load_harness(mh.splice(h0, "format_passages", P["format_passages"][2]))
+    assert "Ivo and Marek" in rare.format_passages("Whose paternity of the Old Mill was claimed?", passage)
+    across = load_harness(mh.splice(h0, "format_passages", P["format_passages"][3]))
+    two = across.format_passages("When was the roof finished?", passage + "\n[2] Roof: A roof covers a building.")
+    assert two.splitlines()[0].startswith("[1] Old Mill:") and "March 3, 1901" in two and len(two.splitlines()) == 2
+    # a reply repeating a worked example's answer is no answer; the question's words are trimmed
+    ex = load_harness(mh.splice(h0, "extract_answer", P["extract_answer"][3]))
+    assert ex.extract_answer("<answer>2.1 million</answer>", "How many live here?") is None
+    assert ex.extract_answer("<answer>the Old Mill brothers</answer>", "Who owned the Old Mill?") == "brothers"
+    tools = types.SimpleNamespace(search=lambda query, k=1, max_chars=200: passage)
+    for alt in P["run"]:
+        mod = load_harness(mh.splice(h0, "run", alt))
+        # a name cut at an initial is completed from the text; a year becomes the whole date
+        assert mod.run({"question": "Who paid for the roof?"}, scripted_llm(then="<answer>John D</answer>"),
+                       tools) == "John D. Rockefeller"
+        assert mod.run({"question": "On what date was the roof finished?"},
+                       scripted_llm(then="<answer>1901</answer>"), tools) == "March 3, 1901"
+    # the first run alternative corrects an answer that is not in the text, once
+    fix = load_harness(mh.splice(h0, "run", P["run"][0]))
+    llm = scripted_llm(["<answer>2.1 million</answer>", "<answer>Ivo</answer>"])
+    assert fix.run({"question": "Who claimed it?"}, llm, tools) == "Ivo" and len(llm.calls) == 2
+    assert "is not in the search result" in llm.calls[1][-1]["content"]
+    llm = scripted_llm(then="<answer>Old Mill</answer>")  # only the question's words, twice: kept
+    assert fix.run({"question": "What is the Old Mill?"}, llm, tools) == "Old Mill" and len(llm.calls) == 2
+    # the new make_query repeats names and numbers; the new EXAMPLES and USER_TEMPLATE fill in
+    mq = load_harness(mh.splice(h0, "make_query", P["make_query"][2]))
+    assert mq.make_query("Who sold the Old Mill in 1890?") == "sold the Old Mill in 1890 Old Mill 1890"
+    for axis in ("EXAMPLES", "USER_TEMPLATE"):
+        mod = load_harness(mh.splice(h0, axis, P[axis][2]))
+        assert "{question}" in mod.USER_TEMPLATE and all(e["answer"] in e["passages"] for e in mod.EXAMPLES)
+
 def test_searchqa_build_reproducible(tmp_path, bigbench_sdist):
     subprocess.run([sys.executable, str(ROOT / "data" / "build_searchqa.py"), "--src", bigbench_sdist, "--out", str(tmp_path)],
                    check=True, capture_output=True)
@@ -1618,6 +1659,18 @@ def test_math_primitives_help_where_designed():
     assert norm.normalize_code("```\nx = 6 * 7\nx\n```") == "x = 6 * 7\nprint(x)"
     norm = load_harness(mh.splice(h0, "normalize_code", M.PRIMITIVES["normalize_code"][1]))
     assert norm.normalize_code("First, total = 6 * 7\ntotal = 6 * 7") == "total = 6 * 7\nprint(total)"
+    # issue 33's code-first and answer-recovery alternatives
+    rec = load_harness(mh.splice(h0, "recover_answer", M.PRIMITIVES["recover_answer"][2]))
+    assert rec.recover_answer("so \\boxed{x = 1,200 apples}", None) == "1200"
+    assert rec.recover_answer("The answer is 7, not 9", "NameError: name 'x' is not defined") == "7"
+    assert rec.recover_answer("no idea", "") is None
+    out = rec.run({"problem": "What is 6 * 7?"}, scripted_llm(["```python\nprint(6*7)\n```", "Done."]), FakeTools())
+    assert M.verify(ex_of("42"), out, None) == 1.0
+    fb = load_harness(mh.splice(h0, "format_feedback", M.PRIMITIVES["format_feedback"][2]))
+    assert "print(answer)" in fb.format_feedback("NameError: name 'x' is not defined")
+    assert "printed: 42" in fb.format_feedback("42\n") and fb.format_feedback("42\n").endswith("\\boxed{number}.")
+    code_first = load_harness(mh.splice(h0, "USER_TEMPLATE", M.PRIMITIVES["USER_TEMPLATE"][3]))
+    assert code_first.USER_TEMPLATE.format(problem="P").startswith("P\n") and "print(answer)" in code_first.USER_TEMPLATE
 
 
 def test_math_skill_names_every_axis():
@@ -1862,6 +1915,16 @@ def test_chess_h0_and_primitives_splice():
     u = m1["answer"]["line"][0]
     lenient = mh.splice(h0, "parse_move", chessdom.PRIMITIVES["parse_move"][0])
     assert _chess_run(lenient, m1, [f"My move is {u[:2]}-{u[2:]}."])[1].solved
+    # issue 33's move-format recovery: a promotion without its piece, a piece and a square, never a guess
+    rec = load_harness(mh.splice(h0, "parse_move", chessdom.PRIMITIVES["parse_move"][2]))
+    legal = ["e7e8q", "e7e8n", "g1f3", "d1h5"]
+    table = types.SimpleNamespace(legal_moves_san=lambda: ["e8=Q+", "e8=N", "Nf3", "Qh5"])
+    assert rec.parse_move("<move>e7e8", legal, table) == "e7e8q"
+    assert rec.parse_move("I move the queen to h5", legal, table) == "d1h5"
+    assert rec.parse_move("Knight f3!", legal, table) == "g1f3"
+    assert rec.parse_move("pawn e8", legal, table) is None  # two pawn moves to e8: no guess
+    retry = load_harness(mh.splice(h0, "format_retry", chessdom.PRIMITIVES["format_retry"][2]))
+    assert "d1h5" in retry.format_retry("d1h6", legal) and "g1f3" not in retry.format_retry("d1h6", legal)
 
 
 def test_chess_h0_in_sandbox():
