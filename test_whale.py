@@ -2292,7 +2292,7 @@ def test_primitives_menu_keeps_proposing_after_every_single_swap(tmp_path):
     assert {x[2][0] for x in later if x[0] == "retry"} == {c["name"] for c in miss}
 
 
-def test_primitives_provenance_is_written(tmp_path):
+def test_primitives_menu_provenance_is_written(tmp_path):
     d = str(tmp_path / "arch")
     mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate,
                     proposers.make_proposer("primitives", DOMAIN, rng_seed=2), archive_dir=d, k=3,
