@@ -31,7 +31,8 @@ reference answers, never the test split):
   cand_NNN/harness.py    the source as proposed (even if broken)
            meta.json     iteration, proposer, parent, axis, note, format (file | edit), finish
                          (why the LLM stopped), reject (a reason the proposer already knew,
-                         e.g. a reply cut at the length limit); written at proposal time
+                         e.g. a reply cut at the length limit), and for primitives its
+                         provenance: kind, axes, parents; written at proposal time
            scores.json   success, mean turns/tokens, n, per-example scores in the FIXED example
                          order (example_ids), status counts, proposer, parent, axis, note, cost
            traces.jsonl  every rollout record of the evaluation (token id lists dropped)
@@ -535,6 +536,12 @@ def candidate_rollouts(archive_dir, cand):
     return (line.get("cost") or {}).get("rollouts", 0)
 
 
+# How the primitives proposer made a candidate (kept in meta.json and summary.jsonl, shown by the
+# report): kind = swap | combine | retry | pair, the axes it replaced, the candidates it took them
+# from (the first is the one it was spliced into, also `parent`).
+PROVENANCE = ("kind", "axes", "parents")
+
+
 def _write_candidate(archive_dir, num, cand, iteration, proposal_cost):
     d = os.path.join(archive_dir, cand_name(num))
     os.makedirs(d, exist_ok=True)
@@ -556,7 +563,8 @@ def _write_candidate(archive_dir, num, cand, iteration, proposal_cost):
     _write_json(os.path.join(d, "meta.json"), dict(
         iteration=iteration, proposer=str(cand.get("proposer", "?")), parent=cand.get("parent"),
         axis=cand.get("axis"), note=valid_text(str(cand.get("note", ""))[:2000], replace=True),
-        format=cand.get("format"), finish=cand.get("finish"), reject=reject, proposal_cost=proposal_cost))
+        format=cand.get("format"), finish=cand.get("finish"), reject=reject, proposal_cost=proposal_cost,
+        **{key: cand[key] for key in PROVENANCE if cand.get(key) is not None}))
 
 
 def hypothesis(source):
@@ -572,7 +580,8 @@ def _summary_line(c):
     m, s = c["meta"], c["scores"]
     line = dict(cand=c["name"], iteration=m.get("iteration"), proposer=m.get("proposer"),
                 parent=m.get("parent"), axis=m.get("axis"), format=m.get("format"), note=m.get("note"),
-                hypothesis=hypothesis(c["source"]))
+                hypothesis=hypothesis(c["source"]),
+                **{key: m[key] for key in PROVENANCE if m.get(key) is not None})
     if s:
         line.update(status="ok", success=s["success"], mean_turns=s["mean_turns"],
                     mean_tokens=s["mean_tokens"], n=s["n"], status_counts=s["status_counts"],

@@ -7,7 +7,10 @@ wrong in the last call) and, for primitives, .exhausted (nothing left to propose
               every proposer's parent) with ONE axis (a top-level name) replaced by
               one of domain.PRIMITIVES' alternatives, spliced in by name with `ast`; the axis is
               chosen from the failure signatures of that candidate's failed traces (the
-              domain's failure_signature(record) names them where the domain defines one);
+              domain's failure_signature(record) names them where the domain defines one). When those
+              single swaps are used up it combines axes that helped in other top candidates,
+              retries near misses one swap further and pairs alternatives, so it keeps proposing
+              until the budget is spent; each candidate says how it was made (kind, axes, parents);
   self        the policy model writes candidates from an archive digest (llm_text callable);
   openai      the same prompt to any OpenAI-compatible /chat/completions endpoint (urllib);
   command     an external coding agent (Claude Code's `claude -p`, Codex's `codex exec`, ...)
@@ -66,6 +69,7 @@ from sandbox import valid_text
 MAX_CANDIDATE_BYTES = 200_000  # a harness file is ~3-5 kB; anything this big is not one
 KEEP_BYTES = 1 << 20           # archive files up to this size are restorable after an agent call
 DIGEST_CHARS = 16000           # default budget of the LLM proposers' archive view
+TOP_DONORS = 8                 # primitives: how many top candidates may give an axis to a combination
 
 # -----------------------------------------------------------------------------
 # Proposer: primitives (offline, deterministic)
@@ -150,6 +154,100 @@ def rank_axes(axes, signatures, tried, rng):
     return sorted(axes, key=lambda a: (-axis_weight(a, signatures) / (1 + tried[a]), tried[a], rng.random()))
 
 
+def definition(source, name):
+    """The source lines of the top-level definition of `name` (what splice puts in)."""
+    start, end = mh.top_level_names(source)[name]
+    return "\n".join(source.split("\n")[start - 1:end]) + "\n"
+
+
+def changed_axes(parent_src, src, axes):
+    """The axes whose definitions differ between two sources (compared as ASTs, so comments,
+    layout and docstrings do not count)."""
+    try:
+        a, b = mh.top_level_names(parent_src), mh.top_level_names(src)
+    except (SyntaxError, ValueError):
+        return []
+    return [x for x in axes if x in a and x in b
+            and mh.normalized(definition(parent_src, x)) != mh.normalized(definition(src, x))]
+
+
+def grafts_that_helped(best, scored, axes, seed_source, top=TOP_DONORS):
+    """(gain, axis, definition, donor) for every axis a top candidate changed against its own
+    parent without losing to it (gain >= 0), on the axes the best still has at their seed value
+    (an axis the best already changed is its own choice, made on a larger gain or none): what
+    worked elsewhere and the best does not have yet. Largest gain first."""
+    by_name = {c["name"]: c for c in scored}
+    open_axes = set(axes) - set(changed_axes(seed_source, best["source"], axes))
+    out, keys = [], set()
+    for donor in sorted(scored, key=mh.rank_key)[:top]:
+        parent = by_name.get(donor["meta"].get("parent"))
+        if parent is None or donor["name"] == best["name"]:
+            continue
+        gain = donor["scores"]["success"] - parent["scores"]["success"]
+        if gain < 0:
+            continue
+        for axis in changed_axes(parent["source"], donor["source"], axes):
+            d = definition(donor["source"], axis)
+            key = (axis, mh.normalized(d))
+            if axis in open_axes and key not in keys:
+                keys.add(key)
+                out.append((gain, axis, d, donor["name"]))
+    return sorted(out, key=lambda g: -g[0])  # stable: ties keep the donors' rank order
+
+
+def near_misses(best, scored, margin):
+    """Candidates within `margin` of the best that behave differently from it (some example
+    scored differently: a clone of the best would only repeat its swaps), best first."""
+    b = best["scores"]
+    return [c for c in sorted(scored, key=mh.rank_key) if c["name"] != best["name"]
+            and c["scores"]["success"] >= b["success"] - margin
+            and c["scores"].get("per_example") != b.get("per_example")]
+
+
+def _splice_all(source, changes):
+    for axis, d in changes:
+        source = mh.splice(source, axis, d)
+    return source
+
+
+def later_candidates(domain, best, scored, order, margin, seed_source):
+    """What comes after the single swaps on the best run out, lazily and in this order:
+      combine  the best + definitions that helped in other top candidates, on axes the best has
+               not changed: one of each axis at once, then one graft, then two from different
+               axes, largest gains first (a candidate = axes from several parents);
+      retry    near misses (within `margin` of the best, behaving differently) as parents of
+               single swaps: a path that ended just short of the best may pass it one step on;
+      pair     two of the domain's alternatives at once on the best, axes in rank order.
+    Yields (kind, [(axis, definition), ...], parents, base source, how); the caller splices
+    and drops anything already archived, so a spliced duplicate costs nothing."""
+    grafts = grafts_that_helped(best, scored, order, seed_source)
+    first_per_axis = {}
+    for g in grafts:  # the largest gain per axis
+        first_per_axis.setdefault(g[1], g)
+    if len(first_per_axis) > 2:
+        every = list(first_per_axis.values())
+        yield ("combine", [(g[1], g[2]) for g in every], [best["name"]] + [g[3] for g in every],
+               best["source"], "every axis that helped, at once")
+    for g in grafts:
+        yield "combine", [(g[1], g[2])], [best["name"], g[3]], best["source"], f"gain {g[0]:+.3f} in {g[3]}"
+    pairs = [(g, h) for i, g in enumerate(grafts) for h in grafts[i + 1:] if g[1] != h[1]]
+    for g, h in sorted(pairs, key=lambda gh: -(gh[0][0] + gh[1][0])):
+        yield ("combine", [(g[1], g[2]), (h[1], h[2])], [best["name"], g[3], h[3]], best["source"],
+               f"gains {g[0]:+.3f} in {g[3]}, {h[0]:+.3f} in {h[3]}")
+    for miss in near_misses(best, scored, margin):
+        for axis in order:
+            for j, alt in enumerate(domain.PRIMITIVES[axis]):
+                yield ("retry", [(axis, alt)], [miss["name"]], miss["source"],
+                       f"near miss {miss['name']} ({miss['scores']['success']:.3f} vs best "
+                       f"{best['scores']['success']:.3f}), alternative {j + 1}")
+    for i, a in enumerate(order):
+        for b in order[i + 1:]:
+            for j, alt_a in enumerate(domain.PRIMITIVES[a]):
+                for m, alt_b in enumerate(domain.PRIMITIVES[b]):
+                    yield ("pair", [(a, alt_a), (b, alt_b)], [best["name"]], best["source"],
+                           f"alternatives {j + 1} and {m + 1}")
+
+
 def _primitives_proposer(domain, rng_seed):
     def propose(archive_dir, k):
         propose.errors, propose.exhausted = [], False
@@ -185,9 +283,11 @@ def _primitives_proposer(domain, rng_seed):
         # its second alternative comes before the other axes' first: one draw of a clearly
         # implicated axis is a poor test of it
         out, order = [], list(queues)
+        rank = list(order)
         top = order[0] if order else None
         if top and not tried[top] and 2 * axis_weight(top, signatures) > sum(signatures.values()):
             order.insert(1, top)
+        hint = ", ".join(f"{s} x{n}" for s, n in signatures.most_common()) or "none"
         while len(out) < k and any(queues.values()):
             for axis in order:
                 q = queues[axis]
@@ -196,14 +296,36 @@ def _primitives_proposer(domain, rng_seed):
                     if mh.normalized(src) in seen:  # never repeat an archived source
                         continue
                     seen.add(mh.normalized(src))
-                    hint = ", ".join(f"{s} x{n}" for s, n in signatures.most_common()) or "none"
                     out.append(dict(source=src, proposer="primitives", parent=parent["name"], axis=axis,
+                                    kind="swap", axes=[axis], parents=[parent["name"]],
                                     note=f"{axis}: alternative {j + 1}/{len(domain.PRIMITIVES[axis])} "
                                          f"on {parent['name']} (failures of the parent: {hint})"))
                     break
             order = list(queues)  # later rounds: one more per axis, in rank order
+        # The single swaps on the best are used up: combine, retry near misses, pair (issue 33:
+        # a menu that runs dry ends a harness-only run with budget left).
+        if len(out) < k:
+            scored = [c for c in archive if c["scores"]]
+            margin = 2.0 / max(1, parent["scores"].get("n") or 1)  # two examples' worth
+            seed = next((c["source"] for c in archive if c["num"] == 0), parent["source"])
+            for kind, changes, parents, base, how in later_candidates(domain, parent, scored, rank, margin, seed):
+                try:
+                    src = _splice_all(base, changes)
+                except (ValueError, KeyError, SyntaxError):
+                    continue  # an axis the base does not define: not a candidate
+                if mh.normalized(src) in seen:
+                    continue
+                seen.add(mh.normalized(src))
+                names = [a for a, _ in changes]
+                out.append(dict(source=src, proposer="primitives", parent=parents[0], axis="+".join(names),
+                                kind=kind, axes=names, parents=parents,
+                                note=f"{kind}: {' + '.join(names)} on {parents[0]}"
+                                     f"{' from ' + ', '.join(parents[1:]) if parents[1:] else ''} ({how})"))
+                if len(out) >= k:
+                    break
         if not out:
-            propose.errors.append("primitives: every alternative of every allowed axis is in the archive")
+            propose.errors.append("primitives: every alternative of every allowed axis is in the archive, "
+                                  "alone, combined and on the near misses")
         # The search ends at once on an exhausted menu: the same archive gives the same nothing.
         propose.exhausted = not out
         return out

@@ -1623,6 +1623,47 @@ def test_searchqa_h0_and_primitives_splice():
                 assert mod.extract_answer("", "Who painted the Mona Lisa?") is None
 
 
+
+def test_searchqa_primitives_reach_where_designed():
+    """Issue 33's alternatives do what their comments say, on made-up passages (the search tool
+    is a stand-in here: what is under test is the harness code, not retrieval)."""
+    h0 = Path(searchqa.H0).read_text()
+    P = searchqa.PRIMITIVES
+    passage = ("[1] Old Mill: The Old Mill is a watermill on the river. The Old Mill was sold in 1890. "
+               "Its paternity was claimed by the brothers Ivo and Marek Hal. A donation from the banker John D. "
+               "Rockefeller paid for the roof, finished on March 3, 1901.")
+    # evidence selection by rare words: the title's words ("Old Mill") do not decide
+    rare = load_harness(mh.splice(h0, "format_passages", P["format_passages"][2]))
+    assert "Ivo and Marek" in rare.format_passages("Whose paternity of the Old Mill was claimed?", passage)
+    across = load_harness(mh.splice(h0, "format_passages", P["format_passages"][3]))
+    two = across.format_passages("When was the roof finished?", passage + "\n[2] Roof: A roof covers a building.")
+    assert two.splitlines()[0].startswith("[1] Old Mill:") and "March 3, 1901" in two and len(two.splitlines()) == 2
+    # a reply repeating a worked example's answer is no answer; the question's words are trimmed
+    ex = load_harness(mh.splice(h0, "extract_answer", P["extract_answer"][3]))
+    assert ex.extract_answer("<answer>2.1 million</answer>", "How many live here?") is None
+    assert ex.extract_answer("<answer>the Old Mill brothers</answer>", "Who owned the Old Mill?") == "brothers"
+    tools = types.SimpleNamespace(search=lambda query, k=1, max_chars=200: passage)
+    for alt in P["run"]:
+        mod = load_harness(mh.splice(h0, "run", alt))
+        # a name cut at an initial is completed from the text; a year becomes the whole date
+        assert mod.run({"question": "Who paid for the roof?"}, scripted_llm(then="<answer>John D</answer>"),
+                       tools) == "John D. Rockefeller"
+        assert mod.run({"question": "On what date was the roof finished?"},
+                       scripted_llm(then="<answer>1901</answer>"), tools) == "March 3, 1901"
+    # the first run alternative corrects an answer that is not in the text, once
+    fix = load_harness(mh.splice(h0, "run", P["run"][0]))
+    llm = scripted_llm(["<answer>2.1 million</answer>", "<answer>Ivo</answer>"])
+    assert fix.run({"question": "Who claimed it?"}, llm, tools) == "Ivo" and len(llm.calls) == 2
+    assert "is not in the search result" in llm.calls[1][-1]["content"]
+    llm = scripted_llm(then="<answer>Old Mill</answer>")  # only the question's words, twice: kept
+    assert fix.run({"question": "What is the Old Mill?"}, llm, tools) == "Old Mill" and len(llm.calls) == 2
+    # the new make_query repeats names and numbers; the new EXAMPLES and USER_TEMPLATE fill in
+    mq = load_harness(mh.splice(h0, "make_query", P["make_query"][2]))
+    assert mq.make_query("Who sold the Old Mill in 1890?") == "sold the Old Mill in 1890 Old Mill 1890"
+    for axis in ("EXAMPLES", "USER_TEMPLATE"):
+        mod = load_harness(mh.splice(h0, axis, P[axis][2]))
+        assert "{question}" in mod.USER_TEMPLATE and all(e["answer"] in e["passages"] for e in mod.EXAMPLES)
+
 @pytest.mark.slow
 def test_searchqa_build_reproducible(tmp_path, bigbench_sdist):
     subprocess.run([sys.executable, str(ROOT / "data" / "build_searchqa.py"), "--src", bigbench_sdist, "--out", str(tmp_path)],
@@ -1772,6 +1813,18 @@ def test_math_primitives_help_where_designed():
     assert norm.normalize_code("```\nx = 6 * 7\nx\n```") == "x = 6 * 7\nprint(x)"
     norm = load_harness(mh.splice(h0, "normalize_code", M.PRIMITIVES["normalize_code"][1]))
     assert norm.normalize_code("First, total = 6 * 7\ntotal = 6 * 7") == "total = 6 * 7\nprint(total)"
+    # issue 33's code-first and answer-recovery alternatives
+    rec = load_harness(mh.splice(h0, "recover_answer", M.PRIMITIVES["recover_answer"][2]))
+    assert rec.recover_answer("so \\boxed{x = 1,200 apples}", None) == "1200"
+    assert rec.recover_answer("The answer is 7, not 9", "NameError: name 'x' is not defined") == "7"
+    assert rec.recover_answer("no idea", "") is None
+    out = rec.run({"problem": "What is 6 * 7?"}, scripted_llm(["```python\nprint(6*7)\n```", "Done."]), FakeTools())
+    assert M.verify(ex_of("42"), out, None) == 1.0
+    fb = load_harness(mh.splice(h0, "format_feedback", M.PRIMITIVES["format_feedback"][2]))
+    assert "print(answer)" in fb.format_feedback("NameError: name 'x' is not defined")
+    assert "printed: 42" in fb.format_feedback("42\n") and fb.format_feedback("42\n").endswith("\\boxed{number}.")
+    code_first = load_harness(mh.splice(h0, "USER_TEMPLATE", M.PRIMITIVES["USER_TEMPLATE"][3]))
+    assert code_first.USER_TEMPLATE.format(problem="P").startswith("P\n") and "print(answer)" in code_first.USER_TEMPLATE
 
 
 def test_math_skill_names_every_axis():
@@ -2018,6 +2071,16 @@ def test_chess_h0_and_primitives_splice():
     u = m1["answer"]["line"][0]
     lenient = mh.splice(h0, "parse_move", chessdom.PRIMITIVES["parse_move"][0])
     assert _chess_run(lenient, m1, [f"My move is {u[:2]}-{u[2:]}."])[1].solved
+    # issue 33's move-format recovery: a promotion without its piece, a piece and a square, never a guess
+    rec = load_harness(mh.splice(h0, "parse_move", chessdom.PRIMITIVES["parse_move"][2]))
+    legal = ["e7e8q", "e7e8n", "g1f3", "d1h5"]
+    table = types.SimpleNamespace(legal_moves_san=lambda: ["e8=Q+", "e8=N", "Nf3", "Qh5"])
+    assert rec.parse_move("<move>e7e8", legal, table) == "e7e8q"
+    assert rec.parse_move("I move the queen to h5", legal, table) == "d1h5"
+    assert rec.parse_move("Knight f3!", legal, table) == "g1f3"
+    assert rec.parse_move("pawn e8", legal, table) is None  # two pawn moves to e8: no guess
+    retry = load_harness(mh.splice(h0, "format_retry", chessdom.PRIMITIVES["format_retry"][2]))
+    assert "d1h5" in retry.format_retry("d1h6", legal) and "g1f3" not in retry.format_retry("d1h6", legal)
 
 
 @pytest.mark.slow
@@ -2392,13 +2455,15 @@ def test_search_archives_everything_and_primitives_never_repeats(tmp_path):
     d = str(tmp_path / "arch")
     prop = proposers.make_proposer("primitives", DOMAIN, rng_seed=1)
     res = mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate, prop, archive_dir=d, k=3,
-                          should_stop=stop_after(8), log=quiet)
+                          should_stop=lambda history: False, log=quiet)
     arch = mh.load_archive(d)
     norms = [mh.normalized(c["source"]) for c in arch]
     assert len(norms) == len(set(norms)) > 7               # no archived source proposed twice
     assert not any(c["invalid"] for c in arch)
-    # the menu runs out before 8 iterations: the phase ends at once, with the reason recorded
-    assert res["iterations"] == len(res["history"]) < 8 and "exhausted" in res["stop_reason"]
+    # past the single swaps it combines, retries and pairs; when even those are spent the phase
+    # ends at once, with the reason recorded
+    assert {c["meta"]["kind"] for c in arch[1:]} >= {"swap", "combine", "pair"}
+    assert "exhausted" in res["stop_reason"] and res["iterations"] == len(res["history"])
     assert constant(res["incumbent_source"], "QUALITY") == 0.8
     s = json.load(open(os.path.join(d, "cand_000", "scores.json")))
     assert s["example_ids"] == [e["id"] for e in EXAMPLES] and len(s["per_example"]) == 40
@@ -2465,6 +2530,79 @@ def test_primitives_axis_follows_the_domains_failure_signature(tmp_path):
         return proposers.make_proposer("primitives", domain)(str(d), 1)[0]["axis"]
     assert first_axis(tmp_path / "own", template) == "extract_answer"
     assert first_axis(tmp_path / "default", without) in template.PROMPT_AXES
+
+
+def all_swaps_on(cand):
+    """Every single PRIMITIVES swap on an archived candidate that is not the candidate itself."""
+    return [dict(source=mh.splice(cand["source"], axis, alt), proposer="primitives", parent=cand["name"], axis=axis)
+            for axis, alts in DOMAIN.PRIMITIVES.items() for alt in alts
+            if mh.normalized(mh.splice(cand["source"], axis, alt)) != mh.normalized(cand["source"])]
+
+
+def test_primitives_menu_keeps_proposing_after_every_single_swap(tmp_path):
+    # A synthetic archive in which every single swap on the best was tried: h0's swaps, then the
+    # best's (QUALITY 0.8) swaps. A "Think" prompt loses one example it would win: a near miss.
+    def evaluate(source, examples, tag):
+        ok = [U[i] < constant(source, "QUALITY") for i in range(len(examples))]
+        if "Think" in source and True in ok:
+            ok[ok.index(True)] = False
+        return [record(ex, hit) for ex, hit in zip(examples, ok)]
+    d = str(tmp_path / "arch")
+    batches = [lambda: all_swaps_on(mh.load_archive(d)[0]), lambda: all_swaps_on(mh.paper_choice(mh.load_archive(d)))]
+    mh.search_phase(H0, DOMAIN, EXAMPLES, evaluate, ok_validate, lambda a, k: batches.pop(0)(), archive_dir=d,
+                    k=100, should_stop=stop_after(3), log=quiet)
+    arch = mh.load_archive(d)
+    best = mh.paper_choice(arch)
+    assert constant(best["source"], "QUALITY") == 0.8
+    singles = {mh.normalized(mh.splice(best["source"], a, alt)) for a, alts in DOMAIN.PRIMITIVES.items() for alt in alts}
+    seen = {mh.normalized(c["source"]) for c in arch}
+    assert singles <= seen | {mh.normalized(best["source"])}  # every single swap on the best is archived
+    prop = proposers.make_proposer("primitives", DOMAIN, rng_seed=4)
+    out = prop(d, 6)
+    assert len(out) == 6 and not prop.exhausted and not prop.errors
+    norms = [mh.normalized(c["source"]) for c in out]
+    assert len(set(norms)) == 6 and not set(norms) & seen  # distinct, never seen
+    by_name = {c["name"]: c for c in arch}
+    for c in out:
+        assert mh.static_check(c["source"]) is None and c["kind"] in ("combine", "retry", "pair")
+        assert c["parents"][0] == c["parent"] and all(p in by_name for p in c["parents"])
+        # the candidate is its first parent with exactly the named axes changed
+        assert set(proposers.changed_axes(by_name[c["parent"]]["source"], c["source"], DOMAIN.PRIMITIVES)) \
+            == set(c["axes"]) and c["axis"] == "+".join(c["axes"])
+    combined = [c for c in out if c["kind"] == "combine" and len(c["axes"]) == 2]
+    assert combined and all(len(c["parents"]) == 3 and c["parents"][0] == best["name"] for c in combined)
+    assert [c["source"] for c in proposers.make_proposer("primitives", DOMAIN, rng_seed=4)(d, 6)] \
+        == [c["source"] for c in out]  # deterministic: the archive on disk is the state
+    # near misses (within two examples of the best, behaving differently) are retried one swap on
+    miss = proposers.near_misses(best, [c for c in arch if c["scores"]], 2 / len(EXAMPLES))
+    assert miss and all("Think" in c["source"] for c in miss)
+    later = list(proposers.later_candidates(DOMAIN, best, [c for c in arch if c["scores"]], list(DOMAIN.PRIMITIVES),
+                                            2 / len(EXAMPLES), H0))
+    assert {x[0] for x in later} == {"combine", "retry", "pair"}
+    assert {x[2][0] for x in later if x[0] == "retry"} == {c["name"] for c in miss}
+
+
+def test_primitives_menu_provenance_is_written(tmp_path):
+    d = str(tmp_path / "arch")
+    mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate,
+                    proposers.make_proposer("primitives", DOMAIN, rng_seed=2), archive_dir=d, k=3,
+                    should_stop=stop_after(9), log=quiet)
+    arch = mh.load_archive(d)
+    summary = {x["cand"]: x for x in mh.read_jsonl(os.path.join(d, "summary.jsonl"))}
+    kinds = set()
+    for c in arch[1:]:
+        meta = json.load(open(os.path.join(c["dir"], "meta.json")))
+        assert meta["kind"] in ("swap", "combine", "retry", "pair") and meta["axes"] and meta["parents"]
+        assert meta["parents"][0] == meta["parent"] and meta["axis"] == "+".join(meta["axes"])
+        assert {k: summary[c["name"]][k] for k in ("kind", "axes", "parents")} == \
+            {k: meta[k] for k in ("kind", "axes", "parents")}
+        kinds.add(meta["kind"])
+    assert kinds >= {"swap", "combine"}  # 8 iterations x 3 outlast the 7 single swaps
+    combo = next(c for c in arch if c["meta"].get("kind") == "combine")  # the report shows how it was made
+    page = report.render_candidate(report.read_candidate(combo["dir"]), {c["name"]: c for c in arch}, "cand_000", [])
+    assert "<b>combine</b>: " + " + ".join(combo["meta"]["axes"]) in re.sub(r" from cand_\d+", "", page)
+    assert all(p in page for p in combo["meta"]["parents"])
+
 
 def test_invalid_candidates_are_archived_and_search_continues(tmp_path):
     good = mh.splice(H0, "QUALITY", "QUALITY = 0.9")

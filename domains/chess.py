@@ -229,6 +229,34 @@ PRIMITIVES = {
             return table[san]
     return None
 ''',
+        '''def parse_move(text, legal, tools):
+    """Move-format recovery: UCI with or without separators; a promotion written without its
+    piece (e7e8 -> e7e8q); SAN; or a piece and a target square ('Qh7', 'queen to h7',
+    'knight f7') when exactly one legal move matches it. Never a guess: no match, no move."""
+    low = re.sub(r"([a-h][1-8])\\s*[-x ]\\s*([a-h][1-8])", r"\\1\\2", text.lower())
+    tag = re.search(r"<move>\\s*([^<\\n]*)", low)
+    scope = tag.group(1) if tag else low
+    for u in re.findall(r"\\b([a-h][1-8][a-h][1-8][qrbn]?)\\b", scope)[::-1]:
+        if u in legal:
+            return u
+        if u + "q" in legal:
+            return u + "q"
+    san = {s.rstrip("+#"): u for u, s in zip(legal, tools.legal_moves_san())}
+    words = (tag.group(1) if tag else text).replace("0-0", "O-O").split()
+    for word in reversed(words):
+        w = word.strip(".,!?:;()<>/").rstrip("+#")
+        if w in san:
+            return san[w]
+    names = {"king": "K", "queen": "Q", "rook": "R", "bishop": "B", "knight": "N", "pawn": ""}
+    found = re.findall(r"\\b(king|queen|rook|bishop|knight|pawn|[KQRBN])\\b[^a-h\\n]{0,12}([a-h][1-8])", text, re.I)
+    for piece, square in reversed(found):
+        letter = names.get(piece.lower(), piece.upper() if len(piece) == 1 else "")
+        hits = [u for u, s in zip(legal, tools.legal_moves_san())
+                if u[2:4] == square.lower() and (s[0] == letter if letter else s[0].islower())]
+        if len(hits) == 1:
+            return hits[0]
+    return None
+''',
     ],
     "format_retry": [
         '''def format_retry(move, legal):
@@ -241,6 +269,16 @@ PRIMITIVES = {
     """Short and strict, with the exact format repeated."""
     problem = "no move found" if move is None else f"illegal move {move}"
     return f"Error: {problem}. Answer with only <move>XXXX</move> where XXXX is one of the legal moves."
+''',
+        '''def format_retry(move, legal):
+    """Move-format recovery by example: an illegal move gets the legal moves of the same piece
+    (same from-square) or onto the same square, a missing move a reminder of the exact form."""
+    if move is None:
+        return ("No move found. Reply with exactly one legal move, copied from the list, like "
+                f"<move>{legal[0]}</move>.")
+    near = [u for u in legal if u[:2] == move[:2] or u[2:4] == move[2:4]]
+    return (f"{move} is not legal here. " + (f"Legal moves of that piece or to that square: {' '.join(near)}. "
+            if near else "") + "Reply with one move from the legal list inside <move></move>.")
 ''',
     ],
     "MAX_RETRIES": ["MAX_RETRIES = 0", "MAX_RETRIES = 3"],

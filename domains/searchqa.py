@@ -142,6 +142,11 @@ def verify(example, answer, state=None):
 # defines exactly that name, spliced into the current harness in place of the old definition.
 # Written for a 135M model: short spans copied from the text, forgiving answer parsing,
 # more of the passage in view. Functions import what they use, so they splice into any harness.
+# Issue 33 added alternatives that reach further (evidence chosen by the question's rare words,
+# across passages; whole passages, several; names and numbers weighted in the query; examples
+# whose answer is not a question word; answers repaired against the evidence in `run`), each
+# written from failures in the harness-split traces of results/runs/cpu-long's harness-only
+# archives (quoted in their comments), never from val or test.
 # Measured with SmolLM2-135M-Instruct on 48 harness questions, greedy: h0 0/48; h0 with
 # SYSTEM_PROMPT[0], USER_TEMPLATE[0], EXAMPLES[0], RETRIEVAL[0], format_passages[0] and
 # extract_answer[1] 7/48. Sampled at temperature 1.0 every variant tried got at most 1/48.
@@ -162,6 +167,13 @@ PRIMITIVES = {
         '                 "Search result:\\n{passages}\\n\\n"\n'
         '                 "Copy the words from the search result that answer the question. "\n'
         '                 "Reply as <answer>words</answer>.")\n',
+        # evidence first, then the question twice as short as possible: the traces' answers are
+        # often the question's own words, so the question comes last, right before the answer
+        '''USER_TEMPLATE = ("Text:\\n{passages}\\n\\n"
+                 "Question: {question}\\n"
+                 "The answer is a few words of the text that are not in the question. "
+                 "Copy them inside <answer></answer>.")
+''',
     ],
     "EXAMPLES": [
         # more worked examples, of different answer types (a number, a name, a place)
@@ -188,6 +200,19 @@ PRIMITIVES = {
         '                  "mountaineers.",\n'
         '         answer="2020"),\n'
         ']\n',
+        # the answer is never a word of the question, and a date is copied whole: the traces show
+        # a 135M reader answering with the question's own subject and cutting dates to the year
+        '''EXAMPLES = [
+    dict(question="Who designed the bridge over the bay?",
+         passages="[1] Harbour bridge: The bridge over the bay was designed by the engineer Anna Berg "
+                  "and built by a local company.",
+         answer="Anna Berg"),
+    dict(question="On what date did the bridge open?",
+         passages="[1] Harbour bridge: After four years of work the bridge opened on May 12, 1937, "
+                  "with a parade across its deck.",
+         answer="May 12, 1937"),
+]
+''',
     ],
     "make_query": [
         # drop question words and filler: BM25 only needs the content words
@@ -206,11 +231,25 @@ PRIMITIVES = {
         '    words = [w for w in re.findall(r"[\\w\'-]+", question) if w.lower() not in filler]\n'
         '    numbers = [w for w in words if w[0].isdigit()]\n'
         '    return " ".join(words + numbers) or question\n',
+        # content words, and names and numbers said twice: BM25 weighs repeated terms, and a
+        # capitalised word or a number (a person, a place, a year) is what few passages share
+        '''def make_query(question):
+    import re
+    filler = {"what", "which", "who", "whom", "whose", "when", "where", "why", "how", "did", "does", "do",
+              "is", "was", "were", "are", "many", "much", "name", "called", "kind", "type"}
+    words = [w for w in re.findall(r"[\\w'-]+", question) if w.lower() not in filler]
+    rare = [w for w in words[1:] if w[0].isupper() or w[0].isdigit()]  # the first word is capitalised anyway
+    return " ".join(words + rare) or question
+''',
     ],
     "RETRIEVAL": [
         "RETRIEVAL = dict(k=1, max_chars=1000)  # the whole top passage: most paragraphs are < 1000 chars\n",
         "RETRIEVAL = dict(k=3, max_chars=500)  # three passages: the gold one is in the top 3 more often\n",
         "RETRIEVAL = dict(k=2, max_chars=800)\n",
+        # whole passages, several of them: with a format_passages that keeps only the evidence
+        # sentences, more text to choose from costs the reader nothing
+        "RETRIEVAL = dict(k=3, max_chars=2000)\n",
+        "RETRIEVAL = dict(k=5, max_chars=2000)\n",
     ],
     "NUDGE": [
         'NUDGE = "Answer now with a short phrase copied from the search result, inside <answer></answer>."\n',
@@ -249,6 +288,53 @@ PRIMITIVES = {
         '        i = scores.index(max(scores))\n'
         '        lines.append(f"{head}: " + " ".join(sentences[max(0, i - 1): i + 2]))\n'
         '    return "\\n".join(lines)\n',
+        # evidence selection by the question's RARE words: in the traces the one-sentence choice
+        # above often picks a sentence that shares the article's subject ("Genghis Khan") with the
+        # question but not the word that matters ("paternity"). Words are compared on their first
+        # five letters (paternity ~ paternal), a word weighs less the more sentences hold it, and
+        # a word of the title, which every sentence is about, counts little
+        '''def format_passages(question, passages):
+    import math
+    import re
+    stem = lambda w: w[:5]
+    q = {stem(w) for w in re.findall(r"\\w+", question.lower()) if len(w) > 2} - \\
+        {"what", "which", "when", "where", "whom", "whose", "how", "the", "and", "did", "does", "was", "were"}
+    lines = []
+    for line in passages.splitlines():
+        head, _, text = line.partition(": ")
+        if not text:  # "No results."
+            lines.append(line)
+            continue
+        title = {stem(w) for w in re.findall(r"\\w+", head.lower())}
+        sentences = [x for x in re.split(r"(?<=[.!?])\\s+", text) if x.strip()] or [text]
+        bags = [{stem(w) for w in re.findall(r"\\w+", x.lower())} for x in sentences]
+        weight = lambda w: math.log((1 + len(bags)) / sum(w in b for b in bags)) + (0.2 if w in title else 1.0)
+        scores = [sum(weight(w) for w in q & b) for b in bags]
+        lines.append(f"{head}: {sentences[scores.index(max(scores))]}")
+    return "\\n".join(lines)
+''',
+        # the same choice across ALL passages: the two best sentences of the whole search result,
+        # in score order, so k > 1 widens the net without lengthening what the model reads
+        '''def format_passages(question, passages):
+    import math
+    import re
+    stem = lambda w: w[:5]
+    q = {stem(w) for w in re.findall(r"\\w+", question.lower()) if len(w) > 2} - \\
+        {"what", "which", "when", "where", "whom", "whose", "how", "the", "and", "did", "does", "was", "were"}
+    found = []
+    for line in passages.splitlines():
+        head, _, text = line.partition(": ")
+        if text:
+            title = head.split("] ", 1)[-1]
+            found += [(title, x) for x in re.split(r"(?<=[.!?])\\s+", text) if x.strip()]
+    if not found:
+        return passages
+    bags = [{stem(w) for w in re.findall(r"\\w+", x.lower())} for _, x in found]
+    weight = lambda w: math.log((1 + len(bags)) / sum(w in b for b in bags)) + 1.0
+    scores = [sum(weight(w) for w in q & b) for b in bags]
+    best = sorted(range(len(found)), key=lambda i: -scores[i])[:2]
+    return "\\n".join(f"[{n + 1}] {found[i][0]}: {found[i][1]}" for n, i in enumerate(best))
+''',
     ],
     "extract_answer": [
         # tagged answer if there is one (closing tag optional), else the first non-empty line;
@@ -287,10 +373,136 @@ PRIMITIVES = {
         '    text = re.sub(r"^(the )?(final )?answer( is)?[:\\s]*", "", text, flags=re.IGNORECASE)\n'
         '    words = re.split(r"\\n|[.;] |, (?:which|who|and|but) ", text)[0].split()\n'
         '    return " ".join(words[:8]).strip(" \\"\',.") or None\n',
+        # as the second, and a reply that repeats a worked example's answer is no answer (the
+        # traces show "2.1 million", the Paris example's answer, given to unrelated questions):
+        # the harness then nudges for another turn instead of returning it
+        '''def extract_answer(reply, question):
+    import re
+    m = re.search(r"<answer>(.*?)(?:</answer>|$)", reply, re.DOTALL)
+    lines = [l.strip() for l in (m.group(1) if m else reply).splitlines() if l.strip()]
+    if not lines:
+        return None
+    answer = re.sub(r"^(the )?(final )?answer( is)?[:\\s]*", "", lines[0], flags=re.IGNORECASE).strip(" .\\"'")
+    if answer.lower() in {str(ex.get("answer", "")).lower() for ex in EXAMPLES}:
+        return None
+    seen = set(re.findall(r"\\w+", question.lower())) | {"the", "a", "an", "is", "was"}
+    words = answer.split()
+    known = lambda w: set(re.findall(r"\\w+", w.lower())) <= seen
+    while words and known(words[0]):
+        words.pop(0)
+    while words and known(words[-1]):
+        words.pop()
+    return " ".join(words).strip(" ,.") or answer or None
+''',
     ],
     "MAX_TURNS": [
         "MAX_TURNS = 1  # one call: cheapest, and a second turn rarely rescues a small model\n",
         "MAX_TURNS = 3\n",
+    ],
+    # The loop itself: h0's turns, then the answer checked against the evidence the model saw
+    # (answer-span repair). In the traces wrong answers are mostly a span the model did not
+    # copy (a number from the worked example, a name cut at an initial: "John D"), the
+    # question's own words, or a year where the text has the whole date.
+    "run": [
+        '''def run(task, llm, tools):
+    """h0's loop, then the answer repaired against the evidence shown: a name cut at an initial
+    is completed from the text, a year becomes the text's whole date when the question asks for
+    a date, and an answer that is not in the text or only repeats the question gets one
+    correction turn (kept only if the new answer is in the text)."""
+    import re
+    question = task["question"]
+    shown = []
+
+    def look_up(query):
+        text = format_passages(question, tools.search(query, **RETRIEVAL))
+        shown.append(text)
+        return text
+
+    def norm(x):
+        return " ".join(re.findall(r"\\w+", x.lower()))
+
+    def repair(answer):
+        evidence = " ".join(line.partition(": ")[2] for text in shown for line in text.splitlines())
+        at = evidence.lower().find(answer.lower())
+        if at >= 0 and re.search(r"(^|\\s)[A-Z]$", answer):  # "John D" -> "John D. Rockefeller"
+            tail = re.match(r"\\.?(?:\\s+[A-Z][\\w'-]*)+", evidence[at + len(answer):])
+            answer = answer + tail.group(0) if tail else answer
+        if re.fullmatch(r"\\d{4}", answer) and re.search(r"\\b(date|day)\\b", question.lower()):
+            month = r"(?:January|February|March|April|May|June|July|August|September|October|November|December)"
+            date = re.search(month + r" \\d{1,2}, " + answer + r"|\\d{1,2} " + month + " " + answer, evidence)
+            answer = date.group(0) if date else answer
+        return answer, evidence
+
+    def doubtful(answer, evidence):
+        words = set(norm(answer).split())
+        return bool(evidence) and (norm(answer) not in norm(evidence) or words <= set(norm(question).split()))
+
+    messages = [{"role": "system", "content": SYSTEM_PROMPT}]
+    for ex in EXAMPLES:
+        messages += [{"role": "user", "content": USER_TEMPLATE.format(question=ex["question"], passages=ex["passages"])},
+                     {"role": "assistant", "content": f"<answer>{ex['answer']}</answer>"}]
+    passages = look_up(make_query(question))
+    messages.append({"role": "user", "content": USER_TEMPLATE.format(question=question, passages=passages)})
+    for _ in range(MAX_TURNS):
+        reply = llm(messages, max_tokens=MAX_TOKENS)
+        answer = extract_answer(reply, question)
+        if answer is not None:
+            answer, evidence = repair(answer)
+            if not doubtful(answer, evidence):
+                return answer
+            why = "is not in the search result" if norm(answer) not in norm(evidence) else "only repeats the question"
+            messages += [{"role": "assistant", "content": reply},
+                         {"role": "user", "content": f"\\"{answer}\\" {why}. Copy the words of the search result "
+                                                     f"that answer: {question} Reply as <answer>words</answer>."}]
+            second = extract_answer(llm(messages, max_tokens=MAX_TOKENS), question)
+            second = repair(second)[0] if second is not None else None
+            return second if second is not None and not doubtful(second, evidence) else answer
+        m = re.search(r"<search>(.*?)</search>", reply, re.DOTALL)
+        result = f"Search result:\\n{look_up(m.group(1).strip())}\\n\\n" if m else ""
+        messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": result + NUDGE}]
+    return None
+''',
+        # the repair alone, without the correction turn: one model call fewer per doubtful answer
+        '''def run(task, llm, tools):
+    """h0's loop; the answer is completed from the evidence shown: a name cut at an initial
+    gets the rest of the name, and a year the text's whole date when the question asks for one."""
+    import re
+    question = task["question"]
+    shown = []
+
+    def look_up(query):
+        text = format_passages(question, tools.search(query, **RETRIEVAL))
+        shown.append(text)
+        return text
+
+    def repair(answer):
+        evidence = " ".join(line.partition(": ")[2] for text in shown for line in text.splitlines())
+        at = evidence.lower().find(answer.lower())
+        if at >= 0 and re.search(r"(^|\\s)[A-Z]$", answer):  # "John D" -> "John D. Rockefeller"
+            tail = re.match(r"\\.?(?:\\s+[A-Z][\\w'-]*)+", evidence[at + len(answer):])
+            answer = answer + tail.group(0) if tail else answer
+        if re.fullmatch(r"\\d{4}", answer) and re.search(r"\\b(date|day)\\b", question.lower()):
+            month = r"(?:January|February|March|April|May|June|July|August|September|October|November|December)"
+            date = re.search(month + r" \\d{1,2}, " + answer + r"|\\d{1,2} " + month + " " + answer, evidence)
+            answer = date.group(0) if date else answer
+        return answer
+
+    messages = [{"role": "system", "content": SYSTEM_PROMPT}]
+    for ex in EXAMPLES:
+        messages += [{"role": "user", "content": USER_TEMPLATE.format(question=ex["question"], passages=ex["passages"])},
+                     {"role": "assistant", "content": f"<answer>{ex['answer']}</answer>"}]
+    passages = look_up(make_query(question))
+    messages.append({"role": "user", "content": USER_TEMPLATE.format(question=question, passages=passages)})
+    for _ in range(MAX_TURNS):
+        reply = llm(messages, max_tokens=MAX_TOKENS)
+        answer = extract_answer(reply, question)
+        if answer is not None:
+            return repair(answer)
+        m = re.search(r"<search>(.*?)</search>", reply, re.DOTALL)
+        result = f"Search result:\\n{look_up(m.group(1).strip())}\\n\\n" if m else ""
+        messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": result + NUDGE}]
+    return None
+''',
     ],
 }
 PROMPT_AXES = {"SYSTEM_PROMPT", "USER_TEMPLATE", "EXAMPLES", "NUDGE"}
@@ -308,7 +520,8 @@ with {question} and {passages}); EXAMPLES (worked examples shown first as earlie
 a list of dict(question, passages, answer)); make_query(question) (query rewriting); RETRIEVAL
 (dict of k and max_chars); format_passages(question, passages) (how the search result is shown);
 NUDGE (the message after tool output or a reply without an answer); extract_answer(reply,
-question) (answer parsing, None = no answer); MAX_TURNS (llm calls per task). The model is
+question) (answer parsing, None = no answer); MAX_TURNS (llm calls per task); run (the loop
+itself: the menu's versions check the answer against the evidence shown). The model is
 small: short contexts, worked examples, copied spans and forgiving parsing help it most.
 Rules: run(task, llm, tools) -> str | None; standard library only; never hard-code answers,
 question text or dataset names; do not try to read files, the network or the verifier.

@@ -13,10 +13,10 @@ The page follows the run's order:
   phase B      per iteration: the paper's choice (the archive's top scorer), the run's
                acceptance test (paired sign test against the incumbent: better / worse
                counts, p, accepted or not), and per candidate its proposer, note,
-               hypothesis (its docstring's first line), validation outcome, search-set
-               score, the same paired test against the incumbent, its change as a
-               highlighted diff against its parent, and two failed and one successful
-               trace (collapsed <details>);
+               hypothesis (its docstring's first line), how the primitives proposer made it
+               (kind, axes, parents), validation outcome, search-set score, the same paired
+               test against the incumbent, its change as a highlighted diff against its
+               parent, and two failed and one successful trace (collapsed <details>);
   final        the harness the run ended with (or holds now, if it is still running), in full.
 
 Everything the page shows comes from the run directory (run_dir.py and meta_harness.py describe
@@ -591,6 +591,8 @@ def render_candidate(c, by_name, incumbent, run_tests):
     rows = [("note", clip(meta.get("note", ""), 1000))]
     if hypothesis(c["source"] or ""):  # the first line of its docstring: what its author expected
         rows.append(("hypothesis", clip(hypothesis(c["source"] or ""), 300)))
+    if meta.get("kind"):  # the primitives proposer's provenance: how the candidate was made
+        rows.append(("made by", render_provenance(meta)))
     if c["invalid"] is not None:
         rows.append(("validation", badge("invalid", "no") + " " + clip(c["invalid"].strip(), 1500)))
     elif s is None:
@@ -603,13 +605,27 @@ def render_candidate(c, by_name, incumbent, run_tests):
                      f"mean tokens {num(s.get('mean_tokens'), 0)}"))
         rows.append(("paired test vs incumbent", render_paired(c, by_name.get(incumbent), run_tests)))
     body = kv_table(rows) + extras(s, CAND_KNOWN) + extras(meta, {"iteration", "proposer", "parent", "axis", "note",
-                                                                  "proposal_cost"})
+                                                                  "proposal_cost", "kind", "axes", "parents"})
     body += render_change(c, by_name)
     if c["reply"]:
         body += f"<details><summary>the proposer's raw reply</summary><pre>{clip(c['reply'], 6000)}</pre></details>"
     if s is not None:
         body += render_traces(c)
     return f'<div class="cand" id="{esc(Path(c["dir"]).parent.name)}-{esc(c["name"])}">{head}{body}</div>'
+
+
+PROVENANCE_KINDS = {"swap": "one alternative swapped in", "combine": "axes that helped in other candidates, combined",
+                    "retry": "a near miss of the best, one swap further", "pair": "two alternatives swapped in at once"}
+
+
+def render_provenance(meta):
+    """kind, axes and parents of a primitives candidate: 'combine: format_passages from cand_004 + ...'."""
+    axes, parents = meta.get("axes") or [], [str(p) for p in meta.get("parents") or []]
+    donors = parents[1:] if meta.get("kind") == "combine" and len(parents) == len(axes) + 1 else []
+    parts = [f"{esc(a)} from {esc(d)}" for a, d in zip(axes, donors)] if donors else [esc(a) for a in axes]
+    base = f" on {esc(parents[0])}" if parents else ""
+    why = PROVENANCE_KINDS.get(meta.get("kind"), "")
+    return f'<b>{esc(meta.get("kind"))}</b>: {" + ".join(parts)}{base}' + (f' <span class=dim>({why})</span>' if why else "")
 
 
 def render_paired(c, inc, run_tests):
