@@ -71,5 +71,7 @@ for domain in $domains; do
     done
   done
 done
-python tools/results.py "results/runs/$preset" --out "results/runs/$preset" --readme README.md "${grid[@]}"
+readme=README.md  # the front page keeps the newest grid's summary; the others' live in results/README.md
+case "$preset" in cpu|cpu-long-search) readme=results/README.md ;; esac
+python tools/results.py "results/runs/$preset" --out "results/runs/$preset" --readme "$readme" "${grid[@]}"
 python tools/report.py "results/runs/$preset"  # index.html, and any report that is missing or stale
