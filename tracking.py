@@ -22,6 +22,9 @@ it has been sent. A resumed run reopens the same tracker run, and the rows it wr
 counted without the "start" rows, the only ones a resume adds. A replayed row keeps the values
 first sent (its wall-clock fields, e.g. sft_seconds, may differ in metrics.jsonl). (A kill in the
 instant between a backend taking a row and tracker.json recording it could repeat that row.)
+W&B's client hands rows to a service process that writes them in blocks: a kill -9 of the run
+can lose the rows logged since its last write (never a point twice); TensorBoard and MLflow
+are on disk before a row counts as sent.
 
 A tracker never stops a run: an exception from a backend is one warning line and that backend is
 off for the rest of this process; metrics.jsonl stays the record results.py and report.py read.
