@@ -24,7 +24,7 @@ Two policies, as in the paper (parse_schedule reads the --schedule spelling):
                after at least 6 iterations, and always at 15.
                The paper's launcher only wires the harness side; we wire both.
 
-Leaves out: budgets (whale.Budget says what the rollout budget buys, and the loop
+Leaves out: budgets (budget.py says what the rollout budget buys, and the loop
 ends a phase when it runs out, so phase A has no cap of its own here), I/O,
 logging, and any validation/test signal: both policies look at training signals
 only, so switching never peeks at held-out data.

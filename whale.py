@@ -9,7 +9,7 @@ parses answers and decides when to stop). WHALE improves both, alternating
                              archive of candidates, scores and traces; the incumbent (the
                              candidate a paired sign test kept) carries on;
 and switch.py decides when to change phase. Every method spends the same budget of target
-rollouts; METHODS below says, as data, what each one does with it.
+rollouts (budget.py says what it buys); METHODS below says, as data, what each one does with it.
 
     python whale.py --domain searchqa                  # WHALE on the embedded model
     python whale.py --domain math --method weight-only
@@ -29,6 +29,7 @@ import types
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from budget import Budget  # what the rollout budget buys: the loop asks it when a phase must end
 from run_setup import UserError, open_run  # every command-line mistake, found before the loop
 
 
@@ -190,58 +191,6 @@ def main(a: Args):
         run.sync()                 # DDP: every rank takes rank 0's state and decisions
     if run.rank == 0:
         finish(run, s)
-
-
-# -----------------------------------------------------------------------------
-# The budget: what every method spends, in one place
-
-@dataclass(frozen=True)
-class Budget:
-    """The run's budget of target rollouts, the same for every method, and what buys what.
-
-    Counted:   an RSFT step costs step_cost = prompts_per_step x group rollouts; a harness
-               candidate costs candidate_cost = search-set examples x harness_n, an iteration
-               up to `candidates` of them (the incoming harness, iteration 0, is one candidate).
-    Reserved:  a harness phase that a weight phase follows leaves one step_cost for it.
-    Not counted: the one-rollout check that a proposed candidate runs at all (validate_run),
-               every evaluation (initial, validation, test subset, final, best-on-val: they
-               measure the agent, the same way for every method), and the proposer's own
-               calls (summary.json counts those apart: proposer_calls, tokens, dollars).
-    What was spent is the state's `rollouts` (Run.spend books it after each step and phase)
-    plus, inside a harness phase, the rollouts its archive records (meta_harness.spent_rollouts)."""
-    total: int           # --budget
-    step_cost: int       # one RSFT step
-    candidate_cost: int  # one harness candidate on the search set
-    candidates: int      # --candidates: per harness iteration
-
-    def iteration_cost(self) -> int:
-        return self.candidates * self.candidate_cost
-
-    def reserve(self, weights_follow: bool) -> int:
-        return self.step_cost if weights_follow else 0
-
-    def step_fits(self, spent: int) -> bool:
-        """Does the budget buy another RSFT step?"""
-        return self.total - spent >= self.step_cost
-
-    def cycle_fits(self, spent: int) -> bool:
-        """Does it buy a harness iteration and a weight step after it (else a weight phase runs to the end)?"""
-        return self.total - spent >= self.iteration_cost() + self.step_cost
-
-    def candidates_affordable(self, spent: int, weights_follow: bool) -> int:
-        """Candidates the next harness iteration may propose: up to `candidates`, fewer at the end."""
-        left = self.total - spent - self.reserve(weights_follow)
-        return max(0, min(self.candidates, left // self.candidate_cost))
-
-    def weight_share(self, policy, steps_per_epoch: int) -> float:
-        """The share one fixed WHALE cycle spends on weights (weight steps against the incoming
-        harness plus I-1 iterations); the stagewise baseline spends that share first, then the
-        rest on harness search. An adaptive policy has no fixed length: half and half."""
-        import switch
-        if not isinstance(policy, switch.Fixed):
-            return 0.5
-        a_cost = policy.weight_steps(steps_per_epoch) * self.step_cost
-        return a_cost / (a_cost + self.candidate_cost + (policy.I - 1) * self.iteration_cost())
 
 
 # -----------------------------------------------------------------------------
