@@ -520,7 +520,7 @@ def int8_copy(model):
     touched. Measured on SmolLM2-135M, one loaded core (a 52-token text, next-token
     distributions vs fp32): KL 0.04 nats, argmax kept at 92% of positions; a decode step 2.6x
     (16 rows) to 3.5x (64 rows) faster; building the copy (or re-building it in sync_weights)
-    ~1.5-2 s against minutes of rollouts between two updates. torch's own quantize_dynamic
+    0.6-2.6 s with the machine's load, against minutes of rollouts between two updates. torch's own quantize_dynamic
     was tried first and dropped: it quantizes each input with ONE scale for the whole batch, so
     a row's logits moved by up to 10 with what else was in the batch, and prefill outliers
     cost it KL 1.36, argmax kept at 52%."""
@@ -591,7 +591,7 @@ class HFEngine:
 
     def sync_weights(self):
         """After a weight update: fp32 samples from the trained module itself (nothing to do);
-        int8 re-quantizes its copy from the updated fp32 weights (~1.5-2 s, `int8_copy`)."""
+        int8 re-quantizes its copy from the updated fp32 weights (0.6-2.6 s, `int8_copy`)."""
         if self.precision == "int8":
             self.sampling_model = None  # drop the old copy first: two would sit in memory at once
             self.sampling_model = int8_copy(self.model)
