@@ -32,7 +32,8 @@ Everything in WHALE is rollouts, so this file is where the time goes. It holds
     (`Int8Linear`); training still updates the fp32 `.model`, and `sync_weights()`
     re-quantizes the copy after each update. It changes the sampled tokens (the logits move
     a little, see int8_copy), not the batching, seeds or stops; no int8 training, no int8 KV
-    cache, no int8 embeddings or attention arithmetic;  - `load_engine`: picks HF (default) or vLLM (`vllm_engine.py`, imported only
+    cache, no int8 embeddings or attention arithmetic;
+  - `load_engine`: picks HF (default) or vLLM (`vllm_engine.py`, imported only
     when asked for).
 
 Sampling is reproducible per request, not per batch: each request carries a
@@ -492,9 +493,9 @@ class Int8Linear(torch.nn.Module):
     quantized to int8 per row, i.e. per token, at every call; the int8 x int8 product accumulates
     exactly in int32 (torch._int_mm, the kernel torchao's int8 dynamic quantization runs on), then
     one multiply by both scales gives fp32 back. Per row matters twice (measured, see int8_copy):
-    a row's output never depends on the other rows of the batch, so sampling stays reproducible
-    per request; and one outlier token (the first token's activations are ~100x the rest) does
-    not flatten every other token of a prefill to a few int8 levels."""
+    a row's output never depends on the other rows of the call (round-off elsewhere still can
+    move it: module docstring); and one outlier token (the first token's activations are ~100x
+    the rest) does not flatten every other token of a prefill to a few int8 levels."""
 
     def __init__(self, linear: torch.nn.Linear):
         super().__init__()
@@ -520,10 +521,10 @@ def int8_copy(model):
     touched. Measured on SmolLM2-135M, one loaded core (a 52-token text, next-token
     distributions vs fp32): KL 0.04 nats, argmax kept at 92% of positions; a decode step 2.6x
     (16 rows) to 3.5x (64 rows) faster; building the copy (or re-building it in sync_weights)
-    0.6-2.6 s with the machine's load, against minutes of rollouts between two updates. torch's own quantize_dynamic
-    was tried first and dropped: it quantizes each input with ONE scale for the whole batch, so
-    a row's logits moved by up to 10 with what else was in the batch, and prefill outliers
-    cost it KL 1.36, argmax kept at 52%."""
+    0.6-2.6 s with the machine's load, against minutes of rollouts between two updates.
+    torch's own quantize_dynamic was tried first and dropped: it quantizes each input with ONE
+    scale for the whole batch, so a row's logits moved by up to 10 with what else was in the
+    batch, and prefill outliers cost it KL 1.36, argmax kept at 52%."""
     import copy
     q = copy.deepcopy(model)
     for parent in list(q.modules()):

@@ -58,8 +58,9 @@ class Args:
     engine: str = arg("hf", "sampler: hf (plain PyTorch loop) or vllm")
     device: str = arg("cpu", "cpu or cuda")
     rollout_precision: str = arg("fp32", "fp32 | int8: int8 samples rollouts from an int8 copy of the model (CPU, hf "
-                                         "engine; training stays fp32, the copy is re-quantized after each update); "
-                                         "speed and mean@8 vs fp32: results/README.md, Speed")
+                                         "engine; training stays fp32, the copy is re-quantized after each update): "
+                                         "1.9x fp32's rollouts/s on searchqa h0, val mean@8 0.055 vs 0.0575 +- 0.021, "
+                                         "but a request's tokens depend on its batch (results/README.md, Speed)")
     tp: int = arg(1, "vLLM tensor parallelism: GPUs per sampling engine (--engine vllm)")
     harness: str = arg("", "start from this harness file instead of the domain's h0")
     # phase A
