@@ -215,6 +215,8 @@ def eval_key(args: dict, domain, harness: str, examples, n: int, split: str) -> 
                  *(sorted(p for p in Path(data).iterdir() if p.is_file()) if data else [])]:
         h.update(path.name.encode() + b"\0" + (path.read_bytes() if path.exists() else b"") + b"\0")
     parts = [args[k] for k in ("domain", "model", "engine", "seed", "temperature", "top_k", "top_p", "max_tokens")]
+    if args.get("rollout_precision", "fp32") != "fp32":  # int8 samples other tokens (fp32 keys stay as they were)
+        parts.append(args["rollout_precision"])
     h.update(json.dumps([*parts, harness, [e["id"] for e in examples], n, split], default=str).encode())
     return h.hexdigest()[:24]
 

@@ -24,7 +24,8 @@ class UserError(Exception):
 
 # the flags that take one of a few words (--method and --domain: from METHODS and domains/)
 CHOICES = {"test_split": ("test", "val"), "engine": ("hf", "vllm"), "chat_format": ("auto", "template", "plain"),
-           "proposer": ("primitives", "self", "openai", "command"), "proposer_format": ("any", "file", "edit")}
+           "proposer": ("primitives", "self", "openai", "command"), "proposer_format": ("any", "file", "edit"),
+           "rollout_precision": ("fp32", "int8")}
 
 
 def check_args(a):
@@ -48,6 +49,9 @@ def check_args(a):
     for flag, words in CHOICES.items():
         if getattr(a, flag) not in words:
             raise UserError(f"unknown --{flag.replace('_', '-')} {getattr(a, flag)!r}; choose {' | '.join(words)}")
+    if a.rollout_precision == "int8" and (a.device != "cpu" or a.engine != "hf"):  # engine.Int8Linear: CPU, HF model
+        raise UserError(f"--rollout-precision int8 samples with the hf engine on the CPU only, not --device "
+                        f"{a.device} --engine {a.engine} (use fp32 there)")
     if a.engine == "vllm" and importlib.util.find_spec("vllm") is None:  # optional: not in requirements.txt
         raise UserError("--engine vllm needs the vllm package, which this Python lacks: install "
                         "requirements-vllm.txt in its own environment (README, 'On GPUs'), or vllm on a CUDA machine")

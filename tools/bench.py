@@ -15,9 +15,9 @@ Prints one `name: value` line per measurement:
   - SFT: tokens/s of rs_sft.sft_update and its fraction of the matmul peak
     (6N FLOPs per token for full fine-tuning; the reduced count with --train-layers);
   - eval (only with --only eval): the real workload, `rollout.evaluate` of two real harnesses
-    through the sandbox, the landed sampler and the fast one side by side (engine.SAMPLERS),
-    then one phase-A step (rollouts + SFT update) the same way; see `eval_workload` for what
-    is printed and what the limit is;
+    through the sandbox, the landed sampler, the fast one and the fast one sampling from int8
+    weights (`--rollout-precision int8`, CPU) side by side, then one phase-A step (rollouts +
+    SFT update) the same way; see `eval_workload` for what is printed and what the limit is;
   - deadline (only with --only deadline): what rollouts are charged against their
     deadline (own time + tools + their share of each model batch) in a real evaluation,
     64 searchqa questions x 8 = one 512-rollout wave and 16 chess puzzles x 8 (multi-turn,
@@ -26,7 +26,7 @@ Prints one `name: value` line per measurement:
     python tools/bench.py                         # everything (~12 min on a 2-core CPU)
     python tools/bench.py --quick                 # smaller shapes, for a smoke run
     python tools/bench.py --only decode,multiturn # some sections (rollout, decode, sandbox, multiturn, sft, deadline, eval)
-    python tools/bench.py --only eval             # the real workload, landed vs fast sampler (~25 min on 2 cores)
+    python tools/bench.py --only eval             # the real workload, landed vs fast vs int8 (~35 min on 2 cores)
     python tools/bench.py --only eval --questions 8 --harnesses long  # a smaller part of it
 
 The limit (eval section): on a CPU a rollout's time is matmul time, so no sampler can beat
@@ -279,16 +279,20 @@ def least_flops(records, n_body, n_head):
 
 
 def eval_workload(model, tok, n_questions, n_phase_a, harnesses=("h0", "long")):
-    """The real workload, both samplers side by side (same weights, same seeds, interleaved).
+    """The real workload, the samplers side by side (same weights, same seeds, interleaved):
+    landed and fast (engine.SAMPLERS) in fp32, and on a CPU the fast one in int8 (engine.Int8Linear).
 
     The limit (module docstring): (matmul peak) / (least FLOPs per rollout, `least_flops`);
     the peak is a 2048^3 matmul in the model's dtype, measured right before each pair.
     eval_fraction_of_peak is how close a sampler gets; eval_speedup = fast / landed rollouts/s.
     Prints per harness (h0, long: `long_context_harness`) and sampler:
     eval_<h>_<sampler>_rollouts_per_s, _prompt_tokens, _completion_tokens, _fraction_of_peak,
-    _mean (mean@8, the same within float round-off on both), then eval_<h>_speedup; and for
-    one phase-A step (16 weight-split prompts x 8, rollouts + SFT update of the top 4 blocks, as
-    whale.py's defaults) phase_a_<sampler>_seconds, _fraction_of_peak and phase_a_speedup."""
+    _mean (mean@8, the same within float round-off for landed and fast; int8 samples other
+    tokens), then eval_<h>_speedup (fast / landed) and eval_<h>_int8_speedup (int8 / fast, and
+    vs landed); int8's fraction is of the fp32 peak (its int8 matmuls can pass it). For one
+    phase-A step (16 weight-split prompts x 8, rollouts + SFT update of the top 4 blocks, as
+    whale.py's defaults; int8 re-quantizes after the update, counted) phase_a_<sampler>_seconds,
+    _fraction_of_peak, phase_a_speedup (landed / fast) and phase_a_int8_speedup (fast / int8)."""
     import rs_sft
     from domains import searchqa
     n_head = model.lm_head.weight.numel()
@@ -297,14 +301,16 @@ def eval_workload(model, tok, n_questions, n_phase_a, harnesses=("h0", "long")):
     dev, dtype = next(model.parameters()).device, next(model.parameters()).dtype
     examples = searchqa.load_split("test")[:n_questions]
     engines = {s: eng.HFEngine(model, tok, sampler=s) for s in eng.SAMPLERS}
+    if dev.type == "cpu":  # Int8Linear is a CPU path (whale.py refuses int8 with --device cuda)
+        engines["int8"] = eng.HFEngine(model, tok, precision="int8")
     for h_name, source in (("h0", open(searchqa.H0).read()), ("long", long_context_harness())):
         if h_name not in harnesses:
             continue
         peak = matmul_gflops(device=dev, dtype=dtype)
         print(f"eval_{h_name}_matmul_gflops: {peak:.1f} ({dtype} on {dev})")
         rate = {}
-        order = ("landed", "fast") if h_name == "h0" else ("fast", "landed")  # neither always goes first
-        for s in order:
+        order = ("landed", "fast", "int8") if h_name == "h0" else ("int8", "fast", "landed")  # none always first
+        for s in (s for s in order if s in engines):
             res = rollout.evaluate(engines[s], searchqa, source, examples, 8, seed=0, sampling=sampling, max_tokens=48)
             rate[s] = res["rollouts"] / res["seconds"]
             frac = least_flops(res["records"], n_body, n_head) / res["seconds"] / 1e9 / peak
@@ -314,13 +320,17 @@ def eval_workload(model, tok, n_questions, n_phase_a, harnesses=("h0", "long")):
             print(f"eval_{h_name}_{s}_fraction_of_peak: {frac:.2f}")
             print(f"eval_{h_name}_{s}_mean: {res['mean']:.3f} +- {res['se']:.3f}")
         print(f"eval_{h_name}_speedup: {rate['fast'] / rate['landed']:.2f}")
+        if "int8" in rate:
+            print(f"eval_{h_name}_int8_speedup: {rate['int8'] / rate['fast']:.2f} (int8 / fast fp32; "
+                  f"{rate['int8'] / rate['landed']:.2f} vs landed)")
     # one phase-A step per sampler from the same weights: the update is undone between them
     pool = searchqa.load_split("weight")
     saved = {k: v.detach().clone() for k, v in model.state_dict().items()}
     peak, seconds, real_run = matmul_gflops(device=dev, dtype=dtype), {}, rollout.run
     print(f"phase_a_matmul_gflops: {peak:.1f} ({dtype} on {dev})")
-    for s in ("fast", "landed"):
+    for s in (s for s in ("int8", "fast", "landed") if s in engines):  # (the eval pair above ran int8 last)
         model.load_state_dict(saved)
+        engines[s].sync_weights()  # int8: its copy from the restored weights (before the clock starts)
         opt = rs_sft.make_optimizer(rs_sft.set_trainable(model, 4), 3e-4)
         records = []  # the step's rollouts, kept as rs_sft.rollout_step makes them (it returns only metrics)
         rollout.run = lambda *a, **k: records.extend(real_run(*a, **k)) or records
@@ -338,6 +348,8 @@ def eval_workload(model, tok, n_questions, n_phase_a, harnesses=("h0", "long")):
     model.load_state_dict(saved)
     rs_sft.set_trainable(model, 0)
     print(f"phase_a_speedup: {seconds['landed'] / seconds['fast']:.2f}")
+    if "int8" in seconds:
+        print(f"phase_a_int8_speedup: {seconds['fast'] / seconds['int8']:.2f} (fast fp32 / int8 seconds)")
 
 
 def deadline(e, n_questions, n_puzzles, flood_deadline=30.0):
