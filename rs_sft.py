@@ -319,12 +319,11 @@ def health_warnings(m: dict, earlier_capped: list[float]) -> list[str]:
 def step_line(m: dict, step: int, cycle: int) -> str:
     """The console line of one RSFT step: what it had to learn from up front, then how the
     update went (metrics.jsonl keeps every field)."""
-    def nll(x):
-        return "-" if x is None else f"{x:.2f}"
+    before, after = m["kept_nll_before"], m["kept_nll_after"]
+    nll = "-" if before is None or after is None else f"{before:.2f}->{after:.2f}"  # (nothing kept: -)
     loss = "-" if m["loss"] is None else f"{m['loss']:.3f}"
     return (f"step {step} (cycle {cycle}): reward {m['train_reward']:.3f} kept {m['kept']}/{m['rollouts']} "
-            f"trained_tokens {m['trained_tokens']} loss {loss} capped {m['capped_frac']:.0%} "
-            f"nll {nll(m['kept_nll_before'])}->{nll(m['kept_nll_after'])} "
+            f"trained_tokens {m['trained_tokens']} loss {loss} capped {m['capped_frac']:.0%} nll {nll} "
             f"{m['rollout_seconds'] + m['sft_seconds'] + m['health_seconds']:.0f} s")
 
 

@@ -2342,7 +2342,7 @@ def test_phase_a_health_warnings_and_the_step_line():
     assert len(rs_sft.health_warnings({**m, "capped_frac": 0.9, "kept_nll_after": 1.5}, [0.0])) == 2
     idle = {**m, "kept": 0, "trained_tokens": 0, "loss": None, "kept_nll_before": None, "kept_nll_after": None}
     assert rs_sft.health_warnings(idle, [0.0]) == []
-    assert "kept 0/128 trained_tokens 0 loss - capped 4% nll -->-" in rs_sft.step_line(idle, 1, 2)
+    assert rs_sft.step_line(idle, 1, 2) == "step 1 (cycle 2): reward 0.062 kept 0/128 trained_tokens 0 loss - capped 4% nll - 31 s"
 
 
 SUM_HARNESS = """
