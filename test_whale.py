@@ -30,7 +30,7 @@ new test should keep it so):
      one contract checked on every domains/*.py (the template too)
      -k "test_searchqa or test_math or test_chess or every_domain"
   4. phase A (rs_sft.py): sequences and labels, SFT raises the log-probability, an all-rejected
-     step skips the update, the loader
+     step skips the update, the loader, epochs and the replay buffer, the health figure
      -k "labels_mask or sft_updates or all_rejected or loader or phase_a_"
   5. phase B (meta_harness.py, proposers.py): source surgery, the archive and resume, acceptance,
      liveness, integrity, the LLM and agent proposers (in-process and end to end through whale.py)
@@ -2180,7 +2180,8 @@ def test_every_domain_file_keeps_the_domain_contract(name):
 # Guarantee: a rollout's training sequences label exactly the model's completion tokens (prompts
 # and tool output are masked); an SFT update on kept completions raises their log-probability; a
 # step whose rollouts are all rejected leaves the weights and the optimizer untouched; the loader
-# gives every prompt once per epoch. (Phase A on other architectures: section 1; under torchrun:
+# gives every prompt once per epoch; --sft-epochs and --replay-steps train on what they say; the
+# health figure (kept NLL before/after, capped share) warns at an absurd lr and not at a sane one. (Phase A on other architectures: section 1; under torchrun:
 # section 10.)
 
 @pytest.mark.slow
@@ -4001,7 +4002,8 @@ def test_switch_parse_schedule_error_says_what_is_accepted():
 # ==============================================================================================
 # Guarantee: a tiny run of every method writes a valid summary, metrics and a loadable checkpoint;
 # a run killed with SIGKILL anywhere (sampling, the SFT update, a harness evaluation, a checkpoint
-# write) resumes to the same rollouts, steps, cycles and harnesses as an uninterrupted run; every
+# write) resumes to the same rollouts, steps, cycles and harnesses as an uninterrupted run (with
+# a replay buffer and --val-every evaluations: to the same numbers, step by step); every
 # method the command line accepts is in the methods table; the cached initial evaluation is keyed
 # on everything that decides a score and nothing else; the results tables and claims come from the
 # summaries, pairing methods on the same questions, and the results tools import without torch.
