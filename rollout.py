@@ -36,7 +36,7 @@ def crash_point(name: str):
     """Testing aid for crash-anywhere resume (it lives here, in the lowest module that needs it:
     rs_sft.py, whale.py and run_dir.py call it too): with WHALE_CRASH_AT=name:N in the
     environment, the N-th arrival at `name` kills this process with SIGKILL, as a
-    power cut would. Points: sampling, sft, harness_eval, checkpoint, checkpoint_swap."""
+    power cut would. Points: sampling, sft, harness_eval, eval, checkpoint, checkpoint_swap."""
     want, _, n = os.environ.get("WHALE_CRASH_AT", "").partition(":")
     if want == name:
         _CRASH_COUNTS[name] = _CRASH_COUNTS.get(name, 0) + 1

@@ -11,6 +11,12 @@ One rollout step, as in the paper:
      contributes its completion; the prompt, tool output and padding are masked;
   5. the sampler sees the new weights (HF engine: same module; vLLM: sync).
 
+Two knobs reuse the kept set, as ReST's improve step: `replay_steps=R` trains on a
+buffer of the last R steps' kept sequences (R=1: this step's only) and
+`sft_epochs=E` makes E passes over it. Each step also reports a cheap health figure
+of its update (see health_warnings): the share of replies cut by the token cap and
+the NLL of (a sample of) the kept sequences before and after the update.
+
 What is left out compared with PPO/GRPO, and why: there is no KL penalty, no
 importance ratio or clipping and no value head. RSFT only imitates its own
 verified successes, so it never pushes probability away from anything and
@@ -160,6 +166,9 @@ class Config:
     micro_batch: int = 4          # sequences per forward/backward (gradient accumulation)
     clip: float = 1.0             # gradient-norm clip
     max_len: int = 1024           # tokens of a sequence that are trained (the rest is cut)
+    replay_steps: int = 1         # R: train on the kept sequences of the last R steps (1 = this step's only)
+    sft_epochs: int = 1           # E: passes over those sequences per step
+    health_seqs: int = 4          # kept sequences the health figure scores (an even sample), see kept_nll
 
 
 def token_nll(model, ids, labels, mask):
@@ -178,11 +187,12 @@ def token_nll(model, ids, labels, mask):
 
 def sft_update(model, optimizer, seqs, cfg: Config = Config(), *, pad_id: int = 0, seed: int = 0, ddp_model=None,
                loss_fn=token_nll) -> dict:
-    """One epoch over `seqs` in shuffled minibatches of cfg.minibatch sequences;
-    each minibatch is one optimizer step, accumulated over micro-batches of
-    cfg.micro_batch sequences. The loss is loss_fn (token_nll: the mean NLL per
-    labelled token of the minibatch). Returns loss, mean pre-clip gradient norm,
-    steps, tokens and speed.
+    """cfg.sft_epochs epochs over `seqs`, each in freshly shuffled minibatches of
+    cfg.minibatch sequences; each minibatch is one optimizer step, accumulated over
+    micro-batches of cfg.micro_batch sequences. The loss is loss_fn (token_nll: the
+    mean NLL per labelled token of the minibatch). Returns loss (over all epochs), mean
+    pre-clip gradient norm, steps, tokens (trained_tokens: labels trained, epochs x
+    seqs) and speed.
 
     Data parallel (ddp_model = ddp_wrap(model)): every rank passes the same GLOBAL
     `seqs` and `seed`, so all ranks cut the same minibatches; each rank then
@@ -196,11 +206,15 @@ def sft_update(model, optimizer, seqs, cfg: Config = Config(), *, pad_id: int = 
     fwd = ddp_model or model
     dev = next(model.parameters()).device
     model.train()
-    order = list(range(len(seqs)))
-    random.Random(seed).shuffle(order)
+    rng = random.Random(seed)  # one generator for all epochs: epoch 0 is shuffled as a single epoch always was
+    batches = []
+    for _ in range(cfg.sft_epochs):
+        order = list(range(len(seqs)))
+        rng.shuffle(order)
+        batches += [order[m:m + cfg.minibatch] for m in range(0, len(order), cfg.minibatch)]
     t0, total_nll, total_lab, tokens, steps, norms = time.time(), 0.0, 0, 0, 0, []
-    for m in range(0, len(order), cfg.minibatch):
-        mb = [seqs[i] for i in order[m:m + cfg.minibatch]]
+    for batch in batches:
+        mb = [seqs[i] for i in batch]
         # the normaliser is the label count of the WHOLE minibatch (every rank knows it)
         n_lab = sum(sum(l != IGNORE for l in lab[1:cfg.max_len]) for _, lab in mb)
         mine = mb[rank::world]
@@ -256,13 +270,74 @@ def pad(ids_list, labels_list, pad_id):
 
 
 # -----------------------------------------------------------------------------
+# the health figure of an update: is the step too large?
+
+def kept_nll(model, seqs, cfg: Config, *, pad_id: int = 0, shard=(0, 1)):
+    """Mean NLL per labelled token of `seqs` under the model as it is (None without labels):
+    the kept set's likelihood, measured before and after the update. Cost: one no-grad forward
+    over `seqs`, micro-batched as training is. rollout_step scores an even sample of at most
+    cfg.health_seqs (4) of the step's kept sequences, so a step pays two forwards of <= 4
+    sequences: about what prefilling 8 of its prompts costs, whatever the number kept (measured on
+    2 kept sequences: health_seconds about 1.4x sft_seconds at --train-layers 1, a tiny run).
+    Under torchrun each rank scores its slice, then the sums add up."""
+    rank, world = shard
+    total, count, dev = 0.0, 0, next(model.parameters()).device
+    mine = seqs[rank::world]
+    with torch.no_grad():
+        for s in range(0, len(mine), cfg.micro_batch):
+            chunk = mine[s:s + cfg.micro_batch]
+            ids, labels, mask = pad([x[:cfg.max_len] for x, _ in chunk], [y[:cfg.max_len] for _, y in chunk], pad_id)
+            total += float(token_nll(model, ids.to(dev), labels.to(dev), mask.to(dev)))
+            count += int((labels[:, 1:] != IGNORE).sum())
+    if world > 1:
+        import torch.distributed as dist
+        tot = torch.tensor([total, float(count)], dtype=torch.float64, device=dev)
+        dist.all_reduce(tot)
+        total, count = float(tot[0]), int(tot[1])
+    return total / count if count else None
+
+
+CAPPED_JUMP = 0.25  # a step whose capped share is this far above the run's mean so far is a warning
+
+
+def health_warnings(m: dict, earlier_capped: list[float]) -> list[str]:
+    """What looks like a collapse in one step's metrics, as sentences (empty: healthy).
+    (a) Many more replies hit the token cap than in the run's earlier steps: the model has
+    started to ramble or repeat. (b) The update made its own training data LESS likely
+    (kept_nll_after > kept_nll_before): plain maximum likelihood should do the opposite, so the
+    step overshot. Both point at a learning rate that is too large for this model."""
+    out = []
+    if earlier_capped and m["capped_frac"] > sum(earlier_capped) / len(earlier_capped) + CAPPED_JUMP:
+        out.append(f"{m['capped_frac']:.0%} of replies hit the token cap, against "
+                   f"{sum(earlier_capped) / len(earlier_capped):.0%} in the earlier steps")
+    before, after = m.get("kept_nll_before"), m.get("kept_nll_after")
+    if before is not None and after is not None and after > before:
+        out.append(f"the update raised the kept set's NLL from {before:.3f} to {after:.3f} per token")
+    return out
+
+
+def step_line(m: dict, step: int, cycle: int) -> str:
+    """The console line of one RSFT step: what it had to learn from up front, then how the
+    update went (metrics.jsonl keeps every field)."""
+    before, after = m["kept_nll_before"], m["kept_nll_after"]
+    nll = "-" if before is None or after is None else f"{before:.2f}->{after:.2f}"  # (nothing kept: -)
+    loss = "-" if m["loss"] is None else f"{m['loss']:.3f}"
+    return (f"step {step} (cycle {cycle}): reward {m['train_reward']:.3f} kept {m['kept']}/{m['rollouts']} "
+            f"trained_tokens {m['trained_tokens']} loss {loss} capped {m['capped_frac']:.0%} nll {nll} "
+            f"{m['rollout_seconds'] + m['sft_seconds'] + m['health_seconds']:.0f} s")
+
+
+# -----------------------------------------------------------------------------
 # one rollout step = rollouts + filter + update + sync
 
 def rollout_step(engine, domain, harness: str, pool: list[dict], loader: dict, optimizer, cfg: Config, *, seed,
-                 sampling: dict, ddp_model=None, shard=(0, 1), progress=None) -> dict:
+                 sampling: dict, ddp_model=None, shard=(0, 1), progress=None, replay: list | None = None) -> dict:
     """Phase A's unit of work: cfg.batch prompts x cfg.group rollouts, then the update. Returns
     the step's metrics (and nothing else: the model and optimizer are updated in place, the
     loader advances).
+    replay: the kept sequences of the earlier steps that cfg.replay_steps still trains on, one
+    list per step, oldest first; this step's are appended and the oldest dropped, in place
+    (the caller saves it with the run, so a resumed run trains on the same buffer).
     shard=(rank, world): under torchrun each rank rolls out its slice of the batch
     and passes ddp_model; the metrics returned are global, the same on every rank."""
     idx = next_batch(loader, cfg.batch)
@@ -278,13 +353,28 @@ def rollout_step(engine, domain, harness: str, pool: list[dict], loader: dict, o
     t_roll = time.time() - t0
     kept = keep(records, cfg.max_kept_per_prompt)
     seqs = [s for r in kept for s in sequences(r)]
-    upd = sft_update(engine.model, optimizer, seqs, cfg, pad_id=engine.pad_id, seed=rollout.stable_seed(seed, "sft"),
+    replay = [] if replay is None else replay
+    train = [s for earlier in replay for s in earlier] + seqs  # the buffer: R-1 earlier steps' and this one's
+    probe = seqs[::max(1, math.ceil(len(seqs) / cfg.health_seqs))]  # the health figure's sample: <= health_seqs
+    t_health = time.time()
+    nll_before = kept_nll(engine.model, probe, cfg, pad_id=engine.pad_id, shard=shard)
+    t_health = time.time() - t_health
+    upd = sft_update(engine.model, optimizer, train, cfg, pad_id=engine.pad_id, seed=rollout.stable_seed(seed, "sft"),
                      ddp_model=ddp_model)
     if not upd["skipped"]:
         engine.sync_weights()
+    t0 = time.time()
+    nll_after = nll_before if upd["skipped"] else kept_nll(engine.model, probe, cfg, pad_id=engine.pad_id, shard=shard)
+    t_health += time.time() - t0
+    replay.append(seqs)
+    del replay[:max(len(replay) - (cfg.replay_steps - 1), 0)]  # keep what the next step still trains on
+    calls = [c for r in records for c in r["calls"]]
     reward = sum(r["score"] for r in records) / max(len(records), 1)
     return {"prompts": len(idx), "rollouts": len(records), "train_reward": reward,
             "kept": len(kept), "kept_frac": len(kept) / max(len(records), 1), "sequences": len(seqs),
+            "replay_sequences": len(train),
+            "capped_frac": sum(c.get("finish") == "length" for c in calls) / max(len(calls), 1),
+            "kept_nll_before": nll_before, "kept_nll_after": nll_after, "health_seconds": t_health,
             "loss": upd["loss"], "grad_norm": upd.get("grad_norm"), "opt_steps": upd["opt_steps"],
             "skipped_update": upd["skipped"],
             "sft_tokens": upd["tokens"], "trained_tokens": upd["trained_tokens"],

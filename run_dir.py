@@ -250,7 +250,8 @@ def new_state(phase, done, harness, loader):
     return {"phase": phase, "done": done, "cycle": 0, "steps": 0, "rollouts": 0, "harness": harness,
             "loader": loader, "phase_rewards": [], "evals": [], "best_val": None, "pending_eval": "initial",
             "seconds": 0.0, "metrics_lines": 0, "counters": dict.fromkeys(COUNTERS, 0),
-            "kept_per_step": [], "trained_tokens_per_step": []}
+            "kept_per_step": [], "trained_tokens_per_step": [], "capped_frac_per_step": [],
+            "replay": []}  # --replay-steps: the kept sequences of earlier steps the next step trains on
 
 
 class Run:
@@ -308,10 +309,11 @@ class Run:
     def elapsed(self):
         return time.time() - self.t0
 
-    def log(self, row, rollouts=None):
+    def log(self, row, rollouts=None, console=None):
         """One line of metrics.jsonl and the console (rank 0). `rollouts` is the run's total so far:
         the state's count, unless the caller knows more (a harness phase books its rollouts in the
-        state only when it ends, and passes the count at each of its events)."""
+        state only when it ends, and passes the count at each of its events). `console`: a line
+        to print instead of the row's key=value fields (metrics.jsonl keeps them all)."""
         if self.rank != 0:
             return
         row = {"t": round(self.elapsed(), 1), **row,
@@ -319,8 +321,8 @@ class Run:
         log_metrics(self.dir, row, self.state)
         if self.tracker:  # every row to TensorBoard/MLflow/W&B too; metrics.jsonl stays the record
             self.tracker.log(row)
-        self.bar.write(" ".join(f"{k}={round(v, 4) if isinstance(v, float) else v}" for k, v in row.items()
-                                if not isinstance(v, (list, dict)) and v is not None))
+        self.bar.write(console or " ".join(f"{k}={round(v, 4) if isinstance(v, float) else v}"
+                                           for k, v in row.items() if not isinstance(v, (list, dict)) and v is not None))
 
     def spend(self, rollouts, **counters):
         """Book target rollouts (the budget every method shares) and other counters (tokens, proposer calls)."""
@@ -360,6 +362,7 @@ class Run:
             # what each side had to learn from: phase A's kept rollouts and trained (model-written)
             # tokens per RSFT step; phase B's candidates that were valid, and accepted
             "kept_per_step": st.get("kept_per_step", []), "trained_tokens_per_step": st.get("trained_tokens_per_step", []),
+            "capped_frac_per_step": st.get("capped_frac_per_step", []),  # the health figure: replies cut by the cap
             "harness_valid": c["harness_candidates"] - c["harness_invalid"]}
         write_json(self.dir / "summary.json", summary)
         return summary

@@ -83,9 +83,9 @@ def check_args(a):
         raise UserError("--proposer command needs --proposer-command")
     # counts: a zero batch would never finish, a negative "first N" would slice from the end ([:-1])
     for flags, least in ((("budget", "prompts_per_step", "group", "candidates", "test_n", "val_n", "harness_n",
-                           "minibatch", "micro_batch", "max_tokens", "tp"), 1),
+                           "minibatch", "micro_batch", "max_tokens", "tp", "replay_steps", "sft_epochs"), 1),
                          (("test_limit", "val_limit", "test_subset", "harness_examples", "train_layers",
-                           "max_kept_per_prompt", "top_k"), 0)):
+                           "max_kept_per_prompt", "top_k", "val_every"), 0)):
         for flag in flags:
             if getattr(a, flag) < least:
                 raise UserError(f"--{flag.replace('_', '-')} must be {'> 0' if least else '>= 0'}, "

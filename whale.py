@@ -66,12 +66,17 @@ class Args:
     # phase A
     prompts_per_step: int = arg(16, "B: prompts per rollout step")
     group: int = arg(8, "G: rollouts per prompt")
-    lr: float = arg(3e-4, "AdamW learning rate (top-K-layer training on CPU; the paper's full 2B runs use ~1e-7)")
+    lr: float = arg(3e-4, "AdamW learning rate (top-K-layer training on CPU; the paper's full 2B runs use ~1e-7; "
+                          "README: picking --lr for another model)")
     minibatch: int = arg(16, "sequences per optimizer step")
     micro_batch: int = arg(8, "sequences per forward/backward (gradient accumulation)")
     clip: float = arg(1.0, "gradient-norm clip")
     train_layers: int = arg(4, "train only the top K blocks (0 = full fine-tuning)")
     max_kept_per_prompt: int = arg(2, "at most this many kept rollouts per prompt (0 = all)")
+    replay_steps: int = arg(1, "R: each RSFT step trains on the kept rollouts of the last R steps (1 = this step's only)")
+    sft_epochs: int = arg(1, "E: passes of each RSFT step over its kept rollouts (the last --replay-steps steps')")
+    val_every: int = arg(0, "also evaluate validation (+ --test-subset) every N RSFT steps inside a weight phase, "
+                            "tagged A<cycle>.<step> (0 = only after each phase)")
     # phase B
     proposer: str = arg("primitives", "primitives | self | openai | command")
     proposer_url: str = arg("", "openai proposer: base URL of an OpenAI-compatible endpoint")
@@ -170,7 +175,8 @@ def main(a: Args):
         steps_per_epoch=max(1, len(splits["weight"]) // a.prompts_per_step),
         sft=rs_sft.Config(batch=a.prompts_per_step, group=a.group, max_tokens=a.max_tokens,
                           max_kept_per_prompt=a.max_kept_per_prompt, minibatch=a.minibatch,
-                          micro_batch=a.micro_batch, clip=a.clip))
+                          micro_batch=a.micro_batch, clip=a.clip, replay_steps=a.replay_steps,
+                          sft_epochs=a.sft_epochs))
     s.budget = Budget(total=a.budget, step_cost=a.prompts_per_step * a.group,
                       candidate_cost=len(s.search_set) * a.harness_n, candidates=a.candidates)
     s.optimizer = rs_sft.make_optimizer(rs_sft.set_trainable(s.engine.model, a.train_layers), a.lr)
@@ -190,7 +196,7 @@ def main(a: Args):
             weight_phase(run, s)   # RSFT steps under the current harness (every rank) until the phase ends
         elif run.rank == 0:
             harness_phase(run, s)  # one Meta-Harness search from the current harness (rank 0 alone)
-        if run.rank == 0:
+        if run.rank == 0:          # (also every --val-every steps: weight_phase returns with an eval pending)
             after_phase(run, s)    # validation (+ test subset) mean@k; keep the best checkpoint on val
         run.sync()                 # DDP: every rank takes rank 0's state and decisions
     if run.rank == 0:
@@ -202,24 +208,36 @@ def main(a: Args):
 
 def weight_phase(run, s):
     """Phase A: one RSFT rollout step after another (rollouts under the current harness ->
-    keep the verified ones -> SFT on their model-written tokens) until the phase is over."""
+    keep the verified ones -> SFT on their model-written tokens) until the phase is over, or
+    until a --val-every evaluation is due (the loop evaluates and calls this again)."""
     import rs_sft
     a, st = s.a, run.state
     while st["phase"] == "A":
         m = rs_sft.rollout_step(s.engine, s.domain, st["harness"], s.pool, st["loader"], s.optimizer, s.sft,
                                 seed=(a.seed, "A", st["steps"]), sampling=s.sampling, progress=run.bar,
-                                ddp_model=s.ddp_model, shard=(run.rank, run.world))
+                                ddp_model=s.ddp_model, shard=(run.rank, run.world),
+                                replay=st.setdefault("replay", []))  # --replay-steps: saved with the state
         run.spend(m["rollouts"], prompt_tokens=m["prompt_tokens"], completion_tokens=m["completion_tokens"],
                   optimizer_steps=m["opt_steps"])
         st["steps"] += 1
         st["phase_rewards"].append(m["train_reward"])
-        for k in ("kept", "trained_tokens"):  # what phase A had to learn from, step by step (summary.json)
+        warnings = rs_sft.health_warnings(m, st.setdefault("capped_frac_per_step", []))
+        for k in ("kept", "trained_tokens", "capped_frac"):  # what phase A had to learn from, step by step
             st.setdefault(f"{k}_per_step", []).append(m[k])
         run.log({"event": "rollout_step", "cycle": st["cycle"], "step": st["steps"], **m,
-                 "step_rollouts": m["rollouts"]})
+                 "step_rollouts": m["rollouts"]}, console=rs_sft.step_line(m, st["steps"], st["cycle"]))
+        for w in warnings:  # a collapse is seen, not silent
+            run.log({"event": "health_warning", "cycle": st["cycle"], "step": st["steps"], "warning": w, "lr": a.lr,
+                     **{k: m[k] for k in ("capped_frac", "kept_nll_before", "kept_nll_after")}},
+                    console=f"whale: warning: step {st['steps']}: {w}; the update is likely too large for this "
+                            f"model: try a smaller --lr than {a.lr:g} (README: picking --lr)")
         if weight_phase_over(run, s):
             st.update(phase="B", phase_rewards=[], pending_eval=f"A{st['cycle']}")
+        elif a.val_every and st["steps"] % a.val_every == 0:
+            st["pending_eval"] = f"A{st['cycle']}.{st['steps']}"  # the phase goes on after this evaluation
         run.checkpoint(s.engine, s.optimizer, model_changed=True)
+        if st["pending_eval"]:
+            return  # every rank leaves at the same step (the same global metrics decide it)
 
 
 def weight_phase_over(run, s) -> bool:
@@ -318,6 +336,7 @@ def evaluate_and_log(run, s, split, examples, n, tag, harness=None):
                                    sampling=s.sampling, max_tokens=a.max_tokens, progress=bar)
         res["per_example"] = rollout.per_example_means(res.pop("records"))  # for paired gains
         rd.store_cached_eval(key, res)
+    rollout.crash_point("eval")  # (a testing aid: a kill after an evaluation, before its line and checkpoint)
     point = {"split": split, "tag": tag, "cycle": st["cycle"], "rollouts": st["rollouts"],
              **{k: res[k] for k in ("mean", "se", "n", "examples")}}
     if split == "test":

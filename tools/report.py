@@ -234,8 +234,9 @@ def timeline(metrics):
         if event in ("rollout_step", "harness_iteration"):
             kind = "A" if event == "rollout_step" else "B"
             last = sections[-1]
-            if not (last["kind"] == kind and last["cycle"] == row.get("cycle") and not last["evals"]):
-                sections.append(dict(kind=kind, cycle=row.get("cycle"), rows=[], evals=[]))
+            same = last["kind"] == kind and last["cycle"] == row.get("cycle")
+            if not same or last["evals"]:  # (after a --val-every evaluation: the same phase, continued)
+                sections.append(dict(kind=kind, cycle=row.get("cycle"), rows=[], evals=[], continued=same))
             sections[-1]["rows"].append(row)
         elif event == "eval":
             sections[-1]["evals"].append(row)
@@ -321,7 +322,7 @@ def render_header(run, sections):
             " (runs committed under results/ are kept without them: git ignores traces.jsonl), so the"
             " page shows no rollout traces for them."))
     toc = ['<a href="#summary">summary</a>', '<a href="#curve">curve</a>']
-    for s in sections[1:]:
+    for s in (s for s in sections[1:] if not s.get("continued")):
         toc.append(f'<a href="#phase-{s["kind"]}{s["cycle"]}">phase {s["kind"]}{esc(s["cycle"])}</a>')
     logged = {s["cycle"] for s in sections if s["kind"] == "B"}
     toc += [f'<a href="#phase-B{esc(p["cycle"])}">phase B{esc(p["cycle"])} (in progress)</a>'
@@ -459,10 +460,12 @@ A_COLUMNS = [("step", "step", 0), ("rollouts", "rollouts", 0), ("train_reward", 
              ("kept", "kept rollouts", 0), ("kept_frac", "kept share", 3), ("sequences", "sequences", 0),
              ("trained_tokens", "trained tokens", 0), ("sft_tokens", "tokens through the model", 0),
              ("loss", "loss", 4), ("grad_norm", "grad norm", 3),
-             ("opt_steps", "optimizer steps", 0), ("errors", "errors", 0)]
+             ("opt_steps", "optimizer steps", 0), ("errors", "errors", 0),
+             ("capped_frac", "capped share", 3), ("kept_nll_before", "kept NLL before", 3),
+             ("kept_nll_after", "kept NLL after", 3)]
 A_KNOWN = {c for c, _, _ in A_COLUMNS} | {"t", "event", "cycle", "prompts", "skipped_update", "sft_tokens_per_s",
                                           "sft_seconds", "rollout_seconds", "epoch", "prompt_tokens",
-                                          "completion_tokens", "step_rollouts"}
+                                          "completion_tokens", "step_rollouts", "health_seconds", "replay_sequences"}
 
 
 def render_phase_a(section):
@@ -470,12 +473,17 @@ def render_phase_a(section):
     body = []
     for r in section["rows"]:
         cells = "".join(f"<td>{num(r.get(c), d) if d else esc(r.get(c, '–'))}</td>" for c, _, d in A_COLUMNS)
-        secs = sum(v for v in (r.get("rollout_seconds"), r.get("sft_seconds")) if isinstance(v, (int, float)))
+        secs = sum(v for v in (r.get("rollout_seconds"), r.get("sft_seconds"), r.get("health_seconds"))
+                   if isinstance(v, (int, float)))
         update = badge("skipped", "warn") if r.get("skipped_update") else "done" if "skipped_update" in r else "–"
         body.append(f"<tr>{cells}<td>{secs:.0f}</td><td>{update}</td></tr>"
                     f"{_extra_row(r, A_KNOWN, len(A_COLUMNS) + 2)}")
-    return (f'<h2 id="phase-A{esc(section["cycle"])}">Phase A, cycle {esc(section["cycle"])}: rejection-sampling '
-            f'fine-tuning ({len(section["rows"])} steps)</h2><table class=num><tr>{head}</tr>{"".join(body)}</table>'
+    if section.get("continued"):
+        title = f'<h2>Phase A, cycle {esc(section["cycle"])}, continued ({len(section["rows"])} steps)</h2>'
+    else:
+        title = (f'<h2 id="phase-A{esc(section["cycle"])}">Phase A, cycle {esc(section["cycle"])}: rejection-sampling '
+                 f'fine-tuning ({len(section["rows"])} steps)</h2>')
+    return (f'{title}<table class=num><tr>{head}</tr>{"".join(body)}</table>'
             + render_other(section) + render_evals(section["evals"]))
 
 
