@@ -42,7 +42,9 @@ case "$preset" in
          adaptive=adaptive:w=4,pw=4,min_w=4,min_h=3,max_h=6
          domains=${*:-"searchqa"}; methods=${METHODS:-"whale harness-only weight-only stagewise"}
          [ "$preset" = cpu-long-search ] && { domains=searchqa; methods=harness-only; }
-         grid=(--domains "$domains" --methods "$methods") ;;  # results.py's coverage table: this grid
+         grid=(--domains "$domains" --methods "$methods")  # results.py's coverage table: this grid
+         # issue 33's proposer against the menu it replaced: the same cells, paired per seed
+         if [ "$preset" = cpu-long-search ]; then grid+=(--against results/runs/cpu-long); fi ;;
   paper) common=(--engine vllm --device cuda --budget 40960 --prompts-per-step 256 --group 8
                  --harness-examples 256 --harness-n 1 --candidates 3 --schedule fixed:0.6,6 --lr 1e-7 --minibatch 64
                  --micro-batch 8 --train-layers 0 --max-tokens 1024 --test-subset 0 --val-limit 0 --val-n 8

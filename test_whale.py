@@ -4609,6 +4609,28 @@ def test_results_claims_pair_methods_on_the_same_questions():
     assert "+25.0 ± 79.5 (95% CI, the wider of: over 2 seeds ± 0.0, over 4 questions ± 79.5) | unresolved" in row
 
 
+def test_results_against_pairs_the_same_cells_of_two_grids():
+    """--against (a rerun of a grid's cells with a changed proposer): each cell of this grid minus the
+    same cell of the other, per seed on the same questions; a cell or seed only one grid has is left out."""
+    def run(method, seed, scores, rollouts=100):
+        final = {"event": "eval", "split": "test", "tag": "final", "per_example": dict(enumerate(scores))}
+        return {"cfg": {"domain": "d", "method": method, "seed": seed, "schedule": "fixed-steps:4,3"},
+                "sum": {"rollouts": rollouts, "seconds": 60, "test_mean8_final": sum(scores) / len(scores)},
+                "metrics": [final]}
+    new = [run("harness-only", 0, [1, 0.5, 0, 0], 128), run("harness-only", 2, [1, 1, 1, 1]), run("whale", 0, [1] * 4)]
+    old = [run("harness-only", 0, [0, 0.5, 0, 0.5], 96), run("harness-only", 1, [0] * 4)]
+    results.cell_labels(new), results.cell_labels(old)
+    rows = results.against(new, old, "runs/new", "runs/old").splitlines()
+    assert rows[0].startswith("| domain | method | seeds | old | new | new - old (points) |")
+    assert len(rows) == 3  # one cell in both grids (whale is only in new); seed 0 only (1 and 2 are unpaired)
+    # per question +1, 0, 0, -0.5: +12.5 +- 31.5 (SE), as the claims compute it
+    assert "| d | harness-only | 0 | 25.0 | 37.5 | +12.5 ± 31.5 (SE, 4 questions, 0.4 SE) | unresolved" in rows[2]
+    assert rows[2].endswith("| 96 / 128 |")
+    other = [run("weight-only", 0, [0] * 4)]
+    results.cell_labels(other)
+    assert results.against(new, other, "a", "b") == ""  # nothing in common: no table
+
+
 def test_results_verdicts_curves_and_coverage_use_the_same_questions(tmp_path):
     ids = [e["id"] for e in searchqa.load_split("test")[:4]]  # four test questions; the curves use test[:2]
 

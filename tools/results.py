@@ -235,13 +235,43 @@ def reaches(a_run, b_run):
     return next((x for x, y in curve(a_run) if y >= target), None)
 
 
-def claims(runs, compact=False):
-    """One row per claim and domain where both cells have runs of the same seeds (compact: the
-    README's columns only)."""
+def paired_difference(A, B, seeds):
+    """A - B in points of final test mean@8 on the same questions, over the seeds both have:
+    (mean, 95% half-width, the interval said in words, seeds used), or None when no seed pairs."""
     from rollout import paired_gain  # the same paired statistics as a run's own gain
+    diffs, per_q = [], []
+    for s in seeds:
+        a, b = final_per_question(A[s]), final_per_question(B[s])
+        if a and b:
+            per_q.append({q: a[q] - b[q] for q in a if q in b})  # A - B per question
+            diffs.append((*paired_gain(b, a), len(per_q[-1])))
+    if not diffs:
+        return None
+    if len(diffs) == 1:
+        m, se, n = (100 * diffs[0][0], 100 * diffs[0][1], diffs[0][2])
+        return m, Z95 * se, f"{m:+.1f} ± {se:.1f} (SE, {n} questions, {m / se if se else 0:.1f} SE)", 1
+    # Two sources of noise, each invisible to one interval: the training seed (t over the
+    # per-seed differences; with 2-3 seeds they can agree by chance and give ± 0) and the
+    # questions (the seed-averaged difference per question, over the questions). Take the wider.
+    m, half_seeds = mean_ci([100 * x[0] for x in diffs])
+    common = set.intersection(*map(set, per_q))
+    _, half_q = mean_ci([100 * sum(p[q] for p in per_q) / len(per_q) for q in common])
+    half = max(half_seeds, half_q)
+    return m, half, (f"{m:+.1f} ± {half:.1f} (95% CI, the wider of: over {len(diffs)} seeds ± {half_seeds:.1f}, "
+                     f"over {len(common)} questions ± {half_q:.1f})"), len(diffs)
+
+
+def by_cell(runs):
     cells = {}
     for r in runs:
         cells.setdefault(r["cell"], {})[r["cfg"]["seed"]] = r
+    return cells
+
+
+def claims(runs, compact=False):
+    """One row per claim and domain where both cells have runs of the same seeds (compact: the
+    README's columns only)."""
+    cells = by_cell(runs)
     rows = ["| domain | A | B | claim (A > B) | seeds | A - B, final test mean@8 (points) | verdict (95%) | "
             "A reaches B's final at (curve questions) | rollouts A / B | minutes A / B |", "|" + "---|" * 10]
     if compact:
@@ -251,27 +281,10 @@ def claims(runs, compact=False):
         for ma, mb, what, where in CLAIMS:
             A, B = cells.get((d, ma), {}), cells.get((d, mb), {})
             seeds = sorted(set(A) & set(B))
-            diffs, per_q = [], []
-            for s in seeds:
-                a, b = final_per_question(A[s]), final_per_question(B[s])
-                if a and b:
-                    per_q.append({q: a[q] - b[q] for q in a if q in b})  # A - B per question
-                    diffs.append((*paired_gain(b, a), len(per_q[-1])))
-            if not diffs or (where and d not in where):
+            pd = paired_difference(A, B, seeds)
+            if pd is None or (where and d not in where):
                 continue
-            if len(diffs) == 1:
-                m, se, n = (100 * diffs[0][0], 100 * diffs[0][1], diffs[0][2])
-                diff, half = f"{m:+.1f} ± {se:.1f} (SE, {n} questions, {m / se if se else 0:.1f} SE)", Z95 * se
-            else:
-                # Two sources of noise, each invisible to one interval: the training seed (t over the
-                # per-seed differences; with 2-3 seeds they can agree by chance and give ± 0) and the
-                # questions (the seed-averaged difference per question, over the questions). Take the wider.
-                m, half_seeds = mean_ci([100 * x[0] for x in diffs])
-                common = set.intersection(*map(set, per_q))
-                _, half_q = mean_ci([100 * sum(p[q] for p in per_q) / len(per_q) for q in common])
-                half = max(half_seeds, half_q)
-                diff = (f"{m:+.1f} ± {half:.1f} (95% CI, the wider of: over {len(diffs)} seeds ± {half_seeds:.1f}, "
-                        f"over {len(common)} questions ± {half_q:.1f})")
+            m, half, diff, n_seeds = pd
             hits = [reaches(A[s], B[s]) for s in seeds]
             got = [100 * h / A[s]["sum"]["rollouts"] for h, s in zip(hits, seeds) if h is not None]
             reach = ("at the start (B's final is no better than the initial score)" if got and not any(got)
@@ -279,12 +292,39 @@ def claims(runs, compact=False):
                     (f" ({len(got)}/{len(seeds)} seeds)" if len(seeds) > 1 else "")
             avg = lambda cell, k: sum(cell[s]["sum"][k] for s in seeds) / len(seeds)
             if compact:  # the interval only: RESULTS.md says which of the two it is
-                short = f"{m:+.1f} ± {half:.1f}" + (" (1.96 SE)" if len(diffs) == 1 else "")
-                rows.append(f"| {d} | {what} | {ma} - {mb} | {len(diffs)} | {short} | {verdict(m, half)} |")
+                short = f"{m:+.1f} ± {half:.1f}" + (" (1.96 SE)" if n_seeds == 1 else "")
+                rows.append(f"| {d} | {what} | {ma} - {mb} | {n_seeds} | {short} | {verdict(m, half)} |")
                 continue
-            rows.append(f"| {d} | {ma} | {mb} | {what} | {len(diffs)} | {diff} | {verdict(m, half)} | {reach} | "
+            rows.append(f"| {d} | {ma} | {mb} | {what} | {n_seeds} | {diff} | {verdict(m, half)} | {reach} | "
                         f"{avg(A, 'rollouts'):.0f} / {avg(B, 'rollouts'):.0f} | "
                         f"{avg(A, 'seconds') / 60:.1f} / {avg(B, 'seconds') / 60:.1f} |")
+    return "\n".join(rows) if len(rows) > 2 else ""
+
+
+def against_note(other):
+    return (f"Against the same cells of {other} (`--against`): final test mean@8 of each grid, and this "
+            "grid minus that one on the same test questions, paired per seed (the interval as in the claims).")
+
+
+def against(runs, other_runs, root, other):
+    """This grid's cells against the same cells (domain, method, seeds) of another grid, e.g. a
+    rerun with a changed proposer: the other grid's final test mean@8 beside this one's, and this
+    minus other on the same test questions, paired per seed."""
+    mine, theirs = by_cell(runs), by_cell(other_runs)
+    root, other = Path(root).name, Path(other).name  # the folders' names head the columns
+    rows = [f"| domain | method | seeds | {other} | {root} | {root} - {other} (points) | verdict (95%) | "
+            "rollouts (other / this) |", "|" + "---|" * 8]
+    for cell in sorted(set(mine) & set(theirs)):
+        A, B = mine[cell], theirs[cell]
+        seeds = sorted(set(A) & set(B))
+        pd = paired_difference(A, B, seeds)
+        if pd is None:
+            continue
+        m, half, diff, _ = pd
+        final = lambda runs_: fmt([runs_[s]["sum"]["test_mean8_final"] for s in seeds])
+        spent = lambda runs_: ", ".join(str(runs_[s]["sum"]["rollouts"]) for s in seeds)
+        rows.append(f"| {cell[0]} | {cell[1]} | {', '.join(map(str, seeds))} | {final(B)} | {final(A)} | {diff} | "
+                    f"{verdict(m, half)} | {spent(B)} / {spent(A)} |")
     return "\n".join(rows) if len(rows) > 2 else ""
 
 
@@ -414,6 +454,8 @@ def main():
                     "this file, between its two marker lines for this root (see markers)")
     ap.add_argument("--domains", default=" ".join(GRID_DOMAINS), help="the grid's domains, for the coverage table")
     ap.add_argument("--methods", default=" ".join(GRID_METHODS), help="the grid's methods, for the coverage table")
+    ap.add_argument("--against", default="", help="another folder of runs of the same cells (e.g. a rerun with a "
+                    "changed proposer): this grid minus that one, paired per seed on the same test questions")
     a = ap.parse_args()
     if a.pack:
         return pack(Path(a.root))
@@ -433,7 +475,14 @@ def main():
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     cell_labels(runs)
     pngs, head_to_head = curves(runs, out), claims(runs)
-    more_flags = f" --readme {a.readme}" if a.readme else ""
+    versus = ""
+    if a.against:
+        other = load(Path(a.against))
+        if not other:
+            raise SystemExit(f"results.py: --against: no finished runs (summary.json) under {a.against}")
+        cell_labels(other)
+        versus = against(runs, other, a.root, a.against)
+    more_flags = (f" --readme {a.readme}" if a.readme else "") + (f" --against {a.against}" if a.against else "")
     grid = a.domains.split(), a.methods.split()
     if grid != (list(GRID_DOMAINS), list(GRID_METHODS)):  # the command line in the page must rebuild it
         more_flags += f' --domains "{a.domains}" --methods "{a.methods}"'
@@ -444,8 +493,9 @@ def main():
             "three full test evaluations of a run: initial, final, best-on-val).\n\n")
     claims_text = ("### The paper's claims, head to head\n\n" + CLAIMS_NOTE + head_to_head + "\n\n"
                    if head_to_head else "")
+    versus_text = f"### Against {a.against}\n\n{against_note(a.against)}\n\n{versus}\n\n" if versus else ""
     body = (made + table(runs) + "\n\n" + "### What each side had to learn from\n\n" + diagnostics(runs) + "\n\n"
-            + claims_text + "### Grid coverage\n\n" + coverage(runs, Path(a.root), *grid) + "\n"
+            + claims_text + versus_text + "### Grid coverage\n\n" + coverage(runs, Path(a.root), *grid) + "\n"
             + "### Runs: code and command\n\n" + provenance(runs) + "\n")
     images = lambda where: "\n".join(f"![{p.stem}]({where}{p.name})" for p in pngs) + "\n"
     text = "# Results\n\n" + body + "\n" + images("")
@@ -457,6 +507,7 @@ def main():
         into_readme(readme, a.root, f"Generated by `python tools/results.py {a.root} --out {a.out}{more_flags}` at commit "
                     f"{commit} from {len(runs)} finished runs; mean over seeds ± 95% CI.\n\n" + summary_table(runs)
                     + ("\n\nThe paper's claims, A - B on the same test questions:\n\n" + short if short else "")
+                    + (f"\n\n{against_note(a.against)}\n\n{versus}" if versus else "")
                     + f"\n\nAll tables (best-on-val, best-on-test, diagnostics, coverage, every run's command): "
                     f"[{rel}RESULTS.md]({rel}RESULTS.md).\n")
     print(text)
