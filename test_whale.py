@@ -4250,16 +4250,18 @@ def test_tiny_run_of_each_rsft_knob_evaluates_every_step_and_trains_on_its_buffe
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("point", ["sft:3", "eval:3"])
-def test_sigkill_with_replay_and_mid_phase_evals_resumes_to_the_same_numbers(tmp_path, knobs_reference,
-                                                                             tiny_harness, point):
-    """kill -9 in the second step's update (the buffer holds step 1's sequences) or inside the
-    first mid-phase evaluation (tag A0.1, after the step's checkpoint): --resume gives the same
-    numbers, step by step and evaluation by evaluation, as the uninterrupted run."""
+def test_sigkill_with_replay_and_mid_phase_evals_resumes_to_the_same_numbers(tmp_path, knobs_reference, tiny_harness):
+    """kill -9 in the second step's update (the buffer holds step 1's sequences), then, in the
+    resumed process, kill -9 again inside the next mid-phase evaluation (tag A0.2, after that
+    step's checkpoint): the second --resume gives the same numbers, step by step and evaluation by
+    evaluation, as the uninterrupted run. (One run killed twice: two kills for the time of one run.)"""
     run = tmp_path / "killed"
     r = run_whale("--domain", "searchqa", "--out", str(run), *KNOBS, "--harness", tiny_harness,
-                  env={"WHALE_CRASH_AT": point})
+                  env={"WHALE_CRASH_AT": "sft:3"})
     assert r.returncode == -signal.SIGKILL, (r.returncode, r.stderr[-2000:])
+    r = run_whale("--resume", str(run), env={"WHALE_CRASH_AT": "eval:1"})
+    assert r.returncode == -signal.SIGKILL, (r.returncode, r.stderr[-2000:])
+    assert '"tag": "A0.2"' not in (run / "metrics.jsonl").read_text()  # killed inside that evaluation
     r = run_whale("--resume", str(run))
     assert r.returncode == 0, r.stderr[-3000:]
     assert step_and_eval_numbers(run) == step_and_eval_numbers(knobs_reference)
