@@ -5,7 +5,7 @@
 # is skipped and an interrupted one resumes, so `bash results/phase-a/run.sh` continues the study
 # in any sitting. R7, R8 and the seed-1 confirmation C1 are chosen from the earlier runs by study.py,
 # by the rules of the README.
-#   bash results/phase-a/run.sh            # stage 1 (R1-R6), then R7 and R8
+#   bash results/phase-a/run.sh            # stage 1 (R1-R6), R7, R8, C1, then math's M1, M3, M4
 #   bash results/phase-a/run.sh R1 R4      # some regimes only
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -36,16 +36,19 @@ regime() {  # the flags of a regime, on top of base
     C1) best=$(python results/phase-a/study.py --confirm "$out")
         [ -n "$best" ] || { echo "no regime learns: nothing to confirm" >&2; return 1; }
         echo "$(regime "$best") --seed 1" ;;
-    *) echo "unknown regime $1 (R1-R8, C1)" >&2; exit 2 ;;
+    # math (item 2): R1, R3 and R4 from math's h0 at the cap the README's rule chose (48); the other
+    # regimes only if one of these learns
+    M1|M3|M4) echo "$(regime "R${1#M}" | sed "s/--harness [^ ]*//") --domain math --max-tokens 48" ;;
+    *) echo "unknown regime $1 (R1-R8, C1, M1, M3, M4)" >&2; exit 2 ;;
   esac
 }
-for r in ${*:-R1 R2 R3 R4 R5 R6 R7 R8 C1}; do
+for r in ${*:-R1 R2 R3 R4 R5 R6 R7 R8 C1 M1 M3 M4}; do
   dir=$out/$r
   if [ -f "$dir/summary.json" ]; then echo "done: $dir"; continue; fi
   if [ -f "$dir/config.json" ]; then
     python whale.py --resume "$dir"
   else
-    spec=$(regime "$r") || break  # (C1 when no regime learns: the study is over)
+    spec=$(regime "$r") || { echo "skipped: $r"; continue; }  # (C1 when no regime learns)
     read -ra flags <<< "$spec"
     python whale.py "${base[@]}" "${flags[@]}" --out "$dir"
   fi

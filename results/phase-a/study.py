@@ -71,7 +71,7 @@ def row(name, r) -> str:
     capped = [x["capped_frac"] for x in steps if x.get("capped_frac") is not None]
     curve = " ".join(f"{v['mean']:.3f}" for v in r["val"])
     med = lambda xs: f"{statistics.median(xs):g}" if xs else "-"
-    cells = [name, f"T {c['temperature']:g}, lr {c['lr']:g}, B {c['prompts_per_step']}, cap "
+    cells = [name, f"{c['domain']}, T {c['temperature']:g}, lr {c['lr']:g}, B {c['prompts_per_step']}, cap "
              f"{c['max_kept_per_prompt']}, K {c['train_layers']}, replay {c.get('replay_steps', 1)}x"
              f"{c.get('sft_epochs', 1)}, {start_harness(c)}",
              f"{len(steps)}", f"{med(kept)} ({sum(kept)})", f"{med(tokens)} ({sum(tokens)})",
