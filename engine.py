@@ -25,7 +25,9 @@ Everything in WHALE is rollouts, so this file is where the time goes. It holds
     tails after it, and tails of similar length are prefilled together so that a
     short tail is not padded to the longest; finished rows leave the cache in
     place, a quarter of the batch at a time. `HFEngine(sampler="landed")` keeps the
-    loop as it was before those last two (issue #31) for tools/bench.py to compare;
+    loop as it was before those last two (issue #31) for tools/bench.py to compare; in decode
+    the fast sampler keeps each prompt's cache once for all of its samples instead of a copy per
+    row (`shared_prefix.py`: ~G times less cache to hold and to read per step);
     `HFEngine(precision="int8")` (opt-in, CPU only, `--rollout-precision int8`) samples from
     an int8 copy of the model (`int8_copy`): every Linear layer, the LM head included, holds
     int8 weights (per output channel) and quantizes its input per token on the fly
@@ -54,6 +56,7 @@ file is de-quantised once), int8 on a GPU or under vLLM, remote code
 (`trust_remote_code`), and multimodal checkpoints (only the text of a conversation
 reaches the model).
 """
+import contextlib
 import hashlib
 import inspect
 import json
@@ -542,7 +545,7 @@ class HFEngine:
     precision="int8", once sync_weights() has re-quantized the sampling copy)."""
 
     def __init__(self, model, tokenizer, max_batch_rows: int = 512, max_batch_tokens: int = 2**17,
-                 chat_format: str = "auto", sampler: str = "fast", precision: str = "fp32"):
+                 chat_format: str = "auto", sampler: str = "fast", precision: str = "fp32", shared_prefix: bool = True):
         self.model, self.tokenizer = model, tokenizer
         # "fast" (default) or "landed": the decode loop as it was before issue #31, kept so that
         # tools/bench.py can time both side by side; both give the same tokens (see _sample_chunk)
@@ -565,6 +568,11 @@ class HFEngine:
         self.max_batch_rows, self.max_batch_tokens = max_batch_rows, max_batch_tokens
         # distinct prompts sharing a head of at least this many tokens prefill it once
         self.min_shared_head = 64
+        # fast sampler, decode: each prompt's cache kept once for all of its samples, not copied to
+        # every row (shared_prefix.py; False copies it as before, for tools/bench.py to compare);
+        # architectures it does not cover keep a full cache per row
+        import shared_prefix as sp
+        self.shared_prefix = shared_prefix and sampler == "fast" and sp.supported(self.sampling_model)
         self.prefill_tokens = 0  # tokens run through prefill so far (what the sharing saves shows here)
         self.eos_ids = stop_token_ids(tokenizer, model.generation_config)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.eos_ids)
@@ -628,6 +636,7 @@ class HFEngine:
 
     @torch.no_grad()
     def _sample_chunk(self, requests, chunk, results):
+        import shared_prefix  # (transformers is imported lazily here, as by the loaders)
         model, dev = self.sampling_model, self.device  # `.model` itself, or its int8 copy
         was_training = model.training
         model.eval()
@@ -644,7 +653,8 @@ class HFEngine:
         tail_width = max(lens[j] - h for h, js in groups for j in js)
         ids, mask = left_padded(heads, width, self.pad_id)
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
-        cache = preallocated_cache(model, width + tail_width + max_new_all)
+        shared = self.shared_prefix  # decode reads the prompts' cache once per prompt (shared_prefix.py)
+        cache = preallocated_cache(model, width + tail_width + (0 if shared else max_new_all))
         out = model(input_ids=ids.to(dev), attention_mask=mask.to(dev), position_ids=pos.to(dev),
                     use_cache=True, logits_to_keep=1, **{self.cache_kw: cache})
         self.prefill_tokens += sum(map(len, heads))
@@ -690,12 +700,17 @@ class HFEngine:
         else:
             last_logits = out.logits[:, -1, :]
             row_of = {j: j for j in range(len(prompts))}
-        # 2) one row per request: copy each prompt's cache and last logits to its members
+        # 2) one row per request: its prompt's last logits, and its prompt's cache: copied to every
+        #    member row, or (shared) kept once per prompt beside a cache of each row's own new tokens
         order = [i for _, members in chunk for i in members]
         src = torch.tensor([row_of[j] for j, (_, members) in enumerate(chunk) for _ in members], dtype=torch.long)
-        cache.batch_select_indices(src.to(dev))
         logits = last_logits.float()[src.to(dev)]
-        mask = mask[src].to(dev)
+        if shared:
+            prefix = shared_prefix.SharedPrefix(cache, mask.to(dev), src.to(dev))
+            cache = preallocated_cache(model, max_new_all)
+        else:
+            cache.batch_select_indices(src.to(dev))
+            mask = mask[src].to(dev)
         next_pos = torch.tensor([lens[j] for j, (_, members) in enumerate(chunk) for _ in members],
                                 dtype=torch.long, device=dev)
         reqs = [requests[i] for i in order]
@@ -717,39 +732,49 @@ class HFEngine:
         #    a few hundred rows, as much as a decode step); "fast" waits until a quarter of the rows
         #    have finished (until then they cost one row of compute each) and moves the live rows
         #    to the front of the same buffers, copying only the positions written so far
-        while True:
-            # a request's k-th token uses the k-th number of its own stream, whatever its row
-            u = torch.stack([uniforms[k][min(len(generated[k]), len(uniforms[k]) - 1)] for k in rows]).to(dev)
-            tok = sample_from_logits(logits, temp, top_k, top_p, u).tolist()
-            for k, t in zip(rows, tok):
-                if finish[k] is not None:
-                    continue  # finished earlier, not compacted away yet: its token is thrown away
-                generated[k].append(t)
-                if t in self.eos_ids:
-                    finish[k] = "eos"
-                elif stops[k] and any(s in self.tokenizer.decode(generated[k][-tails[k]:]) for s in stops[k]):
-                    finish[k] = "stop"
-                elif len(generated[k]) >= max_new[k]:
-                    finish[k] = "length"
-            keep = [row for row, k in enumerate(rows) if finish[k] is None]
-            if not keep:
-                break
-            dead = len(rows) - len(keep)
-            if dead and (self.sampler == "landed" or 4 * dead >= len(rows)):
-                sel = torch.tensor(keep, dtype=torch.long, device=dev)
-                if self.sampler == "landed":
-                    cache.batch_select_indices(sel)
+        with shared_prefix.decoding(model) if shared else contextlib.nullcontext():
+            while True:
+                # a request's k-th token uses the k-th number of its own stream, whatever its row
+                u = torch.stack([uniforms[k][min(len(generated[k]), len(uniforms[k]) - 1)] for k in rows]).to(dev)
+                tok = sample_from_logits(logits, temp, top_k, top_p, u).tolist()
+                for k, t in zip(rows, tok):
+                    if finish[k] is not None:
+                        continue  # finished earlier, not compacted away yet: its token is thrown away
+                    generated[k].append(t)
+                    if t in self.eos_ids:
+                        finish[k] = "eos"
+                    elif stops[k] and any(s in self.tokenizer.decode(generated[k][-tails[k]:]) for s in stops[k]):
+                        finish[k] = "stop"
+                    elif len(generated[k]) >= max_new[k]:
+                        finish[k] = "length"
+                keep = [row for row, k in enumerate(rows) if finish[k] is None]
+                if not keep:
+                    break
+                dead = len(rows) - len(keep)
+                if dead and (self.sampler == "landed" or 4 * dead >= len(rows)):
+                    sel = torch.tensor(keep, dtype=torch.long, device=dev)
+                    if self.sampler == "landed":
+                        cache.batch_select_indices(sel)
+                    else:
+                        for layer in cache.layers:  # (shared: the rows' own tokens; not written yet at step 0)
+                            if layer.is_initialized:
+                                layer.keep_rows(sel)
+                    if shared:
+                        prefix.keep_rows(sel)
+                    else:
+                        mask = mask[sel]
+                    next_pos, temp, top_k, top_p = next_pos[sel], temp[sel], top_k[sel], top_p[sel]
+                    rows = [rows[row] for row in keep]
+                last = torch.tensor([[generated[k][-1]] for k in rows], dtype=torch.long, device=dev)
+                if shared:  # (the prompts' padding is in prefix.pad; a row's own tokens have none)
+                    step = {"shared_prefix": prefix}
                 else:
-                    for layer in cache.layers:
-                        layer.keep_rows(sel)
-                mask, next_pos, temp, top_k, top_p = mask[sel], next_pos[sel], temp[sel], top_k[sel], top_p[sel]
-                rows = [rows[row] for row in keep]
-            last = torch.tensor([[generated[k][-1]] for k in rows], dtype=torch.long, device=dev)
-            mask = torch.cat([mask, torch.ones((len(rows), 1), dtype=mask.dtype, device=dev)], dim=1)
-            out = model(input_ids=last, attention_mask=mask, position_ids=next_pos.unsqueeze(1),
-                        use_cache=True, **{self.cache_kw: cache})
-            logits = out.logits[:, -1, :].float()
-            next_pos = next_pos + 1
+                    mask = torch.cat([mask, torch.ones((len(rows), 1), dtype=mask.dtype, device=dev)], dim=1)
+                    step = {"attention_mask": mask}
+                out = model(input_ids=last, position_ids=next_pos.unsqueeze(1), use_cache=True,
+                            **{self.cache_kw: cache}, **step)
+                logits = out.logits[:, -1, :].float()
+                next_pos = next_pos + 1
         for k, i in enumerate(order):
             text = self.tokenizer.decode(generated[k], skip_special_tokens=True)
             if finish[k] == "stop":

@@ -22,7 +22,7 @@ new test should keep it so):
   1. the sampler (engine.py): greedy == HF generate, a shared prefill, fast == landed sampler,
      chunk caps, seeded batch-independent sampling, the int8 sampler, stop strings, exact rollout records; any
      causal LM: other architectures, chat formats, end-of-turn tokens, GGUF files, bad models
-     -k "test_int8_ or greedy_matches_generate or prefill_it_once or fast_and_landed or token_cap or seeded_sampling_is or stop_strings_cut or two_call or tiny_model or plain_format_prompt or end_of_turn or gguf or bad_model or engines_chat_format"
+     -k "shared_prefix or test_int8_ or greedy_matches_generate or prefill_it_once or fast_and_landed or token_cap or seeded_sampling_is or stop_strings_cut or two_call or tiny_model or plain_format_prompt or end_of_turn or gguf or bad_model or engines_chat_format"
   2. the sandbox (sandbox.py): the hostile suite, the Landlock layer, the protocol, timeouts and
      deadlines, run_python
      -k "hostile or landlock or audit_hook or isolation or llm_batch or tool_calls or llm_arguments or print_is or times_out or stall or time_is_charged or flood or batch_timeout or concurren or late_finisher or run_python or scratch_of"
@@ -374,6 +374,70 @@ def test_fast_and_landed_samplers_give_the_same_tokens(hf):
     assert_greedy_matches_generate(hf, prompts)  # and the fast path is what generate gives
     with pytest.raises(ValueError, match="unknown sampler"):
         engine.HFEngine(hf.model, hf.tokenizer, sampler="turbo")
+
+def test_shared_prefix_attention_is_softmax_over_prompt_and_own_tokens():
+    # shared_prefix.attention against attention written out: each row's query over its prompt's
+    # keys (left padding masked) followed by its own generated keys, grouped-query heads, prompts
+    # with 3, 1 and 2 rows in mixed row order, and again after rows (and a whole prompt) are dropped
+    import shared_prefix
+    torch.manual_seed(0)
+    P, Lp, S, kvh, rep, d = 3, 7, 4, 3, 3, 16
+    pk, pv = torch.randn(P, kvh, Lp, d), torch.randn(P, kvh, Lp, d)
+    mask = torch.ones(P, Lp, dtype=torch.long)
+    mask[0, :3], mask[2, :5] = 0, 0  # left padding
+    cache = types.SimpleNamespace(layers=[types.SimpleNamespace(keys=pk, values=pv)])
+    row_prompt = torch.tensor([2, 0, 0, 1, 2, 0])
+    sp = shared_prefix.SharedPrefix(cache, mask, row_prompt)
+    module = types.SimpleNamespace(layer_idx=0)
+
+    def check(sp, row_prompt):
+        R = len(row_prompt)
+        q, sk, sv = torch.randn(R, kvh * rep, 1, d), torch.randn(R, kvh, S, d), torch.randn(R, kvh, S, d)
+        out, _ = shared_prefix.attention(module, q, sk, sv, None, scaling=d ** -0.5, shared_prefix=sp)
+        for r in range(R):
+            p = int(row_prompt[r])
+            real = mask[p].bool()
+            k = torch.cat([pk[p][:, real], sk[r]], 1).repeat_interleave(rep, 0)  # [H, n, d]
+            v = torch.cat([pv[p][:, real], sv[r]], 1).repeat_interleave(rep, 0)
+            ref = torch.softmax(q[r] @ k.transpose(-1, -2) * d ** -0.5, -1) @ v  # [H, 1, d]
+            torch.testing.assert_close(out[r], ref.transpose(0, 1), rtol=1e-5, atol=1e-5)
+
+    check(sp, row_prompt)
+    sp.keep_rows(torch.tensor([0, 1, 4]))  # prompt 1's only row goes: its cache is dropped
+    assert sp.pad.shape[0] == 2 and sp.keys[0].shape[0] == 2
+    mask = mask[[0, 2]]
+    pk, pv = pk[[0, 2]], pv[[0, 2]]
+    check(sp, torch.tensor([1, 0, 1]))
+
+
+def test_shared_prefix_decode_gives_the_tokens_of_a_cache_per_row(hf, monkeypatch):
+    # the fast sampler keeps each prompt's cache once for all of its samples (shared_prefix.py):
+    # the same tokens as with a copy of it in every row, greedy and sampled, with prompts of very
+    # different lengths, shared heads, rows ending at different steps and whole prompts finishing
+    # early; its decode cache holds each prompt once; the model's own attention is back afterwards,
+    # also when the decode loop fails
+    import shared_prefix
+    head = [{"role": "system", "content": "You answer in one short sentence. " * 12}]
+    texts = ["Hi.", "Tell me about the sea, the sky and the mountains in the north of Norway. " * 4]
+    prompts = [hf.chat_ids(head + [{"role": "user", "content": t}]) for t in texts]
+    prompts += [chat(hf, "Name a colour."), chat(hf, "Why is the sky blue? Explain it to a child. " * 3)]
+    reqs = [{"prompt_ids": p, "max_tokens": 2 if i == 2 else 3 + 6 * j, "temperature": t, "top_k": 20, "top_p": 0.95,
+             "seed": 10 * i + j} for i, p in enumerate(prompts) for j in range(4) for t in (0.0, 1.0)]
+    per_row = engine.HFEngine(hf.model, hf.tokenizer, shared_prefix=False)
+    seen, real = [], shared_prefix.SharedPrefix
+    monkeypatch.setattr(shared_prefix, "SharedPrefix", lambda *a: seen.append(real(*a)) or seen[-1])
+    shared, before = hf.sample(reqs), per_row.sample(reqs)
+    assert hf.shared_prefix and not per_row.shared_prefix
+    assert [o["completion_ids"] for o in shared] == [o["completion_ids"] for o in before]
+    assert [o["finish"] for o in shared] == [o["finish"] for o in before]
+    assert len({len(o["completion_ids"]) for o in shared}) > 3
+    assert len(seen) == 1 and seen[0].keys[0].shape[0] < len(prompts)  # finished prompts were dropped
+    assert hf.model.config._attn_implementation == "sdpa"
+    monkeypatch.setattr(engine, "sample_from_logits", lambda *a: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        hf.sample(reqs[:2])
+    assert hf.model.config._attn_implementation == "sdpa"
+
 
 def test_chunks_respect_the_token_cap(hf, monkeypatch):
     prompts = [chat(hf, f"Say the number {i} in words.") for i in range(6)]

@@ -18,6 +18,8 @@ Prints one `name: value` line per measurement:
     through the sandbox, the landed sampler, the fast one and the fast one sampling from int8
     weights (`--rollout-precision int8`, CPU) side by side, then one phase-A step (rollouts +
     SFT update) the same way; see `eval_workload` for what is printed and what the limit is;
+  - memory (only with --only memory): peak RSS of one long-context evaluation (16 questions x 8)
+    per sampler, each in its own process: landed, fast with a cache copy per row, fast;
   - deadline (only with --only deadline): what rollouts are charged against their
     deadline (own time + tools + their share of each model batch) in a real evaluation,
     64 searchqa questions x 8 = one 512-rollout wave and 16 chess puzzles x 8 (multi-turn,
@@ -28,6 +30,7 @@ Prints one `name: value` line per measurement:
     python tools/bench.py --only decode,multiturn # some sections (rollout, decode, sandbox, multiturn, sft, deadline, eval)
     python tools/bench.py --only eval             # the real workload, landed vs fast vs int8 (~35 min on 2 cores)
     python tools/bench.py --only eval --questions 8 --harnesses long  # a smaller part of it
+    python tools/bench.py --only memory           # peak memory per sampler (~10 min on 2 cores)
 
 The limit (eval section): on a CPU a rollout's time is matmul time, so no sampler can beat
 (matmul peak) / (the FLOPs the rollouts need): 2N per prompt position, a prefix shared by
@@ -128,9 +131,12 @@ def main():
     ap.add_argument("--harnesses", default="h0,long", help="eval: which of h0, long ('' = only the phase-A step)")
     ap.add_argument("--questions", type=int, default=0,
                     help="eval: test questions x 8 (default 64, 8 with --quick; phase A: a quarter of it)")
+    ap.add_argument("--memory-child", default="", help=argparse.SUPPRESS)  # memory(): one run in its own process
     args = ap.parse_args()
+    if args.memory_child:
+        return memory_child(args.memory_child, args.model, args.questions)
     only = set(args.only.split(","))
-    sections = {"rollout", "decode", "sandbox", "multiturn", "sft", "deadline", "eval"}
+    sections = {"rollout", "decode", "sandbox", "multiturn", "sft", "deadline", "eval", "memory"}
     if only - sections:
         print(f"bench.py: unknown section(s) {', '.join(sorted(only - sections))}; "
               f"choose from {', '.join(sorted(sections))}", file=sys.stderr)
@@ -155,7 +161,7 @@ def main():
     n_params += model.lm_head.weight.numel() if model.config.tie_word_embeddings else 0
 
     P, G, NEW = (8, 8, 16) if q else (32, 8, 32)
-    prompts = squad_prompts(e, P) if only - {"eval", "deadline"} else []
+    prompts = squad_prompts(e, P) if only - {"eval", "deadline", "memory"} else []
     if "rollout" in only:
         rollout_workload(e, model, prompts, G, NEW, n_params, peak)
     if "decode" in only:
@@ -166,6 +172,8 @@ def main():
         multiturn(e, 4 if q else 16)
     if "deadline" in only:
         deadline(e, 8 if q else 64, 4 if q else 16)
+    if "memory" in only:
+        memory(args.model, args.questions or (4 if q else 16))
     if "eval" in only:  # restores the weights it trains
         n_q = args.questions or (8 if q else 64)
         eval_workload(model, tok, n_q, max(1, n_q // 4), args.harnesses.split(","))
@@ -280,15 +288,17 @@ def least_flops(records, n_body, n_head):
 
 def eval_workload(model, tok, n_questions, n_phase_a, harnesses=("h0", "long")):
     """The real workload, the samplers side by side (same weights, same seeds, interleaved):
-    landed and fast (engine.SAMPLERS) in fp32, and on a CPU the fast one in int8 (engine.Int8Linear).
+    landed and fast (engine.SAMPLERS) in fp32, fast with a cache copy per row ("full", as before
+    shared_prefix.py), and on a CPU the fast one in int8 (engine.Int8Linear).
 
     The limit (module docstring): (matmul peak) / (least FLOPs per rollout, `least_flops`);
     the peak is a 2048^3 matmul in the model's dtype, measured right before each pair.
     eval_fraction_of_peak is how close a sampler gets; eval_speedup = fast / landed rollouts/s.
     Prints per harness (h0, long: `long_context_harness`) and sampler:
     eval_<h>_<sampler>_rollouts_per_s, _prompt_tokens, _completion_tokens, _fraction_of_peak,
-    _mean (mean@8, the same within float round-off for landed and fast; int8 samples other
-    tokens), then eval_<h>_speedup (fast / landed) and eval_<h>_int8_speedup (int8 / fast, and
+    _mean (mean@8, the same within float round-off for landed, full and fast; int8 samples other
+    tokens), then eval_<h>_speedup (fast / landed), eval_<h>_shared_prefix_speedup (fast / full)
+    and eval_<h>_int8_speedup (int8 / fast, and
     vs landed); int8's fraction is of the fp32 peak (its int8 matmuls can pass it). For one
     phase-A step (16 weight-split prompts x 8, rollouts + SFT update of the top 4 blocks, as
     whale.py's defaults; int8 re-quantizes after the update, counted) phase_a_<sampler>_seconds,
@@ -301,6 +311,7 @@ def eval_workload(model, tok, n_questions, n_phase_a, harnesses=("h0", "long")):
     dev, dtype = next(model.parameters()).device, next(model.parameters()).dtype
     examples = searchqa.load_split("test")[:n_questions]
     engines = {s: eng.HFEngine(model, tok, sampler=s) for s in eng.SAMPLERS}
+    engines["full"] = eng.HFEngine(model, tok, shared_prefix=False)  # fast, with a cache copy per row
     if dev.type == "cpu":  # Int8Linear is a CPU path (whale.py refuses int8 with --device cuda)
         engines["int8"] = eng.HFEngine(model, tok, precision="int8")
     for h_name, source in (("h0", open(searchqa.H0).read()), ("long", long_context_harness())):
@@ -309,7 +320,7 @@ def eval_workload(model, tok, n_questions, n_phase_a, harnesses=("h0", "long")):
         peak = matmul_gflops(device=dev, dtype=dtype)
         print(f"eval_{h_name}_matmul_gflops: {peak:.1f} ({dtype} on {dev})")
         rate = {}
-        order = ("landed", "fast", "int8") if h_name == "h0" else ("int8", "fast", "landed")  # none always first
+        order = ("landed", "full", "fast", "int8") if h_name == "h0" else ("int8", "fast", "full", "landed")  # none always first
         for s in (s for s in order if s in engines):
             res = rollout.evaluate(engines[s], searchqa, source, examples, 8, seed=0, sampling=sampling, max_tokens=48)
             rate[s] = res["rollouts"] / res["seconds"]
@@ -320,6 +331,7 @@ def eval_workload(model, tok, n_questions, n_phase_a, harnesses=("h0", "long")):
             print(f"eval_{h_name}_{s}_fraction_of_peak: {frac:.2f}")
             print(f"eval_{h_name}_{s}_mean: {res['mean']:.3f} +- {res['se']:.3f}")
         print(f"eval_{h_name}_speedup: {rate['fast'] / rate['landed']:.2f}")
+        print(f"eval_{h_name}_shared_prefix_speedup: {rate['fast'] / rate['full']:.2f} (fast / the same with a cache copy per row)")
         if "int8" in rate:
             print(f"eval_{h_name}_int8_speedup: {rate['int8'] / rate['fast']:.2f} (int8 / fast fp32; "
                   f"{rate['int8'] / rate['landed']:.2f} vs landed)")
@@ -350,6 +362,44 @@ def eval_workload(model, tok, n_questions, n_phase_a, harnesses=("h0", "long")):
     print(f"phase_a_speedup: {seconds['landed'] / seconds['fast']:.2f}")
     if "int8" in seconds:
         print(f"phase_a_int8_speedup: {seconds['fast'] / seconds['int8']:.2f} (fast fp32 / int8 seconds)")
+
+
+def memory(model_name, n_questions):
+    """Peak memory of one evaluation of the long-context harness (`long_context_harness`, ~970
+    prompt tokens; 16 questions x 8 make one chunk at the sampler's 2^17-position cache cap), each
+    sampler in a fresh process so that each has its own peak RSS: landed, full (the fast sampler
+    with a cache copy per row, as before shared_prefix.py) and fast (each prompt's cache once).
+    Prints memory_<sampler>_peak_gb, _model_gb (the process after loading the model: what no
+    sampler changes), _seconds and _mean, then memory_shared_prefix_ratio: full's peak above the
+    model over fast's (how many times less memory the sampler itself takes)."""
+    import json
+    import subprocess
+    res = {}
+    for s in ("landed", "full", "fast"):
+        out = subprocess.run([sys.executable, __file__, "--memory-child", s, "--model", model_name,
+                              "--questions", str(n_questions)], capture_output=True, text=True)
+        if out.returncode:
+            raise SystemExit(f"bench.py: the {s} memory run failed:\n{out.stderr[-2000:]}")
+        res[s] = json.loads(out.stdout.strip().splitlines()[-1])
+        for k in ("peak_gb", "model_gb", "seconds", "mean"):
+            print(f"memory_{s}_{k}: {res[s][k]:.3f}")
+    above = {s: res[s]["peak_gb"] - res[s]["model_gb"] for s in res}
+    print(f"memory_shared_prefix_ratio: {above['full'] / above['fast']:.2f} (full / fast, peak above the model)")
+    print(f"memory_landed_ratio: {above['landed'] / above['fast']:.2f} (landed / fast, peak above the model)")
+
+
+def memory_child(sampler, model_name, n_questions):
+    """One evaluation for `memory`, in its own process: prints one json line."""
+    import json
+    import resource
+    from domains import searchqa
+    model, tok = eng.load_model(model_name)
+    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # kB on Linux -> GB
+    e = eng.HFEngine(model, tok, sampler="landed" if sampler == "landed" else "fast", shared_prefix=sampler == "fast")
+    res = rollout.evaluate(e, searchqa, long_context_harness(), searchqa.load_split("test")[:n_questions], 8, seed=0,
+                           sampling={"temperature": 0.3, "top_k": 20, "top_p": 1.0}, max_tokens=48)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6
+    print(json.dumps({"peak_gb": peak, "model_gb": base, "seconds": res["seconds"], "mean": res["mean"]}))
 
 
 def deadline(e, n_questions, n_puzzles, flood_deadline=30.0):
