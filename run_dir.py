@@ -15,6 +15,7 @@ how it resumes, and the one DDP sync point.
   harnesses/         every accepted harness as a .py file
   archive/           phase B archives (meta_harness.py), one folder per harness phase
   summary.json, curve.png
+  .lock              held by the process running the run (run_setup.lock_run), holds its pid
   tracker.json       with --tracker (tracking.py): the tracker run's id and the rows each backend
                      has been sent; tensorboard/, mlruns/, wandb/ are the backends' own files
 

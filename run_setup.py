@@ -6,8 +6,9 @@ that contradict each other, a corrupt data file, a proposer endpoint that does n
 and raises UserError, which whale.py prints as one line with exit code 2, before anything is
 written. open_run makes a new run directory with config.json, or reopens the one --resume
 names with its saved settings (config.json and state.json checked by check_saved_run), refusing
-a resume that would change what the run means; either way it removes the sandbox scratch dirs
-that killed runs left in /tmp (sandbox.clean_dead_scratch).
+a resume that would change what the run means; either way it holds the directory's lock for the
+life of the process (lock_run: a second process on it stops with one line) and removes the
+sandbox scratch dirs that killed runs left in /tmp (sandbox.clean_dead_scratch).
 """
 import importlib
 import importlib.util
@@ -212,6 +213,32 @@ def check_proposer_flags(a):
         raise UserError(f"--proposer-api-key-env {a.proposer_api_key_env}: that environment variable is not set")
 
 
+HELD_LOCKS = []  # the open lock files of this process's run directories (see lock_run)
+
+
+def lock_run(run: Path):
+    """Take <run>/.lock for the life of this process, or stop with one line when another process
+    holds it: two processes on one run directory (a second --resume of a live run, two grids
+    writing one folder) would both write its checkpoint and metrics, and a resume first cleans
+    up what it takes for a dead run's leftovers. flock(2) is released by the kernel when the
+    holder exits, SIGKILL included, so a killed run resumes at once; the file keeps the pid."""
+    import fcntl
+    try:
+        fd = os.open(run / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise UserError(f"cannot lock the run directory {run}: {e.strerror or e}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        pid = os.read(fd, 32).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise UserError(f"{run} is in use by another process (pid {pid}): wait for it or stop it, "
+                        f"then `--resume {run}` continues the run") from None
+    os.ftruncate(fd, 0)
+    os.write(fd, str(os.getpid()).encode())
+    HELD_LOCKS.append(fd)
+
+
 def open_run(a):
     """A new run directory with config.json, or the one --resume names (with its saved args).
     `a` is whale.Args; its class gives the defaults a resumed run is compared against."""
@@ -222,6 +249,7 @@ def open_run(a):
         run = Path(a.resume)
         if not (run / "config.json").exists():
             raise UserError(f"{run} is not a run directory (no config.json)")
+        lock_run(run)  # before anything is read or cleaned up
         saved = read_json_or_fail(run / "config.json", f"--resume {run}")
         state = None
         if (run / "checkpoint").exists():  # written atomically; damaged only from outside
@@ -248,8 +276,14 @@ def open_run(a):
         raise UserError(f"{run} already holds a run; pass --resume {run} or another --out")
     try:
         run.mkdir(parents=True, exist_ok=True)
-        rd.write_json(run / "config.json", vars(a))
     except OSError as e:  # e.g. --out /proc/x, a read-only or full disk
+        raise UserError(f"cannot make the run directory {run}: {e.strerror or e}") from None
+    lock_run(run)
+    if (run / "config.json").exists():  # another process made it while this one was starting
+        raise UserError(f"{run} already holds a run; pass --resume {run} or another --out")
+    try:
+        rd.write_json(run / "config.json", vars(a))
+    except OSError as e:
         raise UserError(f"cannot make the run directory {run}: {e.strerror or e}") from None
     sandbox.clean_dead_scratch()
     return run, a

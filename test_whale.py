@@ -4889,6 +4889,34 @@ def test_bad_input_is_one_line_and_exit_2(args, needle, tmp_path):
     assert len(err) == 1 and needle in err[0] and "Traceback" not in r.stderr
 
 
+@pytest.mark.slow
+def test_a_run_directory_in_use_is_refused_and_free_once_its_process_dies(tmp_path):
+    # run_setup.lock_run: while a process holds a run directory, a new run into it and a --resume of
+    # it stop with one line naming the holder's pid, before anything is read, written or cleaned up;
+    # once the holder is SIGKILLed the kernel frees the lock and the resume goes on (here to the
+    # next check, which refuses a config.json edited by hand)
+    d = tmp_path / "run"
+    d.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time, run_setup; from pathlib import Path; "
+                               "run_setup.lock_run(Path(sys.argv[1])); print('held', flush=True); time.sleep(600)", str(d)],
+                              cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        new = run_whale("--domain", "searchqa", "--out", str(d), timeout=120)
+        assert new.returncode == 2 and f"in use by another process (pid {holder.pid})" in new.stderr
+        assert len(new.stderr.strip().splitlines()) == 1 and not (d / "config.json").exists()
+        (d / "config.json").write_text("{}")  # a run with the default settings: unlocked, it would start
+        (d / ".checkpoint.tmp1").mkdir()  # what a resume cleans up for a dead run
+        again = run_whale("--resume", str(d), timeout=120)
+        assert again.returncode == 2 and f"(pid {holder.pid})" in again.stderr and (d / ".checkpoint.tmp1").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    (d / "config.json").write_text(json.dumps({"budget": "24"}))  # refused by the check after the lock
+    after = run_whale("--resume", str(d), timeout=120)
+    assert after.returncode == 2 and "another process" not in after.stderr and "budget='24'" in after.stderr
+
+
 def test_bad_input_of_a_word_flag_names_the_flag_and_its_words():
     """run_setup.CHOICES: every flag that takes one of a few words refuses another one by name, in
     check_args itself (so a resumed run's saved settings are checked too, not only argparse's input)."""
