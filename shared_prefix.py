@@ -101,9 +101,10 @@ def attention(module, query, key, value, attention_mask, scaling=None, dropout=0
     q = query[:, :, 0] * (scaling if scaling is not None else d ** -0.5)  # [R, H, d]
 
     def merge_stats(s, v):  # softmax block statistics: max, denominator, unnormalised output
+        s = s.float()  # (in fp32 also under bf16, as flash attention keeps them; a no-op on the CPU)
         m = s.amax(-1, keepdim=True)
         e = torch.exp(s - m)
-        return m, e.sum(-1, keepdim=True), e @ v
+        return m, e.sum(-1, keepdim=True), (e.to(v.dtype) @ v).float()
 
     # 1) the prompts: each prompt's G rows x rep query heads per kv head in one matmul
     grid = q.new_zeros((P * G, H, d))
