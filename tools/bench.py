@@ -27,7 +27,7 @@ Prints one `name: value` line per measurement:
 
     python tools/bench.py                         # everything (~12 min on a 2-core CPU)
     python tools/bench.py --quick                 # smaller shapes, for a smoke run
-    python tools/bench.py --only decode,multiturn # some sections (rollout, decode, sandbox, multiturn, sft, deadline, eval)
+    python tools/bench.py --only decode,multiturn # some sections (rollout, decode, sandbox, multiturn, sft, deadline, eval, memory)
     python tools/bench.py --only eval             # the real workload, landed vs fast vs int8 (~35 min on 2 cores)
     python tools/bench.py --only eval --questions 8 --harnesses long  # a smaller part of it
     python tools/bench.py --only memory           # peak memory per sampler (~10 min on 2 cores)
@@ -130,7 +130,7 @@ def main():
     ap.add_argument("--device", default="cpu", help="cpu or cuda (the eval section; the others assume cpu)")
     ap.add_argument("--harnesses", default="h0,long", help="eval: which of h0, long ('' = only the phase-A step)")
     ap.add_argument("--questions", type=int, default=0,
-                    help="eval: test questions x 8 (default 64, 8 with --quick; phase A: a quarter of it)")
+                    help="eval: test questions x 8 (default 64, 8 with --quick; phase A: a quarter of it); memory: 16, 4 with --quick")
     ap.add_argument("--memory-child", default="", help=argparse.SUPPRESS)  # memory(): one run in its own process
     args = ap.parse_args()
     if args.memory_child:
