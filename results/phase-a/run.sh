@@ -14,7 +14,7 @@ out=results/phase-a/runs
 # proposer as landed when this study was registered (3de839e): the committed cpu-long run, seed 0
 # (its incumbent was chosen on the harness split's search set; its test numbers play no part here)
 hs=results/runs/cpu-long/searchqa-harness-only-s0/harnesses/cycle00.py
-steps=32  # RSFT steps of a stage-1 run (R3's steps are 4x larger, not more numerous)
+steps=32  # RSFT steps of a stage-1 run (R3: 8 steps 4x larger, the same rollouts; amendment 2026-12-02)
 base=(--domain searchqa --method weight-only --seed 0 --test-split val --test-limit 0 --test-n 8
       --val-limit 32 --val-n 2 --val-every 16 --max-tokens 48 --temperature 0.7 --lr 1e-4
       --train-layers 4 --prompts-per-step 16 --group 8 --max-kept-per-prompt 4)
@@ -22,16 +22,15 @@ regime() {  # the flags of a regime, on top of base
   case $1 in
     R1) echo "--harness $hs --budget $((steps * 128))" ;;
     R2) echo "--harness $hs --budget $((steps * 128)) --temperature 1.0" ;;
-    R3) echo "--harness $hs --budget $((steps * 512)) --prompts-per-step 64" ;;
+    R3) echo "--harness $hs --budget $((steps * 128)) --prompts-per-step 64" ;;
     R4) echo "--harness $hs --budget $((steps * 128)) --replay-steps 4 --sft-epochs 4" ;;
     R5) echo "--harness $hs --budget $((steps * 128)) --max-kept-per-prompt 0" ;;
     R6) echo "--harness $hs --budget $((steps * 128)) --train-layers 0 --lr 1e-5" ;;
-    # length and start harness: the stage-1 regime with the largest val gain, for 96 steps (study.py --best)
+    # length and start harness: the stage-1 regime with the largest val gain, for 64 steps (study.py --best)
     R7|R8) best=$(python results/phase-a/study.py --best "$out")
            flags=$(regime "$best" | sed "s/--budget [0-9]*//; s/--harness [^ ]*//")
-           per_step=128; [ "$best" = R3 ] && per_step=512
            h=$hs; [ "$1" = R8 ] && h=$(python -c "import domains.searchqa as d; print(d.H0)")
-           echo "--harness $h --budget $((96 * per_step)) $flags" ;;
+           echo "--harness $h --budget $((64 * 128)) $flags" ;;  # (study.py never picks R3 here)
     # the confirmation: the learning regime with the largest gain, again at seed 1 (study.py --confirm)
     C1) best=$(python results/phase-a/study.py --confirm "$out")
         [ -n "$best" ] || { echo "no regime learns: nothing to confirm" >&2; return 1; }
