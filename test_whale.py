@@ -111,6 +111,9 @@ ROOT = Path(__file__).resolve().parent  # the repository (pytest puts it on sys.
 # ==============================================================================================
 # Used by several sections: the embedded model, tiny whale.py runs (subprocesses) and what every
 # run directory must hold; the in-process harness kit; a local OpenAI-compatible server.
+# Every test that takes a session fixture which is a whole whale.py run (tiny_reference,
+# knobs_reference) or a download (bigbench_sdist) carries @pytest.mark.xdist_group(<fixture>): under
+# pytest-xdist (.ci/run: -n 2 --dist loadgroup) they share one worker and so one copy of it.
 
 @pytest.fixture(scope="session")
 def hf():
@@ -155,6 +158,21 @@ def tiny_reference(tmp_path_factory, tiny_harness):
     r = run_whale("--domain", "searchqa", "--method", "whale", "--out", str(out), *TINY, "--harness", tiny_harness)
     assert r.returncode == 0, r.stderr[-3000:]
     return out
+
+
+SHARED_RUNS = {"tiny_reference", "knobs_reference", "bigbench_sdist"}  # session fixtures worth one copy
+
+
+def test_every_test_of_a_shared_run_is_in_its_xdist_group():
+    """A test that takes one of SHARED_RUNS carries @pytest.mark.xdist_group(<that fixture>), so that
+    pytest-xdist makes the run once; a missing mark would not fail anything, only cost CI a whole
+    run, so it is checked here."""
+    tests = {n: f for n, f in globals().items() if n.startswith("test_") and callable(f)}
+    for name, f in tests.items():
+        takes = set(inspect.signature(f).parameters) & SHARED_RUNS
+        groups = {m.args[0] for m in getattr(f, "pytestmark", []) if m.name == "xdist_group"}
+        assert groups == takes, (name, takes, groups)
+    assert sum(bool(set(inspect.signature(f).parameters) & SHARED_RUNS) for f in tests.values()) >= 10
 
 
 def check_run(out, method):
@@ -915,10 +933,14 @@ def solve(problem):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", TINY_MODELS)
+@pytest.mark.parametrize("name", ["qwen2-chatml", "gemma3-base", "qwen2-gguf"])
 def test_tiny_model_end_to_end_with_resume(tiny_models, own_cache, tmp_path, name):
-    """whale.py on math with each tiny model: initial eval, RSFT steps that really train, a harness
-    iteration, killed (SIGKILL) in its first SFT update and resumed to the end."""
+    """whale.py on math with a tiny model: initial eval, RSFT steps that really train, a harness
+    iteration, killed (SIGKILL) in its first SFT update and resumed to the end. Three of the five
+    tiny models, one per path through whale.py: a chat template (qwen2), the plain format with a
+    sliding window (gemma3), a GGUF file converted on the first run and cached for the resume. The
+    other two (qwen2-base: the GGUF's own weights; gemma3-turns: its end-of-turn token) are
+    covered in-process above: greedy == generate, the top layer trains, the turn ends."""
     harness = tmp_path / "solver.py"
     harness.write_text(solver_math_harness())
     run = tmp_path / "run"
@@ -1851,6 +1873,7 @@ def test_searchqa_primitives_reach_where_designed():
         assert "{question}" in mod.USER_TEMPLATE and all(e["answer"] in e["passages"] for e in mod.EXAMPLES)
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("bigbench_sdist")
 def test_searchqa_build_reproducible(tmp_path, bigbench_sdist):
     subprocess.run([sys.executable, str(ROOT / "data" / "build_searchqa.py"), "--src", bigbench_sdist, "--out", str(tmp_path)],
                    check=True, capture_output=True)
@@ -2303,6 +2326,7 @@ def test_chess_h0_in_sandbox():
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("bigbench_sdist")
 def test_chess_build_reproducible(tmp_path, bigbench_sdist):
     script = ROOT / "data" / "build_chess.py"
     subprocess.run([sys.executable, str(script), "--src", bigbench_sdist, "--out", str(tmp_path)],
@@ -4213,6 +4237,7 @@ def test_budget_stagewise_weight_share_matches_one_fixed_cycle():
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("tiny_reference")
 def test_tiny_whale_run_writes_a_valid_summary(tiny_reference):
     s = check_run(tiny_reference, "whale")
     assert s["cycles"] >= 1 and s["steps"] >= 2  # it alternated and ended after a weight phase
@@ -4221,7 +4246,7 @@ def test_tiny_whale_run_writes_a_valid_summary(tiny_reference):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", ["weight-only", "harness-only", "fst", "stagewise", "eval"])
+@pytest.mark.parametrize("method", ["harness-only", "fst", "stagewise", "eval"])  # weight-only: the knobs test's run
 def test_tiny_run_of_each_method_writes_a_valid_summary(tmp_path, method, tiny_harness):
     out = tmp_path / method
     r = run_whale("--domain", "searchqa", "--method", method, "--out", str(out), *TINY, "--harness", tiny_harness)
@@ -4248,6 +4273,7 @@ def finishes_like_the_reference(run, tiny_reference):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("tiny_reference")
 def test_sigkill_anywhere_then_resume_matches_an_uninterrupted_run(tmp_path, tiny_reference, tiny_harness):
     """kill -9 during sampling, then (in the resumed process) during a harness evaluation, then
     while a checkpoint is being written (before or between its renames): the third --resume must
@@ -4279,15 +4305,39 @@ def test_sigkill_anywhere_then_resume_matches_an_uninterrupted_run(tmp_path, tin
     finishes_like_the_reference(run, tiny_reference)
 
 
+def interrupt_after_first_step(args):
+    """python whale.py ARGS, interrupted with Ctrl-C (SIGINT) once it has logged its first RSFT
+    step's line; returns (exit code, stderr)."""
+    p = subprocess.Popen([sys.executable, str(ROOT / "whale.py"), *args], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                         # as from a terminal: a suite started in the background (`pytest &`) ignores SIGINT,
+                         # and Python then never raises KeyboardInterrupt in the child
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    for line in p.stdout:
+        if "step 1 (cycle 0): reward " in line:  # under way: one RSFT step done and logged
+            break
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=300)
+    return p.returncode, err
+
+
 @pytest.mark.slow
-def test_sigkill_in_the_update_then_resume_matches_even_if_the_report_cannot_be_written(tmp_path, tiny_reference,
-                                                                                        tiny_harness):
-    """kill -9 in the first SFT update; a folder then stands where report.html goes: the resumed run
-    still finishes like the uninterrupted one, and says in one warning that the page was not written."""
+@pytest.mark.xdist_group("tiny_reference")
+def test_sigkill_in_the_update_then_ctrl_c_then_resume_matches_even_if_the_report_cannot_be_written(
+        tmp_path, tiny_reference, tiny_harness):
+    """kill -9 in the first SFT update; the resumed process does that step again and is stopped
+    with Ctrl-C (SIGINT) once it has logged it: exit 130, the last stderr line says how to go on,
+    no traceback. A folder then stands where report.html goes: the second resume still finishes
+    like the uninterrupted run, and says in one warning that the page was not written. (One run
+    interrupted twice, for the time of about one run.)"""
     run = tmp_path / "killed"
     r = run_whale("--domain", "searchqa", "--method", "whale", "--out", str(run), *TINY, "--harness", tiny_harness,
                   env={"WHALE_CRASH_AT": "sft:1"})
     assert r.returncode == -signal.SIGKILL, (r.returncode, r.stderr[-2000:])
+    code, err = interrupt_after_first_step(["--resume", str(run)])
+    assert code == 130 and "Traceback" not in err, err[-3000:]
+    assert err.strip().splitlines()[-1] == "whale: interrupted; `python whale.py --resume <run directory>` continues"
+    assert not (run / "summary.json").exists()
     (run / "report.html").unlink(missing_ok=True)
     (run / "report.html").mkdir()
     r = run_whale("--resume", str(run))
@@ -4319,10 +4369,12 @@ def step_and_eval_numbers(run):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("knobs_reference")
 def test_tiny_run_of_each_rsft_knob_evaluates_every_step_and_trains_on_its_buffer(knobs_reference):
     """--val-every 1 puts a validation point after every RSFT step (tag A<cycle>.<step>, the last
     one the phase's own), which the curve, the report and the results tables take; --replay-steps 2
-    --sft-epochs 2 trains twice over this step's and the previous step's kept sequences."""
+    --sft-epochs 2 trains twice over this step's and the previous step's kept sequences. This run is
+    also the tiny weight-only run that test_tiny_run_of_each_method_... leaves out: check_run."""
     s = check_run(knobs_reference, "weight-only")
     rows = [json.loads(x) for x in (knobs_reference / "metrics.jsonl").read_text().splitlines()]
     steps = [x for x in rows if x["event"] == "rollout_step"]
@@ -4341,6 +4393,7 @@ def test_tiny_run_of_each_rsft_knob_evaluates_every_step_and_trains_on_its_buffe
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("knobs_reference")
 def test_sigkill_with_replay_and_mid_phase_evals_resumes_to_the_same_numbers(tmp_path, knobs_reference, tiny_harness):
     """kill -9 in the second step's update (the buffer holds step 1's sequences), then, in the
     resumed process, kill -9 again inside the next mid-phase evaluation (tag A0.2, after that
@@ -4359,6 +4412,7 @@ def test_sigkill_with_replay_and_mid_phase_evals_resumes_to_the_same_numbers(tmp
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("tiny_reference")
 def test_resume_refuses_trained_blocks_on_another_base(tmp_path, tiny_reference):
     """A checkpoint holds only the trained blocks and the fingerprint of the base weights they were
     trained on; a resume whose --model loads other weights stops with one line and changes nothing."""
@@ -4371,32 +4425,6 @@ def test_resume_refuses_trained_blocks_on_another_base(tmp_path, tiny_reference)
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
     assert "trained on other base weights" in r.stderr.strip().splitlines()[-1]
     assert (run / "metrics.jsonl").read_text() == before
-
-
-@pytest.mark.slow
-def test_ctrl_c_says_how_to_resume_and_the_resume_finishes_the_run(tmp_path, tiny_reference, tiny_harness):
-    """Ctrl-C (SIGINT) after the first RSFT step: exit 130, the last stderr line says how to go on,
-    no traceback; --resume then finishes with the uninterrupted run's counts."""
-    run = tmp_path / "interrupted"
-    p = subprocess.Popen([sys.executable, str(ROOT / "whale.py"), "--domain", "searchqa", "--method", "whale",
-                          "--out", str(run), *TINY, "--harness", tiny_harness], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-                         # as from a terminal: a suite started in the background (`pytest &`) ignores SIGINT,
-                         # and Python then never raises KeyboardInterrupt in the child
-                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    for line in p.stdout:
-        if "step 1 (cycle 0): reward " in line:  # under way: one RSFT step done and logged
-            break
-    p.send_signal(signal.SIGINT)
-    _, err = p.communicate(timeout=300)
-    assert p.returncode == 130 and "Traceback" not in err, err[-3000:]
-    assert err.strip().splitlines()[-1] == "whale: interrupted; `python whale.py --resume <run directory>` continues"
-    assert not (run / "summary.json").exists()
-    r = run_whale("--resume", str(run))
-    assert r.returncode == 0, r.stderr[-3000:]
-    a = json.loads((tiny_reference / "summary.json").read_text())
-    b = json.loads((run / "summary.json").read_text())
-    assert (a["rollouts"], a["steps"], a["cycles"]) == (b["rollouts"], b["steps"], b["cycles"])
 
 
 # ---- experiment trackers (tracking.py): TensorBoard, MLflow, W&B beside metrics.jsonl ----------
@@ -4654,6 +4682,7 @@ def test_mean_at_k_and_paired_gain_on_hand_made_scores():
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("tiny_reference")
 def test_results_tables_come_from_the_summaries(tiny_reference, tmp_path):
     s = json.loads((tiny_reference / "summary.json").read_text())
     r = subprocess.run([sys.executable, str(ROOT / "tools" / "results.py"), str(tiny_reference.parent), "--out", str(tmp_path)],
@@ -4996,6 +5025,7 @@ def copy_run(src, dst):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("tiny_reference")
 def test_report_of_a_tiny_run_shows_every_phase_candidate_trace_and_the_final_harness(tiny_reference):
     page = (tiny_reference / "report.html").read_text()  # written by whale.py's finish()
     run = report.read_run(tiny_reference)
@@ -5032,6 +5062,7 @@ def test_report_of_a_tiny_run_shows_every_phase_candidate_trace_and_the_final_ha
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("tiny_reference")
 def test_report_escapes_cuts_and_renders_runs_in_progress_and_without_traces(tiny_reference, tmp_path):
     run = copy_run(tiny_reference, tmp_path / "run")
     (run / "summary.json").unlink()  # still running
@@ -5070,6 +5101,7 @@ def test_report_escapes_cuts_and_renders_runs_in_progress_and_without_traces(tin
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("tiny_reference")
 def test_report_cli_writes_an_index_of_a_grid_and_refuses_a_bad_path(tiny_reference, tmp_path):
     grid = tmp_path / "grid"
     copy_run(tiny_reference, grid / "runs" / "tiny")
@@ -5200,6 +5232,7 @@ RENDERED_CHECKS = """(() => {
 @pytest.mark.slow
 @pytest.mark.skipif(CHROMIUM is None, reason="no Chromium here (the browser test needs one: Debian's `apt-get install "
                                              "chromium`, which .ci/run does; or set WHALE_CHROMIUM=/path/to/chrome)")
+@pytest.mark.xdist_group("tiny_reference")
 def test_report_in_headless_chromium_shows_diff_acceptance_test_and_a_trace(tiny_reference, tmp_path):
     url = (tiny_reference / "report.html").as_uri()
     b = headless_chromium(tmp_path)
