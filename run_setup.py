@@ -50,7 +50,7 @@ def check_args(a):
     for flag, words in CHOICES.items():
         if getattr(a, flag) not in words:
             raise UserError(f"unknown --{flag.replace('_', '-')} {getattr(a, flag)!r}; choose {' | '.join(words)}")
-    if a.rollout_precision == "int8" and (a.device != "cpu" or a.engine != "hf"):  # engine.Int8Linear: CPU, HF model
+    if a.rollout_precision == "int8" and (a.device != "cpu" or a.engine != "hf"):  # int8.Int8Linear: CPU, HF model
         raise UserError(f"--rollout-precision int8 samples with the hf engine on the CPU only, not --device "
                         f"{a.device} --engine {a.engine} (use fp32 there)")
     if a.engine == "vllm" and importlib.util.find_spec("vllm") is None:  # optional: not in requirements.txt

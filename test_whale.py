@@ -87,6 +87,7 @@ import torch
 
 import agent_jail
 import engine
+import int8
 import meta_harness as mh
 import proposers
 from tools import report
@@ -486,7 +487,7 @@ def test_seeded_sampling_is_reproducible_and_batch_independent(hf):
 
 @pytest.mark.filterwarnings("ignore:.*deprecated")  # torch.ao quantization, here only as the contrast
 def test_int8_linear_rows_are_batch_independent_and_close_to_fp32():
-    # issue #31: engine.Int8Linear quantizes its input per row, so a row's output is bit-for-bit the
+    # issue #31: int8.Int8Linear quantizes its input per row, so a row's output is bit-for-bit the
     # same whatever other rows share the call (the int8 product accumulates exactly in int32), and a
     # row of huge activations (the first token's are ~100x the rest) does not spoil the others, as
     # one scale per batch (torch's quantize_dynamic) does
@@ -494,7 +495,7 @@ def test_int8_linear_rows_are_batch_independent_and_close_to_fp32():
     lin = torch.nn.Linear(576, 1536)
     x = torch.randn(2, 7, 576)
     x[0, 0] *= 100  # an outlier row
-    q = engine.Int8Linear(lin)
+    q = int8.Int8Linear(lin)
     with torch.no_grad():
         ref, y = lin(x), q(x)
         assert y.shape == ref.shape and q.weight_int8.dtype == torch.int8
@@ -4965,7 +4966,7 @@ def test_bad_input_of_a_word_flag_names_the_flag_and_its_words():
 @pytest.mark.parametrize("flags", [["--device", "cuda"], ["--engine", "vllm"], ["--device", "cuda", "--engine", "vllm"]],
                          ids=["cuda", "vllm", "cuda-vllm"])
 def test_bad_input_int8_outside_the_cpu_hf_engine(flags, tmp_path):
-    # issue #31: the int8 sampler is engine.Int8Linear on the CPU; asked for on a GPU or under vLLM
+    # issue #31: the int8 sampler is int8.Int8Linear on the CPU; asked for on a GPU or under vLLM
     # it is refused in one line before anything is written (not silently run in fp32)
     r = run_whale("--rollout-precision", "int8", *flags, "--out", str(tmp_path / "x"), timeout=120)
     assert r.returncode == 2, (r.returncode, r.stderr[-2000:])

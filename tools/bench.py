@@ -289,7 +289,7 @@ def least_flops(records, n_body, n_head):
 def eval_workload(model, tok, n_questions, n_phase_a, harnesses=("h0", "long")):
     """The real workload, the samplers side by side (same weights, same seeds, interleaved):
     landed and fast (engine.SAMPLERS) in fp32, fast with a cache copy per row ("full", as before
-    shared_prefix.py), and on a CPU the fast one in int8 (engine.Int8Linear).
+    shared_prefix.py), and on a CPU the fast one in int8 (int8.Int8Linear).
 
     The limit (module docstring): (matmul peak) / (least FLOPs per rollout, `least_flops`);
     the peak is a 2048^3 matmul in the model's dtype, measured right before each pair.
