@@ -45,13 +45,13 @@ reference answers, never the test split):
                          and cost, and stop_reason on the line that ended the phase
   frontier.json          Pareto frontier: success vs mean turns, success vs mean context tokens
   rules.json             what proposers must respect (the axes a prompt-only search may change)
-  proposer_calls.jsonl   the command proposer's record of each agent call (proposers.py)
+  proposer_calls.jsonl   the command proposer's record of each agent call (agent_proposer.py)
 Beside it, <archive_dir>.ledger.jsonl: the parent's own record, appended before the archive's
 files are written: every score it measured, every incumbent it chose. Selection reads only the
 ledger; a scores.json or an incumbent in iterations.jsonl that differs from it (an edit at any
 time, also between proposer calls) is refused, put back and listed in the iteration's
 `integrity` field and an archive_integrity event. (The agent never gets the ledger: it works in
-a copy of the archive, jailed away from the run directory; see proposers.py and agent_jail.py.)
+a copy of the archive, jailed away from the run directory; see agent_proposer.py and agent_jail.py.)
 
 Resuming: call search_phase again on the same archive_dir. Finished candidates (scores.json or
 invalid.txt) are reused, candidates proposed but not finished are finished without asking the
@@ -71,7 +71,7 @@ What it leaves out: running harness code (sandbox.py, behind the run_candidate/v
 callables the lead passes in), the model (engine.py), when to switch (switch.py), parallel
 proposer calls, the proposers themselves (proposers.py). Selection reads only the ledger this
 module writes; the command proposer's coding agent works in a copy of the archive, never in
-this directory (proposers.py says how that is enforced and checked).
+this directory (agent_proposer.py says how that is enforced and checked).
 """
 
 import ast

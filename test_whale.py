@@ -86,6 +86,7 @@ import pytest
 import torch
 
 import agent_jail
+import agent_proposer
 import engine
 import int8
 import meta_harness as mh
@@ -3417,7 +3418,7 @@ def test_agent_workspace_outcome_tables_failures_guide_and_hypotheses(tmp_path):
     arch = archive_with_history(d)
     work = tmp_path / "work"
     work.mkdir()
-    proposers.write_workspace(d, str(work), DOMAIN)
+    agent_proposer.write_workspace(d, str(work), DOMAIN)
     guide = (work / "GUIDE.md").read_text()
     assert guide.startswith("---\nname: ") and DOMAIN.SKILL in guide and "new/cand_1.py" in guide
     assert str(sandbox.MAX_PROMPT_CHARS) in guide and "paired sign" in guide
@@ -3433,7 +3434,7 @@ def test_agent_workspace_outcome_tables_failures_guide_and_hypotheses(tmp_path):
     n_failed = sum(float(r["score"]) < 0.5 for r in mh.read_traces(c0))
     assert f"failed rollouts by kind ({n_failed} of 40)" in fails
     for kind, n in proposers.failure_signatures(mh.read_traces(c0)).items():
-        assert f"## {kind}: {n} rollouts. {proposers.FAILURE_KINDS[kind]}" in fails
+        assert f"## {kind}: {n} rollouts. {agent_proposer.FAILURE_KINDS[kind]}" in fails
     assert fails.count("### example") == 3  # a few traces per kind, not all of them
     summary = [json.loads(x) for x in open(os.path.join(d, "summary.jsonl"))]
     assert summary[0]["hypothesis"] == "Toy harness." and summary[-1]["hypothesis"] is None  # unparsable: none
@@ -3684,22 +3685,22 @@ def test_agent_usage_reads_claude_and_codex_json():
     claude = {"type": "result", "subtype": "success", "is_error": False, "result": "done", "num_turns": 4,
               "total_cost_usd": 0.0421, "usage": {"input_tokens": 12, "cache_creation_input_tokens": 3000,
                                                   "cache_read_input_tokens": 9000, "output_tokens": 800}}
-    u = proposers.agent_usage(json.dumps(claude))
+    u = agent_proposer.agent_usage(json.dumps(claude))
     assert (u["prompt_tokens"], u["completion_tokens"], u["cost_usd"], u["errors"]) == (12012, 800, 0.0421, [])
     stream = "\n".join(json.dumps(x) for x in [{"type": "system", "subtype": "init"}, {"type": "assistant"}, claude])
-    assert proposers.agent_usage(stream)["cost_usd"] == 0.0421                     # stream-json: the last line
-    bad = proposers.agent_usage(json.dumps({**claude, "is_error": True, "subtype": "error_max_turns"}))
+    assert agent_proposer.agent_usage(stream)["cost_usd"] == 0.0421                     # stream-json: the last line
+    bad = agent_proposer.agent_usage(json.dumps({**claude, "is_error": True, "subtype": "error_max_turns"}))
     assert "error_max_turns" in bad["errors"][0]
     codex = [{"type": "thread.started", "thread_id": "t"}, {"type": "turn.started"},
              {"type": "item.completed", "item": {"id": "item_0", "type": "agent_message", "text": "ok"}},
              {"type": "turn.completed", "usage": {"input_tokens": 24763, "cached_input_tokens": 24448,
                                                   "output_tokens": 122}},
              {"type": "turn.completed", "usage": {"input_tokens": 100, "cached_input_tokens": 0, "output_tokens": 8}}]
-    u = proposers.agent_usage("banner line\n" + "\n".join(json.dumps(x) for x in codex))
+    u = agent_proposer.agent_usage("banner line\n" + "\n".join(json.dumps(x) for x in codex))
     assert (u["prompt_tokens"], u["completion_tokens"], u["cost_usd"]) == (24863, 130, 0.0) and u["reported"]
-    failed = proposers.agent_usage(json.dumps({"type": "turn.failed", "error": {"message": "stream ended"}}))
+    failed = agent_proposer.agent_usage(json.dumps({"type": "turn.failed", "error": {"message": "stream ended"}}))
     assert "stream ended" in failed["errors"][0]
-    assert proposers.agent_usage("I wrote the files.")["reported"] is False
+    assert agent_proposer.agent_usage("I wrote the files.")["reported"] is False
 
 
 # ---- LLM and agent proposers end to end, through whale.py (real processes) ---------------------
