@@ -554,12 +554,12 @@ def test_int8_sampler_is_reproducible_and_close_to_fp32(hf):
                   f"KL(fp32 || int8) alone {kl(fp32, alone):.4f}, in the batch {kl(fp32, batched[j]):.4f}")
             assert kl(fp32, alone) < 0.25 and kl(fp32, batched[j]) < 0.25
     prefix = []
-    for r in reqs:
+    for r in reqs[::4]:  # two requests: this part prints what a batch does to the tokens, it asserts nothing
         alone = e8.sample([r])[0]["completion_ids"]
         mixed = e8.sample([dict(r, seed=r["seed"] + 1000), dict(r), *[dict(x, seed=7) for x in reqs[::3]]])[1]
         prefix.append(next((k for k, (a, b) in enumerate(zip(alone, mixed["completion_ids"])) if a != b),
                            min(len(alone), len(mixed["completion_ids"]))))
-    print(f"int8: tokens a request keeps alone vs in a batch, of 24: {prefix}")
+    print(f"int8: tokens two requests keep alone vs in a batch, of 24: {prefix}")
     # greedy int8 vs greedy fp32: free-running, and the next-token argmax along fp32's own reply
     greedy = [{"prompt_ids": p, "max_tokens": 24, "temperature": 0.0, "seed": 0} for p in prompts]
     fp32_out, int8_out = hf.sample(greedy), e8.sample(greedy)
