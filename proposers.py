@@ -255,14 +255,15 @@ def _primitives_proposer(domain, rng_seed):
                     continue
                 queues[axis].append((j, src))
         # One candidate per axis first (k different mechanisms), then second choices, ...; but
-        # when one axis explains most failures (over half of them, and it was never tried),
-        # its second alternative comes before the other axes' first: one draw of a clearly
-        # implicated axis is a poor test of it
+        # when one axis explains most failures of the parent (over half of them), every one of
+        # its alternatives on this parent comes before the other axes': one or two draws of a
+        # clearly implicated axis are a poor test of it (cpu-long-search seed 0 drew two of
+        # RETRIEVAL's five on h0 and never the whole top passage that won cpu-long)
         out, order = [], list(queues)
         rank = list(order)
         top = order[0] if order else None
-        if top and not tried[top] and 2 * axis_weight(top, signatures) > sum(signatures.values()):
-            order.insert(1, top)
+        if top and 2 * axis_weight(top, signatures) > sum(signatures.values()):
+            order = [top] * len(queues[top]) + order
         hint = ", ".join(f"{s} x{n}" for s, n in signatures.most_common()) or "none"
         while len(out) < k and any(queues.values()):
             for axis in order:

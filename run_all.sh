@@ -6,6 +6,8 @@
 #   bash run_all.sh cpu-long                 # search QA at 3x the budget, settings chosen off the test set
 #   bash run_all.sh cpu-long-search          # cpu-long's harness-only searchqa x seeds 0-2 again, with the
 #                                            # primitives menu of issue 33 (results/runs/cpu-long-search)
+#   bash run_all.sh cpu-long-look            # the same cells with the sign test's second look and the
+#                                            # implicated axis tried whole (results/runs/cpu-long-look)
 #   bash run_all.sh cpu                      # embedded 135M model on a CPU (search QA and math 7-26 min
 #                                            # a cell here; chess ~50 min on h0, hours once its search
 #                                            # accepts a multi-turn retry harness)
@@ -28,29 +30,33 @@ case "$preset" in
   # (Its temperature and schedule were chosen after looking at test questions: results/README.md.)
   cpu)   common=(--budget 1664 --prompts-per-step 16 --group 8 --harness-examples 64 --harness-n 2
                  --candidates 3 --schedule fixed-steps:4,3 --test-limit 200 --test-n 8 --val-limit 32
-                 --val-n 2 --test-subset 32 --max-tokens 48 --train-layers 4 --temperature 0.3 --lr 3e-4)
+                 --val-n 2 --test-subset 32 --max-tokens 48 --train-layers 4 --temperature 0.3 --lr 3e-4
+                 --confirm-examples 0)  # (as it ran: before the sign test's second look)
          adaptive=adaptive:w=2,pw=2,min_w=2,min_h=3,max_h=6 ;;
   # cpu-long: 3x the budget, every setting chosen off the test set (results/preset/README.md: no
   # phase-A setting learned measurably on val, so the rule kept the cpu grid's lr, layers and cap);
   # 4992 = weight phases of 8, 8 and 9 RSFT steps around two harness phases of 1 + 2 x 3 candidates
   # cpu-long-search: exactly cpu-long's harness-only searchqa cells (same flags, seeds 0-2) in their own
-  # folder, so cpu-long's committed runs stay as they were: the issue-33 menu against the old one
-  cpu-long|cpu-long-search) common=(--budget 4992 --prompts-per-step 16 --group 8 --harness-examples 64 --harness-n 2
+  # folder, so cpu-long's committed runs stay as they were: the issue-33 menu against the old one.
+  # cpu-long-look: those cells again with the acceptance test's second look (--confirm-examples 64, the
+  # default since; the grids before it ran without one, hence --confirm-examples 0 for them)
+  cpu-long|cpu-long-search|cpu-long-look) common=(--budget 4992 --prompts-per-step 16 --group 8 --harness-examples 64 --harness-n 2
                  --candidates 3 --schedule fixed-steps:8,3 --test-limit 200 --test-n 8 --val-limit 32
                  --val-n 2 --test-subset 32 --max-tokens 48 --temperature 0.3 --lr 3e-4 --train-layers 4
                  --max-kept-per-prompt 2)
+         [ "$preset" = cpu-long-look ] || common+=(--confirm-examples 0)
          adaptive=adaptive:w=4,pw=4,min_w=4,min_h=3,max_h=6
          domains=${*:-"searchqa"}; methods=${METHODS:-"whale harness-only weight-only stagewise"}
-         [ "$preset" = cpu-long-search ] && { domains=searchqa; methods=harness-only; }
+         [ "$preset" = cpu-long ] || { domains=searchqa; methods=harness-only; }
          grid=(--domains "$domains" --methods "$methods")  # results.py's coverage table: this grid
          # issue 33's proposer against the menu it replaced: the same cells, paired per seed
-         if [ "$preset" = cpu-long-search ]; then grid+=(--against results/runs/cpu-long); fi ;;
+         if [ "$preset" != cpu-long ]; then grid+=(--against results/runs/cpu-long); fi ;;
   paper) common=(--engine vllm --device cuda --budget 40960 --prompts-per-step 256 --group 8
                  --harness-examples 256 --harness-n 1 --candidates 3 --schedule fixed:0.6,6 --lr 1e-7 --minibatch 64
                  --micro-batch 8 --train-layers 0 --max-tokens 1024 --test-subset 0 --val-limit 0 --val-n 8
                  --temperature 1.0 --test-limit 0)
          adaptive=adaptive ;;
-  *) echo "usage: bash run_all.sh cpu|cpu-long|cpu-long-search|paper [domain ...]" >&2; exit 2 ;;
+  *) echo "usage: bash run_all.sh cpu|cpu-long|cpu-long-search|cpu-long-look|paper [domain ...]" >&2; exit 2 ;;
 esac
 
 for domain in $domains; do
@@ -74,6 +80,6 @@ for domain in $domains; do
   done
 done
 readme=README.md  # the front page keeps the newest grid's summary; the others' live in results/README.md
-case "$preset" in cpu|cpu-long-search) readme=results/README.md ;; esac
+case "$preset" in cpu|cpu-long-search|cpu-long-look) readme=results/README.md ;; esac
 python tools/results.py "results/runs/$preset" --out "results/runs/$preset" --readme "$readme" "${grid[@]}"
 python tools/report.py "results/runs/$preset"  # index.html, and any report that is missing or stale

@@ -28,6 +28,11 @@ CHOICES = {"test_split": ("test", "val"), "engine": ("hf", "vllm"), "chat_format
            "proposer": ("primitives", "self", "openai", "command"), "proposer_format": ("any", "file", "edit"),
            "rollout_precision": ("fp32", "int8")}
 
+# Settings added after runs were already made, whose default changes what a run does: a resumed run
+# whose config.json predates one takes the value that keeps it doing what it did (a name a config
+# lacks otherwise takes its default).
+ADDED_LATER = {"confirm_examples": 0}
+
 
 def check_args(a):
     """Every mistake a command line can hold, found before a run directory exists. `a` is whale.Args;
@@ -85,7 +90,7 @@ def check_args(a):
     # counts: a zero batch would never finish, a negative "first N" would slice from the end ([:-1])
     for flags, least in ((("budget", "prompts_per_step", "group", "candidates", "test_n", "val_n", "harness_n",
                            "minibatch", "micro_batch", "max_tokens", "tp", "replay_steps", "sft_epochs"), 1),
-                         (("test_limit", "val_limit", "test_subset", "harness_examples", "train_layers",
+                         (("test_limit", "val_limit", "test_subset", "harness_examples", "train_layers", "confirm_examples",
                            "max_kept_per_prompt", "top_k", "val_every"), 0)):
         for flag in flags:
             if getattr(a, flag) < least:
@@ -169,7 +174,7 @@ STATE_TYPES = {"phase": (str,), "done": (bool,), "cycle": (int,), "steps": (int,
 
 def check_saved_run(run, config, state, Args):
     """The two files a resume reads, checked in one place: config.json holds only whale.Args
-    names, each with its flag's type (a name it lacks takes its default); state.json (None: no
+    names, each with its flag's type (a name it lacks takes its default, or ADDED_LATER's value); state.json (None: no
     checkpoint yet) holds every key of STATE_TYPES with its type. A file edited or damaged from
     outside is one line here rather than a KeyError or TypeError deep in the loop. (Exact
     types: JSON true is not an int here.)"""
@@ -265,7 +270,7 @@ def open_run(a):
                     and v != saved.get(k):
                 raise UserError(f"--resume {run}: --{k.replace('_', '-')} cannot change on resume "
                                 f"(the run has {saved.get(k)!r})")
-        a = Args(**{**saved, **hardware, "resume": str(run)})
+        a = Args(**{**ADDED_LATER, **saved, **hardware, "resume": str(run)})
         check_args(a)
         rd.clean_partial(run)
         sandbox.clean_dead_scratch()  # what sandboxes of a killed run left in /tmp

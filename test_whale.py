@@ -2825,9 +2825,74 @@ def test_primitives_axis_follows_failure_signature(tmp_path):
     p2 = proposers.make_proposer("primitives", DOMAIN, rng_seed=3)(str(tmp_path / "a"), 3)
     assert [c["source"] for c in p1] == [c["source"] for c in p2]
     assert len({c["axis"] for c in p1}) == 3    # k different axes first (extract_answer has one alternative)
-    # an axis that explains over half the failures gets two of the k candidates, then the others
+    # an axis that explains over half the failures gets all its alternatives first, then the others
     p3 = proposers.make_proposer("primitives", DOMAIN)(str(tmp_path / "c"), 3)
     assert [c["axis"] for c in p3][:2] == ["TOP_K", "TOP_K"] and p3[2]["axis"] != "TOP_K"
+    wide = types.SimpleNamespace(**{**vars(DOMAIN), "PRIMITIVES": {**DOMAIN.PRIMITIVES,
+                                                                   "TOP_K": [f"TOP_K = {n}" for n in (2, 3, 5, 8)]}})
+    p4 = proposers.make_proposer("primitives", wide)(str(tmp_path / "c"), 5)
+    assert [c["axis"] for c in p4] == ["TOP_K"] * 4 + [p4[4]["axis"]] and p4[4]["axis"] != "TOP_K"
+
+
+def test_a_run_from_before_a_setting_existed_resumes_as_it_ran(tmp_path):
+    """run_setup.ADDED_LATER: a config.json from before --confirm-examples existed resumes
+    without the second look (the default would change what the run does); a new run gets it."""
+    run = tmp_path / "old"
+    run.mkdir()
+    saved = {k: v for k, v in vars(whale.Args()).items() if k != "confirm_examples"}
+    (run / "config.json").write_text(json.dumps(saved))
+    _, a = run_setup.open_run(whale.Args(resume=str(run)))
+    assert a.confirm_examples == 0 and whale.Args().confirm_examples == 64
+    assert set(run_setup.ADDED_LATER) <= set(vars(whale.Args()))
+
+
+def test_a_near_miss_gets_a_second_look_on_the_confirmation_block(tmp_path):
+    """The sign test's second look (meta_harness.CONFIRM_P): a top candidate that wins 2 to 0 on
+    the search block (p 0.25 > alpha 0.2) is scored with the incumbent on the confirmation block,
+    and wins 4 to 0 on both together (p 1/16): accepted. Each is measured there once, the
+    rollouts are booked, the budget can refuse it, and a crash inside it resumes to the same end."""
+    block = [{"id": f"ex{i}", "task": {"question": f"q{i}"}, "answer": "a"} for i in range(20)]
+    confirm = [{"id": f"cx{i}", "task": {"question": f"c{i}"}, "answer": "a"} for i in range(20)]
+    better = mh.splice(H0, "QUALITY", "QUALITY = 0.5")
+
+    def evaluate_with(calls, fail_at=None):
+        def evaluate(source, examples, tag):
+            if fail_at is not None and len(calls) + 1 == fail_at:
+                raise RuntimeError("simulated crash")
+            calls.append((tag, examples[0]["id"][:2]))
+            wins = {"ex0", "cx0"} | ({"ex1", "ex2", "cx1", "cx3"} if constant(source, "QUALITY") > 0.2 else set())
+            return [record(ex, ex["id"] in wins) for ex in examples]
+        return evaluate
+
+    def propose(archive_dir, k):
+        return [dict(source=better, proposer="test")] if len(mh.load_archive(archive_dir)) == 1 else []
+
+    def search(d, calls, fail_at=None, **kw):
+        return mh.search_phase(H0, DOMAIN, block, evaluate_with(calls, fail_at), ok_validate, propose,
+                               archive_dir=str(tmp_path / d), k=1, should_stop=stop_after(2), accept_alpha=0.2,
+                               log=quiet, **kw)
+    calls = []
+    assert search("none", calls)["incumbent"] == "cand_000"  # no second look: 2 to 0 is not enough
+    calls = []
+    res = search("look", calls, confirm_examples=confirm)
+    assert res["incumbent"] == "cand_001"
+    assert calls == [("cand_000", "ex"), ("cand_001", "ex"), ("cand_001", "cx"), ("cand_000", "cx")]
+    line = mh.read_jsonl(str(tmp_path / "look" / "iterations.jsonl"))[1]
+    assert line["test"]["p"] == 0.25 and line["test"]["confirm"] == dict(examples=20, b=4, c=0, p=0.0625)
+    assert line["accepted"] and line["confirm_rollouts"] == 40
+    page = report.render_iteration(1, line, [], {}, "cand_000", {})  # the report says what the look found
+    assert "20 more harness-split examples (40 rollouts)" in page and "0.0625" in page
+    assert res["counters"]["rollouts"] == 2 * 20 + 40      # the second look is paid from the budget
+    calls = []                                             # the budget pays for one candidate only: no look
+    assert search("poor", calls, confirm_examples=confirm, affordable=lambda: 1)["incumbent"] == "cand_000"
+    assert ("cand_001", "cx") not in calls
+    calls = []                                             # killed while scoring the incumbent there
+    with pytest.raises(RuntimeError):
+        search("crash", calls, fail_at=4, confirm_examples=confirm)
+    again = search("crash", calls, confirm_examples=confirm)
+    assert calls == [("cand_000", "ex"), ("cand_001", "ex"), ("cand_001", "cx"), ("cand_000", "cx")]
+    untimed = lambda counters: {k: v for k, v in counters.items() if not k.endswith("seconds")}
+    assert again["incumbent"] == "cand_001" and untimed(again["counters"]) == untimed(res["counters"])
 
 
 
@@ -4847,6 +4912,7 @@ def test_whale_and_the_results_tools_import_without_torch():
     (["--replay-steps", "0"], "--replay-steps must be > 0"),
     (["--sft-epochs", "0"], "--sft-epochs must be > 0"),
     (["--val-every", "-1"], "--val-every must be >= 0, not -1"),
+    (["--confirm-examples", "-1"], "--confirm-examples must be >= 0, not -1"),
     (["--clip", "0"], "--clip > 0"),
     pytest.param(["--engine", "vllm"], "needs the vllm package", marks=pytest.mark.skipif(
         importlib.util.find_spec("vllm") is not None, reason="vllm is installed in this Python")),

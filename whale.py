@@ -100,6 +100,9 @@ class Args:
     harness_examples: int = arg(64, "examples of the harness search set used (0 = all)")
     harness_n: int = arg(2, "rollouts per harness-search example (the prefill is shared, so n=2 costs little)")
     accept_alpha: float = arg(0.2, "a candidate replaces the incumbent only if the paired sign test p <= this")
+    confirm_examples: int = arg(64, "harness-split examples after the search set for the sign test's second look: "
+                                    "a top candidate with more wins than losses but p in (alpha, 0.5] is scored "
+                                    "there with the incumbent and tested on both blocks (0 = no second look)")
     # sampling and evaluation
     temperature: float = arg(0.3, "sampling temperature (training, search, evaluation); the paper uses 1.0 "
                                             "with 2B models, where the 135M default scores ~0 exact match")
@@ -167,6 +170,9 @@ def main(a: Args):
     s = types.SimpleNamespace(  # what the phases below share; fixed for the whole run
         a=a, method=METHODS.get(a.method), domain=domain, policy=switch.parse_schedule(a.schedule),
         pool=splits["weight"], search_set=splits["harness"][:a.harness_examples or None],
+        # the second look's block: the next examples of the harness split, at most as many as the search set's
+        confirm_set=splits["harness"][a.harness_examples:][:min(a.confirm_examples, a.harness_examples)]
+        if a.harness_examples else [],
         val=splits["val"][:a.val_limit or None], test=splits[a.test_split][:a.test_limit or None],
         h0=Path(a.harness or domain.H0).read_text(),
         sampling={"temperature": a.temperature, "top_k": a.top_k, "top_p": a.top_p},
@@ -298,13 +304,15 @@ def harness_phase(run, s):
     def log(e):  # a resumed search replays its finished events: count them again, in the same order
         if e["event"] == "harness_candidate":
             logged["rollouts"] += meta_harness.candidate_rollouts(str(archive), e["cand"])
+        logged["rollouts"] += e.get("confirm_rollouts", 0)  # (an iteration's second-look evaluations)
         run.log({"event": e.pop("event"), "cycle": st["cycle"], **e}, rollouts=logged["rollouts"])
 
     res = meta_harness.search_phase(
         st["harness"], s.domain, s.search_set, run_candidate, validate_run,
         make_proposer(a, s.domain, s.engine, run.dir),
         archive_dir=str(archive), k=a.candidates, should_stop=should_stop, affordable=affordable,
-        accept_alpha=a.accept_alpha, prompt_only_base=s.h0 if method.prompt_only else None, log=log)
+        accept_alpha=a.accept_alpha, prompt_only_base=s.h0 if method.prompt_only else None, log=log,
+        confirm_examples=s.confirm_set)
     c = res["counters"]
     run.spend(c.get("rollouts", 0), **{k: c.get(k, 0) for k in ("proposer_calls", "proposer_prompt_tokens",
               "proposer_completion_tokens", "proposer_seconds", "proposer_cost_usd")},

@@ -537,7 +537,17 @@ def render_phase_b(section, phase, run):
 
 ITER_KNOWN = {"iteration", "cands", "iteration_best", "archive_best", "paper_choice", "paper_success",
               "paper_mean_turns", "test", "accepted", "incumbent", "incumbent_success", "proposer_errors", "cost",
-              "t", "event", "cycle", "rollouts", "integrity"}
+              "t", "event", "cycle", "rollouts", "integrity", "confirm_rollouts"}
+
+
+def second_look(confirm, rollouts):
+    """The acceptance test's second look (meta_harness.CONFIRM_P), when the iteration took one."""
+    if not confirm:
+        return ""
+    return (f'; a near miss, so both were scored on {esc(confirm.get("examples"))} more harness-split examples'
+            f'{f" ({esc(rollouts)} rollouts)" if rollouts else ""}, and on both blocks together: better on '
+            f'<b>{esc(confirm.get("b"))}</b>, worse on <b>{esc(confirm.get("c"))}</b>, '
+            f'p = <b>{num(confirm.get("p"), 4)}</b>')
 
 
 def render_iteration(it, line, members, by_name, incumbent_before, run_tests):
@@ -555,7 +565,8 @@ def render_iteration(it, line, members, by_name, incumbent_before, run_tests):
                        f'against the incumbent <b>{esc(test.get("vs"))}</b> '
                        f'on the same examples: better on <b>{esc(test.get("b"))}</b>, '
                        f'worse on <b>{esc(test.get("c"))}</b>, p = <b>{num(test.get("p"), 4)}</b> '
-                       f'(accept if better &gt; worse and p ≤ α = {esc(test.get("alpha"))}) '
+                       f'(accept if better &gt; worse and p ≤ α = {esc(test.get("alpha"))})'
+                       f'{second_look(_as_dict(test.get("confirm")), line.get("confirm_rollouts"))} '
                        f'{verdict}. Incumbent after: <b>{esc(line.get("incumbent"))}</b> '
                        f'(success {num(line.get("incumbent_success"))}).</p>')
         else:
