@@ -9,16 +9,16 @@ that builds its cell and then waits for it:
   or when the launcher is killed at the deadline (PR_SET_PDEATHSIG links them), the kernel kills
   every process in it, daemons that called setsid included. A fresh /proc shows only them, so
   the parent's /proc/PID/environ (its secrets) is not there to read.
-- Landlock (sandbox.py's code, another rule set): READ and EXECUTE the system (/usr, /bin, /lib*,
-  /etc, /opt, /sys, a fresh /proc, the few /dev files a CLI uses), the agent's own installation
-  (the directory its executable and its script interpreter live in; a bin/ with a lib/ beside it
-  means the prefix above, e.g. a pyenv or node prefix) and the files its command line names;
-  READ and WRITE only `cwd` (its copy of the archive) and `home` (its HOME and TMPDIR). Nothing
-  else: not the repository (its data/ holds the test split), not WHALE_DATA, not the run
-  directory, not the user's home, not /tmp. A granted directory that holds one of `private`
-  is granted child by child around it (a Landlock rule cannot carve holes). Network (ABI >= 4):
-  TCP connect to port 443 only, no bind, so no other local service; ABI >= 6: no signals or
-  abstract unix sockets outside the cell.
+- Landlock (landlock.py, another rule set than sandbox.py's): READ and EXECUTE the system (/usr,
+  /bin, /lib*, /etc, /opt, /sys, a fresh /proc, the few /dev files a CLI uses), the agent's own
+  installation (the directory its executable and its script interpreter live in; a bin/ with a
+  lib/ beside it means the prefix above, e.g. a pyenv or node prefix) and the files its command
+  line names; READ and WRITE only `cwd` (its copy of the archive) and `home` (its HOME and
+  TMPDIR). Nothing else: not the repository (its data/ holds the test split), not WHALE_DATA,
+  not the run directory, not the user's home, not /tmp. A granted directory that holds one of
+  `private` is granted child by child around it (a Landlock rule cannot carve holes). Network
+  (ABI >= 4): TCP connect to port 443 only, no bind, so no other local service; ABI >= 6: no
+  signals or abstract unix sockets outside the cell.
 - a scrubbed environment: PATH, LANG/LC_*, TERM, TZ, USER/LOGNAME, SHELL, HOME and TMPDIR
   pointing at `home`, plus exactly the variables the user names (--proposer-env).
 - the deadline bounds everything: at `timeout` the launcher's process group is killed (PID 1
@@ -40,6 +40,7 @@ import signal
 import subprocess
 import sys
 
+import landlock
 import sandbox
 
 GRACE_S = 5.0        # after the kill: how long the last read of the agent's output may take
@@ -100,7 +101,7 @@ def _grant_around(path, rights, private):
 
 def jail_rules(command, env, private):
     """The Landlock (path, rights) list of the agent, besides its own directories."""
-    ro = sandbox.FS_READ_FILE | sandbox.FS_READ_DIR | sandbox.FS_EXECUTE
+    ro = landlock.FS_READ_FILE | landlock.FS_READ_DIR | landlock.FS_EXECUTE
     private = [os.path.realpath(p) for p in private if p]
     grants = [d for d in SYSTEM_READ if os.path.exists(d)]
     words = shlex.split(command) if command.strip() else []
@@ -111,8 +112,8 @@ def jail_rules(command, env, private):
     rules = []
     for g in dict.fromkeys(grants):
         rules += _grant_around(g, ro, private)
-    rw = sandbox.FS_READ_FILE | sandbox.FS_WRITE_FILE | sandbox.FS_TRUNCATE | sandbox.FS_IOCTL_DEV
-    return rules + [(d, rw | sandbox.FS_READ_DIR) for d in DEVICES if os.path.exists(d)]
+    rw = landlock.FS_READ_FILE | landlock.FS_WRITE_FILE | landlock.FS_TRUNCATE | landlock.FS_IOCTL_DEV
+    return rules + [(d, rw | landlock.FS_READ_DIR) for d in DEVICES if os.path.exists(d)]
 
 
 def _warn(msg):
@@ -184,10 +185,8 @@ def _launch(spec):
                     print(f"agent_jail: WARNING: no /proc of its own ({os.strerror(p['get_errno']())}): the host's "
                           "processes are visible to the agent", file=sys.stderr, flush=True)
             if spec["landlock"]:
-                cell = dict(p, landlock_abi=spec["landlock"], landlock_rules=[tuple(r) for r in spec["rules"]],
-                            scratch=spec["writable"][0], extra_writable=spec["writable"][1:],
-                            tcp_connect=spec["ports"])
-                sandbox._landlock(cell)
+                landlock.restrict(libc, p["get_errno"], spec["landlock"], [tuple(r) for r in spec["rules"]],
+                                  spec["writable"], spec["ports"])
             os.execv("/bin/sh", ["sh", "-c", spec["command"]])
         except BaseException as e:
             print(f"agent_jail: could not start the agent: {e}", file=sys.stderr, flush=True)

@@ -17,8 +17,8 @@ The layers, from the inside out (all applied in every mode unless noted):
   fork/exec/spawn/kill, sub-interpreters, sqlite extensions, symlinks, chmod, gc
   introspection, sys.settrace. Its inputs are immutable default arguments (see
   _make_audit_hook), so nothing a harness can reach reprograms it; it can still be fooled.
-- Landlock (kernel, unprivileged, Linux >= 5.13; applied in the forked child before exec,
-  after the mounts, before the uid drop, and inherited by everything the child execs): the
+- Landlock (kernel, unprivileged, Linux >= 5.13, landlock.py; applied in the forked child
+  before exec, after the mounts, before the uid drop, inherited by everything it execs): the
   child may READ only the interpreter, its loader and system libraries, libpython and the
   stdlib (not site-packages; not /proc, /sys, /tmp, /etc beyond ld.so.cache, the repo, the
   data wherever WHALE_DATA points, other checkouts, $HOME), READ+WRITE only its scratch dir
@@ -226,16 +226,14 @@ def _unsearchable_ancestor(path):
 def _plan():
     if not _PLAN:
         import ctypes  # parent only
+        import landlock  # parent only (the child cannot read the repository)
         libc = ctypes.CDLL(None, use_errno=True)
         libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong,
                                ctypes.c_char_p]
         libc.syscall.restype = ctypes.c_long
         exe = os.path.realpath(sys.executable)
         stdlib = os.path.realpath(os.path.dirname(os.__file__))
-        abi = libc.syscall(SYS_LANDLOCK_CREATE_RULESET, None, 0, LANDLOCK_CREATE_RULESET_VERSION)
-        why = None if abi >= 1 else {38: "this kernel has no Landlock (ENOSYS)",
-                                     95: "Landlock is disabled in this kernel (EOPNOTSUPP)"}.get(
-            ctypes.get_errno(), f"landlock_create_ruleset failed ({os.strerror(ctypes.get_errno())})")
+        abi, why = landlock.version(libc, ctypes.get_errno)
         _PLAN.update(
             libc=libc, get_errno=ctypes.get_errno, exe=exe,
             base=os.path.commonpath([exe, stdlib]),  # holds the interpreter, libpython, stdlib
@@ -243,30 +241,16 @@ def _plan():
             root=os.geteuid() == 0,
             namespaces=os.geteuid() == 0,  # set to False if mounting fails once
             repo=os.path.dirname(os.path.realpath(__file__)),
-            landlock_abi=max(0, abi), landlock_off=why, landlock_rules=_landlock_rules(exe, stdlib))
+            landlock_abi=abi, landlock_off=why, landlock_rules=landlock.interpreter_rules(exe, stdlib))
     return _PLAN
 
 
 # Linux constants (not exposed by the stdlib)
 CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWNET = 0x00020000, 0x10000000, 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 32, 4096, 16384, 1 << 18
-PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
+PR_SET_PDEATHSIG = 1
 _SYSTEM_DIRS = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/etc", "/proc", "/dev", "/sys",
                 "/tmp", "/var", "/run")
-
-# Landlock (include/uapi/linux/landlock.h): syscall numbers (the same on every architecture),
-# ruleset attribute fields by ABI version, access rights.
-SYS_LANDLOCK_CREATE_RULESET, SYS_LANDLOCK_ADD_RULE, SYS_LANDLOCK_RESTRICT_SELF = 444, 445, 446
-LANDLOCK_CREATE_RULESET_VERSION, LANDLOCK_RULE_PATH_BENEATH, LANDLOCK_RULE_NET_PORT = 1, 1, 2
-FS_EXECUTE, FS_WRITE_FILE, FS_READ_FILE, FS_READ_DIR = 1 << 0, 1 << 1, 1 << 2, 1 << 3
-FS_REMOVE_DIR, FS_REMOVE_FILE, FS_MAKE_DIR, FS_MAKE_REG = 1 << 4, 1 << 5, 1 << 7, 1 << 8
-FS_ABI1 = (1 << 13) - 1  # EXECUTE .. MAKE_SYM: everything ABI 1 knows (also char/block/fifo/socket/symlink)
-FS_REFER, FS_TRUNCATE, FS_IOCTL_DEV = 1 << 13, 1 << 14, 1 << 15  # since ABI 2, 3, 5
-FS_ON_FILES = FS_EXECUTE | FS_WRITE_FILE | FS_READ_FILE | FS_TRUNCATE | FS_IOCTL_DEV  # a rule on a file
-NET_BIND_TCP, NET_CONNECT_TCP = 1 << 0, 1 << 1  # since ABI 4
-SCOPE_ABSTRACT_UNIX_SOCKET, SCOPE_SIGNAL = 1 << 0, 1 << 1  # since ABI 6
-SCRATCH_RIGHTS = (FS_READ_FILE | FS_READ_DIR | FS_WRITE_FILE | FS_TRUNCATE | FS_MAKE_REG | FS_MAKE_DIR
-                  | FS_REMOVE_FILE | FS_REMOVE_DIR | FS_REFER)  # no exec, devices, fifos, sockets, symlinks
 _WARNED = set()
 
 
@@ -275,98 +259,6 @@ def _warn_once(msg):
     if not _WARNED:
         _WARNED.add(msg)
         print(f"sandbox: WARNING: {msg}", file=sys.stderr, flush=True)
-
-
-def _elf_interpreter(path):
-    """The dynamic loader an ELF executable names in its PT_INTERP header (None: static or not ELF).
-    The kernel opens it for execution, so it needs Landlock's EXECUTE right."""
-    import struct  # parent only
-    with open(path, "rb") as f:
-        head = f.read(64)
-        if head[:4] != b"\x7fELF" or head[4] != 2:  # 64-bit ELF only
-            return None
-        end = "<" if head[5] == 1 else ">"
-        (phoff,), (phentsize, phnum) = struct.unpack_from(end + "Q", head, 32), struct.unpack_from(end + "HH", head, 54)
-        f.seek(phoff)
-        table = f.read(phentsize * phnum)
-        for k in range(phnum):
-            p_type, _, p_offset, _, _, p_filesz = struct.unpack_from(end + "IIQQQQ", table, k * phentsize)
-            if p_type == 3:  # PT_INTERP
-                f.seek(p_offset)
-                return os.path.realpath(f.read(p_filesz).rstrip(b"\0").decode())
-    return None
-
-
-def _landlock_rules(exe, stdlib):
-    """(path, rights) the child may use besides its scratch dir: what this interpreter needs to start
-    and import the standard library, nothing else. Found with strace on `python -s -S -B -P -c
-    'import json, threading, sqlite3 ...'` under the ruleset: ld.so, its cache, libc/libm (+ the
-    libraries lib-dynload links: libz, libffi, libsqlite3 ...), libpython, the stdlib. Left out on
-    purpose: /proc and /sys (CPython does not need them to start), locale files and /etc/localtime
-    (the child runs in the C locale, i.e. Python's UTF-8 mode, and in UTC), site-packages."""
-    import sysconfig  # parent only
-    ro = FS_READ_FILE | FS_READ_DIR
-    rules = [(exe, FS_READ_FILE | FS_EXECUTE), (stdlib, FS_READ_DIR)]
-    loader = _elf_interpreter(exe)
-    if loader:
-        rules.append((loader, FS_READ_FILE | FS_EXECUTE))
-    # A rule grants a whole hierarchy and cannot carve holes, so the stdlib is granted entry by
-    # entry, leaving out the third-party packages.
-    rules += [(os.path.realpath(os.path.join(stdlib, n)), ro) for n in sorted(os.listdir(stdlib))
-              if n not in ("site-packages", "dist-packages")]
-    rules += [(os.path.realpath(p), FS_READ_FILE) for p in sys.path if p.endswith(".zip") and os.path.isfile(p)]
-    arch = getattr(sys.implementation, "_multiarch", "") or "."
-    lib_dirs = sorted({os.path.realpath(d) for d in ("/lib64", "/usr/lib64", f"/lib/{arch}", f"/usr/lib/{arch}")
-                       if os.path.isdir(d)})
-    rules += [(d, FS_READ_FILE) for d in lib_dirs]
-    libdir = os.path.realpath(sysconfig.get_config_var("LIBDIR") or "/nonexistent")
-    if os.path.isdir(libdir) and libdir not in lib_dirs:  # libpython (pyenv), or a conda env's own libraries
-        rules += [(os.path.join(libdir, n), FS_READ_FILE) for n in sorted(os.listdir(libdir))
-                  if ".so" in n and os.path.isfile(os.path.join(libdir, n))]
-    return rules + [("/etc/ld.so.cache", FS_READ_FILE), ("/dev/null", FS_READ_FILE | FS_WRITE_FILE | FS_TRUNCATE)]
-
-
-def _landlock(p):
-    """In the forked child (before exec, after the mounts): restrict this process and everything
-    it execs to p["landlock_rules"] + read/write in scratch, for good. Raises OSError on failure.
-    agent_jail.py reuses it with p["extra_writable"] (more read/write dirs) and p["tcp_connect"]
-    (TCP ports it may connect to; the harness child gets none)."""
-    import struct  # already imported by the parent: no file access here
-    libc, abi = p["libc"], p["landlock_abi"]
-
-    def check(ret, what):
-        if ret < 0:
-            e = p["get_errno"]()
-            raise OSError(e, f"{what}: {os.strerror(e)}")
-        return ret
-
-    fs = FS_ABI1 | (FS_REFER if abi >= 2 else 0) | (FS_TRUNCATE if abi >= 3 else 0) | (FS_IOCTL_DEV if abi >= 5 else 0)
-    net = NET_BIND_TCP | NET_CONNECT_TCP if abi >= 4 else 0  # no rule allows a port: no TCP at all
-    scoped = SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL if abi >= 6 else 0  # only within the sandbox
-    attr = struct.pack("QQQ", fs, net, scoped)[:8 if abi < 4 else 16 if abi < 6 else 24]  # the ABI's struct size
-    check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(PR_SET_NO_NEW_PRIVS)")  # required unprivileged
-    ruleset = check(libc.syscall(SYS_LANDLOCK_CREATE_RULESET, attr, len(attr), 0), "landlock_create_ruleset")
-    try:
-        writable = [p["scratch"]] + list(p.get("extra_writable", ()))  # more than scratch: agent_jail.py
-        for path, rights in p["landlock_rules"] + [(w, SCRATCH_RIGHTS) for w in writable]:
-            try:
-                fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
-            except FileNotFoundError:
-                continue
-            try:
-                if not stat.S_ISDIR(os.fstat(fd).st_mode):
-                    rights &= FS_ON_FILES
-                rule = struct.pack("=Qi", rights & fs, fd)  # struct landlock_path_beneath_attr (packed)
-                check(libc.syscall(SYS_LANDLOCK_ADD_RULE, ruleset, LANDLOCK_RULE_PATH_BENEATH, rule, 0),
-                      f"landlock_add_rule {path}")
-            finally:
-                os.close(fd)
-        for port in p.get("tcp_connect", ()) if net else ():  # struct landlock_net_port_attr
-            check(libc.syscall(SYS_LANDLOCK_ADD_RULE, ruleset, LANDLOCK_RULE_NET_PORT,
-                               struct.pack("QQ", NET_CONNECT_TCP, port), 0), f"landlock_add_rule port {port}")
-        check(libc.syscall(SYS_LANDLOCK_RESTRICT_SELF, ruleset, 0), "landlock_restrict_self")
-    finally:
-        os.close(ruleset)
 
 
 def _under(path, root):
@@ -413,7 +305,8 @@ def _preexec(p):
     # The kernel's file view, in every mode: after the mounts (it forbids new ones), before the
     # uid drop (opening the allowed paths may need root, e.g. under /root). It survives exec.
     if p["landlock_abi"]:
-        _landlock(p)
+        import landlock  # (loaded by _plan in the parent: no file access here)
+        landlock.restrict(p["libc"], p["get_errno"], p["landlock_abi"], p["landlock_rules"], [p["scratch"]])
     # Root ignores RLIMIT_NPROC and file permissions: become nobody. Without namespaces that
     # only works when nobody can reach the interpreter; otherwise we stay root (Landlock, the
     # hook and the rlimits but RLIMIT_NPROC still hold).

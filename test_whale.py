@@ -1277,7 +1277,8 @@ def _run_as_nobody(harness, task, env=()):
     code = tempfile.mkdtemp(prefix="whale_nonroot_", dir="/tmp")
     try:
         os.chmod(code, 0o755)
-        for name, text in (("sandbox.py", (ROOT / "sandbox.py").read_text()), ("harness.py", harness)):
+        for name, text in (("sandbox.py", (ROOT / "sandbox.py").read_text()),
+                           ("landlock.py", (ROOT / "landlock.py").read_text()), ("harness.py", harness)):
             Path(code, name).write_text(text)
             os.chmod(Path(code, name), 0o644)
         script = textwrap.dedent(f"""
