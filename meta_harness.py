@@ -79,142 +79,18 @@ module writes; the command proposer's coding agent works in a copy of the archiv
 this directory (agent_proposer.py says how that is enforced and checked).
 """
 
-import ast
 import json
 import math
 import os
 import re
-import sys
-import textwrap
 import time
 from collections import Counter
 
+from harness_source import differs_only_in, hypothesis, normalized, static_check  # the source, as text
 from sandbox import valid_text  # the one text rule (lone surrogates), at every boundary
 
 EMPTY_ITERATIONS_TO_STOP = 3  # consecutive iterations without a valid candidate end a phase
 BACKOFF = (1.0, 60.0)         # seconds before the next call after a failed proposer call: first, cap
-
-# -----------------------------------------------------------------------------
-# Source surgery: top-level names, splice, "differs only in"
-
-
-def _defined_names(node):
-    """Names a top-level statement binds: def/class names and assignment targets."""
-    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-        return [node.name]
-    targets = node.targets if isinstance(node, ast.Assign) else \
-        [node.target] if isinstance(node, (ast.AnnAssign, ast.AugAssign)) else []
-    return [n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)]
-
-
-def _span(node):
-    """1-based inclusive line range of a statement, decorators included."""
-    return min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])]), node.end_lineno
-
-
-def top_level_names(source):
-    """{name: (first_line, last_line)} for every top-level def/class/assignment, in file order.
-    A name bound twice maps to its last binding, the one in effect after import."""
-    out = {}
-    for node in ast.parse(source).body:
-        for name in _defined_names(node):
-            out.pop(name, None)
-            out[name] = _span(node)
-    return out
-
-
-def _lines(source):
-    # Split on "\n" only (keeping it), the way ast counts lines; str.splitlines would also
-    # split on form feeds and other separators inside strings and shift every line number.
-    return re.findall(r"[^\n]*\n|[^\n]+\Z", source)
-
-
-def splice(source, name, new_def_source):
-    """Replace the top-level definition of `name` by `new_def_source`, which must be ONE
-    statement defining exactly `name`. Every other line of `source` stays byte-identical:
-    we cut by the ast node's line range instead of unparsing, which would drop comments and
-    reformat the file. Raises KeyError if `name` is not defined, ValueError if it cannot be
-    spliced cleanly."""
-    new_def = textwrap.dedent(new_def_source).strip("\n").rstrip() + "\n"
-    new_tree = ast.parse(new_def)
-    if len(new_tree.body) != 1 or _defined_names(new_tree.body[0]) != [name]:
-        raise ValueError(f"replacement must be one statement defining exactly {name!r}")
-    tree = ast.parse(source)
-    hits = [i for i, n in enumerate(tree.body) if name in _defined_names(n)]
-    if not hits:
-        raise KeyError(f"{name!r} is not defined at top level")
-    i = hits[-1]  # the binding in effect
-    node = tree.body[i]
-    if _defined_names(node) != [name]:
-        raise ValueError(f"{name!r} is bound together with other names; cannot splice it alone")
-    start, end = _span(node)
-    for j, other in enumerate(tree.body):  # "A = 1; B = 2" shares a line: refuse, don't mangle B
-        if j != i and _span(other)[0] <= end and _span(other)[1] >= start:
-            raise ValueError(f"{name!r} shares lines with another statement")
-    lines = _lines(source)
-    out = "".join(lines[:start - 1]) + new_def + "".join(lines[end:])
-    # Verify by re-parsing: the same statements, one of them swapped for the new one.
-    out_body = ast.parse(out).body
-    want = tree.body[:i] + new_tree.body + tree.body[i + 1:]
-    if [ast.dump(n) for n in out_body] != [ast.dump(n) for n in want]:
-        raise ValueError(f"splice of {name!r} did not re-parse to the intended program")
-    return out
-
-
-def _strip_docstrings(tree):
-    for node in ast.walk(tree):
-        body = getattr(node, "body", None)
-        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) \
-                and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
-            node.body = body[1:] or [ast.Pass()]
-    return tree
-
-
-def normalized(source):
-    """Canonical form for "is this the same program": the ast dump without comments, layout
-    or docstrings (a reworded docstring is not a new candidate worth 128 rollouts)."""
-    try:
-        return ast.dump(_strip_docstrings(ast.parse(source)))
-    except (SyntaxError, ValueError):
-        return "unparsable:" + source.strip()
-
-
-def _keyed_statements(source):
-    """Top-level statements keyed by the names they bind (unnamed ones: '<stmt>', numbered),
-    the module docstring left out (text, no behaviour)."""
-    body = ast.parse(source).body
-    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
-            and isinstance(body[0].value.value, str):
-        body = body[1:]
-    out, seen = {}, Counter()
-    for node in body:
-        names = _defined_names(node)
-        key = ",".join(names) or "<stmt>"
-        seen[key] += 1
-        out[key if seen[key] == 1 else f"{key}#{seen[key]}"] = (set(names), ast.dump(node))
-    return out
-
-
-def differs_only_in(base_src, cand_src, allowed_names):
-    """(True, "") if `cand_src` equals `base_src` except for top-level definitions of
-    `allowed_names` (compared as ASTs, so comments and layout do not count), else (False, why).
-    This is FST's restriction: a prompt-only search may change the prompt texts, nothing else."""
-    allowed = set(allowed_names)
-    try:
-        base, cand = _keyed_statements(base_src), _keyed_statements(cand_src)
-    except SyntaxError as e:
-        return False, f"syntax error: {e}"
-    for key in sorted(set(base) | set(cand)):
-        b, c = base.get(key), cand.get(key)
-        names = (b or c)[0]
-        if b is not None and c is not None and b[1] == c[1]:
-            continue
-        if names and names <= allowed:
-            continue
-        what = "added" if b is None else "removed" if c is None else "changed"
-        return False, f"{what} top-level {key!r}, outside the allowed {sorted(allowed)}"
-    return True, ""
-
 
 # -----------------------------------------------------------------------------
 # Archive on disk
@@ -485,41 +361,6 @@ def accept(cand_scores, inc_scores, alpha=0.1):
 
 
 # -----------------------------------------------------------------------------
-# Validation
-
-
-def static_check(source):
-    """Reason the source cannot be a harness, or None: parses, defines run(task, llm, tools)
-    at top level, imports only the standard library (the sandbox enforces more at run time)."""
-    if not isinstance(source, str) or not source.strip():
-        return "empty source (the proposer returned no code)"
-    try:
-        valid_text(source, "the source")
-    except ValueError as e:
-        return str(e)
-    try:
-        tree = ast.parse(source)
-    except SyntaxError as e:
-        return f"syntax error: {e.msg} (line {e.lineno})"
-    except ValueError as e:  # null bytes
-        return f"unparsable: {e}"
-    runs = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "run"]
-    if not runs:
-        return "no top-level function run(task, llm, tools)"
-    a = runs[-1].args
-    if len(a.posonlyargs) + len(a.args) < 3 and a.vararg is None:
-        return "run must accept (task, llm, tools)"
-    for node in ast.walk(tree):
-        mods = [x.name for x in node.names] if isinstance(node, ast.Import) else \
-            [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
-        for m in mods:
-            top = m.split(".")[0]
-            if top not in sys.stdlib_module_names and top != "__future__":
-                return f"imports {m!r}, not in the standard library"
-    return None
-
-
-# -----------------------------------------------------------------------------
 # The search
 
 
@@ -580,15 +421,6 @@ def _write_candidate(archive_dir, num, cand, iteration, proposal_cost):
         axis=cand.get("axis"), note=valid_text(str(cand.get("note", ""))[:2000], replace=True),
         format=cand.get("format"), finish=cand.get("finish"), reject=reject, proposal_cost=proposal_cost,
         **{key: cand[key] for key in PROVENANCE if cand.get(key) is not None}))
-
-
-def hypothesis(source):
-    """The first line of a harness's module docstring: what its author expected it to do."""
-    try:
-        doc = ast.get_docstring(ast.parse(source)) or ""
-    except (SyntaxError, ValueError):
-        return None
-    return doc.strip().splitlines()[0][:300] if doc.strip() else None
 
 
 def _summary_line(c):

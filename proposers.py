@@ -42,6 +42,7 @@ import urllib.request
 from collections import Counter
 
 import meta_harness as mh
+from harness_source import normalized, splice, top_level_names
 from sandbox import valid_text
 
 DIGEST_CHARS = 16000           # default budget of the LLM proposers' archive view
@@ -132,7 +133,7 @@ def rank_axes(axes, signatures, tried, rng):
 
 def definition(source, name):
     """The source lines of the top-level definition of `name` (what splice puts in)."""
-    start, end = mh.top_level_names(source)[name]
+    start, end = top_level_names(source)[name]
     return "\n".join(source.split("\n")[start - 1:end]) + "\n"
 
 
@@ -140,11 +141,11 @@ def changed_axes(parent_src, src, axes):
     """The axes whose definitions differ between two sources (compared as ASTs, so comments,
     layout and docstrings do not count)."""
     try:
-        a, b = mh.top_level_names(parent_src), mh.top_level_names(src)
+        a, b = top_level_names(parent_src), top_level_names(src)
     except (SyntaxError, ValueError):
         return []
     return [x for x in axes if x in a and x in b
-            and mh.normalized(definition(parent_src, x)) != mh.normalized(definition(src, x))]
+            and normalized(definition(parent_src, x)) != normalized(definition(src, x))]
 
 
 def grafts_that_helped(best, scored, axes, seed_source, top=TOP_DONORS):
@@ -164,7 +165,7 @@ def grafts_that_helped(best, scored, axes, seed_source, top=TOP_DONORS):
             continue
         for axis in changed_axes(parent["source"], donor["source"], axes):
             d = definition(donor["source"], axis)
-            key = (axis, mh.normalized(d))
+            key = (axis, normalized(d))
             if axis in open_axes and key not in keys:
                 keys.add(key)
                 out.append((gain, axis, d, donor["name"]))
@@ -182,7 +183,7 @@ def near_misses(best, scored, margin):
 
 def _splice_all(source, changes):
     for axis, d in changes:
-        source = mh.splice(source, axis, d)
+        source = splice(source, axis, d)
     return source
 
 
@@ -234,14 +235,14 @@ def _primitives_proposer(domain, rng_seed):
             propose.errors.append("primitives: no evaluated candidate to start from")
             return []
         allowed = (mh.read_json(os.path.join(archive_dir, "rules.json"), {}) or {}).get("allowed_axes")
-        spans = mh.top_level_names(parent["source"])
+        spans = top_level_names(parent["source"])
         axes = [a for a in domain.PRIMITIVES if a in spans and (allowed is None or a in allowed)]
         signatures = failure_signatures(mh.read_traces(parent), domain)
         tried = Counter(c["meta"].get("axis") for c in archive)
         # Seeded by the archive size: the same archive gives the same proposals, so a resumed
         # search proposes what the crashed one would have.
         rng = random.Random(f"{rng_seed}:{len(archive)}")
-        seen = {mh.normalized(c["source"]) for c in archive}
+        seen = {normalized(c["source"]) for c in archive}
         queues = {}
         for axis in rank_axes(axes, signatures, tried, rng):
             alts = list(enumerate(domain.PRIMITIVES[axis]))
@@ -249,7 +250,7 @@ def _primitives_proposer(domain, rng_seed):
             queues[axis] = []
             for j, alt in alts:
                 try:
-                    src = mh.splice(parent["source"], axis, alt)
+                    src = splice(parent["source"], axis, alt)
                 except (ValueError, KeyError, SyntaxError) as e:
                     propose.errors.append(f"primitives: {axis} alternative {j}: {e}")
                     continue
@@ -270,9 +271,9 @@ def _primitives_proposer(domain, rng_seed):
                 q = queues[axis]
                 while q and len(out) < k:
                     j, src = q.pop(0)
-                    if mh.normalized(src) in seen:  # never repeat an archived source
+                    if normalized(src) in seen:  # never repeat an archived source
                         continue
-                    seen.add(mh.normalized(src))
+                    seen.add(normalized(src))
                     out.append(dict(source=src, proposer="primitives", parent=parent["name"], axis=axis,
                                     kind="swap", axes=[axis], parents=[parent["name"]],
                                     note=f"{axis}: alternative {j + 1}/{len(domain.PRIMITIVES[axis])} "
@@ -290,9 +291,9 @@ def _primitives_proposer(domain, rng_seed):
                     src = _splice_all(base, changes)
                 except (ValueError, KeyError, SyntaxError):
                     continue  # an axis the base does not define: not a candidate
-                if mh.normalized(src) in seen:
+                if normalized(src) in seen:
                     continue
-                seen.add(mh.normalized(src))
+                seen.add(normalized(src))
                 names = [a for a, _ in changes]
                 out.append(dict(source=src, proposer="primitives", parent=parents[0], axis="+".join(names),
                                 kind=kind, axes=names, parents=parents,

@@ -64,9 +64,9 @@ def check_args(a):
     if a.harness and not Path(a.harness).is_file():
         raise UserError(f"harness file {a.harness} does not exist")
     if a.harness:
-        import meta_harness  # the same check every proposed candidate gets
+        import harness_source  # the same check every proposed candidate gets
         try:
-            why = meta_harness.static_check(Path(a.harness).read_text())
+            why = harness_source.static_check(Path(a.harness).read_text())
         except (OSError, UnicodeDecodeError) as e:
             why = f"cannot be read ({e})"
         if why:

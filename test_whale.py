@@ -89,6 +89,7 @@ import agent_jail
 import agent_proposer
 import engine
 import int8
+import harness_source as hsrc
 import meta_harness as mh
 import proposers
 from tools import report
@@ -141,7 +142,7 @@ def tiny_harness(tmp_path_factory):
     src = Path(searchqa.H0).read_text()
     for axis, i in [("SYSTEM_PROMPT", 0), ("USER_TEMPLATE", 0), ("EXAMPLES", 0), ("RETRIEVAL", 0),
                     ("format_passages", 0), ("extract_answer", 1)]:
-        src = mh.splice(src, axis, searchqa.PRIMITIVES[axis][i])
+        src = hsrc.splice(src, axis, searchqa.PRIMITIVES[axis][i])
     path = tmp_path_factory.mktemp("harness") / "searchqa_good.py"
     path.write_text(src)
     return str(path)
@@ -1816,7 +1817,7 @@ def test_searchqa_h0_and_primitives_splice():
     for axis, alts in searchqa.PRIMITIVES.items():
         assert len(alts) >= 2, axis
         for alt in alts:
-            src = mh.splice(h0, axis, alt)
+            src = hsrc.splice(h0, axis, alt)
             assert src != h0
             compile(src, "<candidate>", "exec")
             mod = load_harness(src)
@@ -1844,35 +1845,35 @@ def test_searchqa_primitives_reach_where_designed():
                "Its paternity was claimed by the brothers Ivo and Marek Hal. A donation from the banker John D. "
                "Rockefeller paid for the roof, finished on March 3, 1901.")
     # evidence selection by rare words: the title's words ("Old Mill") do not decide
-    rare = load_harness(mh.splice(h0, "format_passages", P["format_passages"][2]))
+    rare = load_harness(hsrc.splice(h0, "format_passages", P["format_passages"][2]))
     assert "Ivo and Marek" in rare.format_passages("Whose paternity of the Old Mill was claimed?", passage)
-    across = load_harness(mh.splice(h0, "format_passages", P["format_passages"][3]))
+    across = load_harness(hsrc.splice(h0, "format_passages", P["format_passages"][3]))
     two = across.format_passages("When was the roof finished?", passage + "\n[2] Roof: A roof covers a building.")
     assert two.splitlines()[0].startswith("[1] Old Mill:") and "March 3, 1901" in two and len(two.splitlines()) == 2
     # a reply repeating a worked example's answer is no answer; the question's words are trimmed
-    ex = load_harness(mh.splice(h0, "extract_answer", P["extract_answer"][3]))
+    ex = load_harness(hsrc.splice(h0, "extract_answer", P["extract_answer"][3]))
     assert ex.extract_answer("<answer>2.1 million</answer>", "How many live here?") is None
     assert ex.extract_answer("<answer>the Old Mill brothers</answer>", "Who owned the Old Mill?") == "brothers"
     tools = types.SimpleNamespace(search=lambda query, k=1, max_chars=200: passage)
     for alt in P["run"]:
-        mod = load_harness(mh.splice(h0, "run", alt))
+        mod = load_harness(hsrc.splice(h0, "run", alt))
         # a name cut at an initial is completed from the text; a year becomes the whole date
         assert mod.run({"question": "Who paid for the roof?"}, scripted_llm(then="<answer>John D</answer>"),
                        tools) == "John D. Rockefeller"
         assert mod.run({"question": "On what date was the roof finished?"},
                        scripted_llm(then="<answer>1901</answer>"), tools) == "March 3, 1901"
     # the first run alternative corrects an answer that is not in the text, once
-    fix = load_harness(mh.splice(h0, "run", P["run"][0]))
+    fix = load_harness(hsrc.splice(h0, "run", P["run"][0]))
     llm = scripted_llm(["<answer>2.1 million</answer>", "<answer>Ivo</answer>"])
     assert fix.run({"question": "Who claimed it?"}, llm, tools) == "Ivo" and len(llm.calls) == 2
     assert "is not in the search result" in llm.calls[1][-1]["content"]
     llm = scripted_llm(then="<answer>Old Mill</answer>")  # only the question's words, twice: kept
     assert fix.run({"question": "What is the Old Mill?"}, llm, tools) == "Old Mill" and len(llm.calls) == 2
     # the new make_query repeats names and numbers; the new EXAMPLES and USER_TEMPLATE fill in
-    mq = load_harness(mh.splice(h0, "make_query", P["make_query"][2]))
+    mq = load_harness(hsrc.splice(h0, "make_query", P["make_query"][2]))
     assert mq.make_query("Who sold the Old Mill in 1890?") == "sold the Old Mill in 1890 Old Mill 1890"
     for axis in ("EXAMPLES", "USER_TEMPLATE"):
-        mod = load_harness(mh.splice(h0, axis, P[axis][2]))
+        mod = load_harness(hsrc.splice(h0, axis, P[axis][2]))
         assert "{question}" in mod.USER_TEMPLATE and all(e["answer"] in e["passages"] for e in mod.EXAMPLES)
 
 @pytest.mark.slow
@@ -2001,7 +2002,7 @@ def test_math_every_primitive_splices_compiles_and_runs():
         for alt in alts:
             tree = ast.parse(alt)
             assert len(tree.body) == 1
-            source = mh.splice(h0, axis, alt)
+            source = hsrc.splice(h0, axis, alt)
             assert source != h0
             h = load_harness(source)
             scores = []
@@ -2017,25 +2018,25 @@ def test_math_every_primitive_splices_compiles_and_runs():
 
 def test_math_primitives_help_where_designed():
     h0 = Path(M.H0).read_text()
-    rec = load_harness(mh.splice(h0, "recover_answer", M.PRIMITIVES["recover_answer"][1]))
+    rec = load_harness(hsrc.splice(h0, "recover_answer", M.PRIMITIVES["recover_answer"][1]))
     out = rec.run({"problem": "What is 6 * 7?"}, scripted_llm(["```python\nprint(6*7)\n```", "I ran it."]),
                      FakeTools())
     assert M.verify(ex_of("42"), out, None) == 1.0
-    norm = load_harness(mh.splice(h0, "normalize_code", M.PRIMITIVES["normalize_code"][0]))
+    norm = load_harness(hsrc.splice(h0, "normalize_code", M.PRIMITIVES["normalize_code"][0]))
     assert norm.normalize_code("```\nx = 6 * 7\nx\n```") == "x = 6 * 7\nprint(x)"
-    norm = load_harness(mh.splice(h0, "normalize_code", M.PRIMITIVES["normalize_code"][1]))
+    norm = load_harness(hsrc.splice(h0, "normalize_code", M.PRIMITIVES["normalize_code"][1]))
     assert norm.normalize_code("First, total = 6 * 7\ntotal = 6 * 7") == "total = 6 * 7\nprint(total)"
     # issue 33's code-first and answer-recovery alternatives
-    rec = load_harness(mh.splice(h0, "recover_answer", M.PRIMITIVES["recover_answer"][2]))
+    rec = load_harness(hsrc.splice(h0, "recover_answer", M.PRIMITIVES["recover_answer"][2]))
     assert rec.recover_answer("so \\boxed{x = 1,200 apples}", None) == "1200"
     assert rec.recover_answer("The answer is 7, not 9", "NameError: name 'x' is not defined") == "7"
     assert rec.recover_answer("no idea", "") is None
     out = rec.run({"problem": "What is 6 * 7?"}, scripted_llm(["```python\nprint(6*7)\n```", "Done."]), FakeTools())
     assert M.verify(ex_of("42"), out, None) == 1.0
-    fb = load_harness(mh.splice(h0, "format_feedback", M.PRIMITIVES["format_feedback"][2]))
+    fb = load_harness(hsrc.splice(h0, "format_feedback", M.PRIMITIVES["format_feedback"][2]))
     assert "print(answer)" in fb.format_feedback("NameError: name 'x' is not defined")
     assert "printed: 42" in fb.format_feedback("42\n") and fb.format_feedback("42\n").endswith("\\boxed{number}.")
-    code_first = load_harness(mh.splice(h0, "USER_TEMPLATE", M.PRIMITIVES["USER_TEMPLATE"][3]))
+    code_first = load_harness(hsrc.splice(h0, "USER_TEMPLATE", M.PRIMITIVES["USER_TEMPLATE"][3]))
     assert code_first.USER_TEMPLATE.format(problem="P").startswith("P\n") and "print(answer)" in code_first.USER_TEMPLATE
 
 
@@ -2263,7 +2264,7 @@ def test_chess_h0_and_primitives_splice():
     for axis, alts in chessdom.PRIMITIVES.items():
         assert len(alts) >= 2, axis
         for alt in alts:
-            src = mh.splice(h0, axis, alt)
+            src = hsrc.splice(h0, axis, alt)
             assert src != h0
             compile(src, "<candidate>", "exec")
             mod = load_harness(src)
@@ -2276,22 +2277,22 @@ def test_chess_h0_and_primitives_splice():
                 answer, state, calls = _chess_run(src, ex, ["", "???", "<move>zz"] * 4)
                 assert not state.played and (answer is None or isinstance(answer, str))
     # the SAN-reading parser understands SAN; the lenient one forgives 'e2-e4' without a tag
-    san_src = mh.splice(h0, "parse_move", chessdom.PRIMITIVES["parse_move"][1])
+    san_src = hsrc.splice(h0, "parse_move", chessdom.PRIMITIVES["parse_move"][1])
     board = pychess.Board(m1["task"]["fen"])
     san = board.san(pychess.Move.from_uci(m1["answer"]["line"][0]))
     assert _chess_run(san_src, m1, [f"I play {san}"])[1].solved
     u = m1["answer"]["line"][0]
-    lenient = mh.splice(h0, "parse_move", chessdom.PRIMITIVES["parse_move"][0])
+    lenient = hsrc.splice(h0, "parse_move", chessdom.PRIMITIVES["parse_move"][0])
     assert _chess_run(lenient, m1, [f"My move is {u[:2]}-{u[2:]}."])[1].solved
     # issue 33's move-format recovery: a promotion without its piece, a piece and a square, never a guess
-    rec = load_harness(mh.splice(h0, "parse_move", chessdom.PRIMITIVES["parse_move"][2]))
+    rec = load_harness(hsrc.splice(h0, "parse_move", chessdom.PRIMITIVES["parse_move"][2]))
     legal = ["e7e8q", "e7e8n", "g1f3", "d1h5"]
     table = types.SimpleNamespace(legal_moves_san=lambda: ["e8=Q+", "e8=N", "Nf3", "Qh5"])
     assert rec.parse_move("<move>e7e8", legal, table) == "e7e8q"
     assert rec.parse_move("I move the queen to h5", legal, table) == "d1h5"
     assert rec.parse_move("Knight f3!", legal, table) == "g1f3"
     assert rec.parse_move("pawn e8", legal, table) is None  # two pawn moves to e8: no guess
-    retry = load_harness(mh.splice(h0, "format_retry", chessdom.PRIMITIVES["format_retry"][2]))
+    retry = load_harness(hsrc.splice(h0, "format_retry", chessdom.PRIMITIVES["format_retry"][2]))
     assert "d1h5" in retry.format_retry("d1h6", legal) and "g1f3" not in retry.format_retry("d1h6", legal)
 
 
@@ -2363,18 +2364,18 @@ def test_every_domain_file_keeps_the_domain_contract(name):
     for recs in splits.values():
         domains.check_records(recs, name, (), ())  # str id, dict task, dict answer
     h0 = Path(dom.H0).read_text()
-    assert mh.static_check(h0) is None
-    axes = mh.top_level_names(h0)
+    assert hsrc.static_check(h0) is None
+    axes = hsrc.top_level_names(h0)
     assert set(dom.PRIMITIVES) <= set(axes) and set(dom.PROMPT_AXES) <= set(dom.PRIMITIVES)
     load_harness(h0)  # its top level runs
     for axis, alts in dom.PRIMITIVES.items():
         assert alts, axis
         for alt in alts:
-            src = mh.splice(h0, axis, alt)
-            assert mh.static_check(src) is None, (axis, alt[:60])
-            assert mh.normalized(src) != mh.normalized(h0), (axis, alt[:60])  # not a duplicate of h0
+            src = hsrc.splice(h0, axis, alt)
+            assert hsrc.static_check(src) is None, (axis, alt[:60])
+            assert hsrc.normalized(src) != hsrc.normalized(h0), (axis, alt[:60])  # not a duplicate of h0
             if axis in dom.PROMPT_AXES:
-                assert mh.differs_only_in(h0, src, sorted(dom.PROMPT_AXES))[0], (axis, alt[:60])
+                assert hsrc.differs_only_in(h0, src, sorted(dom.PROMPT_AXES))[0], (axis, alt[:60])
             assert callable(load_harness(src).run)
     for ex in (splits["val"][0], splits["test"][-1]):
         state = dom.make_tools(ex)[1]
@@ -2735,38 +2736,38 @@ def test_splice_replaces_exactly_one_definition():
             return helper(1)
         ''')
     lines = src.splitlines(keepends=True)
-    out = mh.splice(src, "helper", "def helper(x):\n    return x * 2\n")
+    out = hsrc.splice(src, "helper", "def helper(x):\n    return x * 2\n")
     out_lines = out.splitlines(keepends=True)
     assert out_lines[:6] == lines[:6]                      # up to the blank line before the decorator
     assert out_lines[6:8] == ["def helper(x):\n", "    return x * 2\n"]
     assert out_lines[8:] == lines[10:]                     # everything after, byte-identical
-    out2 = mh.splice(src, "PROMPT", 'PROMPT = "short"')
+    out2 = hsrc.splice(src, "PROMPT", 'PROMPT = "short"')
     assert out2.splitlines(keepends=True) == lines[:3] + ['PROMPT = "short"\n'] + lines[5:]
-    assert mh.top_level_names(out2)["PROMPT"] == (4, 4)
+    assert hsrc.top_level_names(out2)["PROMPT"] == (4, 4)
     with pytest.raises(KeyError):
-        mh.splice(src, "missing", "missing = 1")
+        hsrc.splice(src, "missing", "missing = 1")
     with pytest.raises(ValueError):
-        mh.splice(src, "helper", "other = 1")              # defines the wrong name
+        hsrc.splice(src, "helper", "other = 1")              # defines the wrong name
     with pytest.raises(ValueError):
-        mh.splice("A = 1; B = 2\ndef run(t, l, x): pass\n", "A", "A = 3")  # shares a line
+        hsrc.splice("A = 1; B = 2\ndef run(t, l, x): pass\n", "A", "A = 3")  # shares a line
 
 
 def test_top_level_names_spans():
-    names = mh.top_level_names(H0)
+    names = hsrc.top_level_names(H0)
     assert list(names) == ["SYSTEM_PROMPT", "TOP_K", "QUALITY", "extract_answer", "run"]
     assert names["extract_answer"] == (11, 13)
 
 
 def test_differs_only_in_prompt_axes():
-    ok, why = mh.differs_only_in(H0, mh.splice(H0, "SYSTEM_PROMPT", 'SYSTEM_PROMPT = "New."'), {"SYSTEM_PROMPT"})
+    ok, why = hsrc.differs_only_in(H0, hsrc.splice(H0, "SYSTEM_PROMPT", 'SYSTEM_PROMPT = "New."'), {"SYSTEM_PROMPT"})
     assert ok, why
-    ok, _ = mh.differs_only_in(H0, H0.replace("# The prompt, one axis.", "# reworded comment"), {"SYSTEM_PROMPT"})
+    ok, _ = hsrc.differs_only_in(H0, H0.replace("# The prompt, one axis.", "# reworded comment"), {"SYSTEM_PROMPT"})
     assert ok                                              # comments/layout are not changes
-    ok, why = mh.differs_only_in(H0, mh.splice(H0, "TOP_K", "TOP_K = 5"), {"SYSTEM_PROMPT"})
+    ok, why = hsrc.differs_only_in(H0, hsrc.splice(H0, "TOP_K", "TOP_K = 5"), {"SYSTEM_PROMPT"})
     assert not ok and "TOP_K" in why
-    ok, why = mh.differs_only_in(H0, H0 + "\ndef helper():\n    return 1\n", {"SYSTEM_PROMPT"})
+    ok, why = hsrc.differs_only_in(H0, H0 + "\ndef helper():\n    return 1\n", {"SYSTEM_PROMPT"})
     assert not ok and "added" in why
-    ok, why = mh.differs_only_in(H0, H0.replace("import re", "import re\nimport json"), {"SYSTEM_PROMPT"})
+    ok, why = hsrc.differs_only_in(H0, H0.replace("import re", "import re\nimport json"), {"SYSTEM_PROMPT"})
     assert not ok
 
 
@@ -2778,7 +2779,7 @@ def test_search_archives_everything_and_primitives_never_repeats(tmp_path):
     res = mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate, prop, archive_dir=d, k=3,
                           should_stop=lambda history: False, log=quiet)
     arch = mh.load_archive(d)
-    norms = [mh.normalized(c["source"]) for c in arch]
+    norms = [hsrc.normalized(c["source"]) for c in arch]
     assert len(norms) == len(set(norms)) > 7               # no archived source proposed twice
     assert not any(c["invalid"] for c in arch)
     # past the single swaps it combines, retries and pairs; when even those are spent the phase
@@ -2854,7 +2855,7 @@ def test_a_near_miss_gets_a_second_look_on_the_confirmation_block(tmp_path):
     rollouts are booked, the budget can refuse it, and a crash inside it resumes to the same end."""
     block = [{"id": f"ex{i}", "task": {"question": f"q{i}"}, "answer": "a"} for i in range(20)]
     confirm = [{"id": f"cx{i}", "task": {"question": f"c{i}"}, "answer": "a"} for i in range(20)]
-    better = mh.splice(H0, "QUALITY", "QUALITY = 0.5")
+    better = hsrc.splice(H0, "QUALITY", "QUALITY = 0.5")
 
     def evaluate_with(calls, fail_at=None):
         def evaluate(source, examples, tag):
@@ -2920,9 +2921,9 @@ def test_primitives_axis_follows_the_domains_failure_signature(tmp_path):
 
 def all_swaps_on(cand):
     """Every single PRIMITIVES swap on an archived candidate that is not the candidate itself."""
-    return [dict(source=mh.splice(cand["source"], axis, alt), proposer="primitives", parent=cand["name"], axis=axis)
+    return [dict(source=hsrc.splice(cand["source"], axis, alt), proposer="primitives", parent=cand["name"], axis=axis)
             for axis, alts in DOMAIN.PRIMITIVES.items() for alt in alts
-            if mh.normalized(mh.splice(cand["source"], axis, alt)) != mh.normalized(cand["source"])]
+            if hsrc.normalized(hsrc.splice(cand["source"], axis, alt)) != hsrc.normalized(cand["source"])]
 
 
 def test_primitives_menu_keeps_proposing_after_every_single_swap(tmp_path):
@@ -2940,17 +2941,17 @@ def test_primitives_menu_keeps_proposing_after_every_single_swap(tmp_path):
     arch = mh.load_archive(d)
     best = mh.paper_choice(arch)
     assert constant(best["source"], "QUALITY") == 0.8
-    singles = {mh.normalized(mh.splice(best["source"], a, alt)) for a, alts in DOMAIN.PRIMITIVES.items() for alt in alts}
-    seen = {mh.normalized(c["source"]) for c in arch}
-    assert singles <= seen | {mh.normalized(best["source"])}  # every single swap on the best is archived
+    singles = {hsrc.normalized(hsrc.splice(best["source"], a, alt)) for a, alts in DOMAIN.PRIMITIVES.items() for alt in alts}
+    seen = {hsrc.normalized(c["source"]) for c in arch}
+    assert singles <= seen | {hsrc.normalized(best["source"])}  # every single swap on the best is archived
     prop = proposers.make_proposer("primitives", DOMAIN, rng_seed=4)
     out = prop(d, 6)
     assert len(out) == 6 and not prop.exhausted and not prop.errors
-    norms = [mh.normalized(c["source"]) for c in out]
+    norms = [hsrc.normalized(c["source"]) for c in out]
     assert len(set(norms)) == 6 and not set(norms) & seen  # distinct, never seen
     by_name = {c["name"]: c for c in arch}
     for c in out:
-        assert mh.static_check(c["source"]) is None and c["kind"] in ("combine", "retry", "pair")
+        assert hsrc.static_check(c["source"]) is None and c["kind"] in ("combine", "retry", "pair")
         assert c["parents"][0] == c["parent"] and all(p in by_name for p in c["parents"])
         # the candidate is its first parent with exactly the named axes changed
         assert set(proposers.changed_axes(by_name[c["parent"]]["source"], c["source"], DOMAIN.PRIMITIVES)) \
@@ -2991,7 +2992,7 @@ def test_primitives_menu_provenance_is_written(tmp_path):
 
 
 def test_invalid_candidates_are_archived_and_search_continues(tmp_path):
-    good = mh.splice(H0, "QUALITY", "QUALITY = 0.9")
+    good = hsrc.splice(H0, "QUALITY", "QUALITY = 0.9")
     batches = [["", "def run(:\n", "X = 1\n", "import numpy\n" + H0, H0,
                 H0.replace("QUALITY = 0.2", "QUALITY = 0.3")],
                [good]]
@@ -3025,8 +3026,8 @@ def test_prompt_only_search_rejects_other_changes(tmp_path):
     assert {c["meta"]["axis"] for c in arch[1:]} == {"SYSTEM_PROMPT"} and not any(c["invalid"] for c in arch)
 
     def sneaky(archive_dir, k):
-        return [dict(source=mh.splice(H0, "QUALITY", "QUALITY = 0.9"), proposer="x", note="n"),
-                dict(source=mh.splice(H0, "SYSTEM_PROMPT", 'SYSTEM_PROMPT = "Be exact."'), proposer="x", note="n")]
+        return [dict(source=hsrc.splice(H0, "QUALITY", "QUALITY = 0.9"), proposer="x", note="n"),
+                dict(source=hsrc.splice(H0, "SYSTEM_PROMPT", 'SYSTEM_PROMPT = "Be exact."'), proposer="x", note="n")]
     d2 = str(tmp_path / "fst2")
     mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate, sneaky, archive_dir=d2, k=2,
                     should_stop=stop_after(2), prompt_only_base=H0, log=quiet)
@@ -3116,7 +3117,7 @@ def test_paired_acceptance_controls_false_accepts():
 def test_search_logs_paper_choice_but_keeps_incumbent_on_noise(tmp_path):
     # Every candidate has true success 0.3; scores are independent per (source, example).
     def evaluate(source, examples, tag):
-        seed = zlib.crc32(mh.normalized(source).encode())
+        seed = zlib.crc32(hsrc.normalized(source).encode())
         rng = random.Random(seed)
         return [record(ex, rng.random() < 0.3) for ex in examples]
     d = str(tmp_path / "arch")
@@ -3231,7 +3232,7 @@ def test_command_agent_cannot_edit_the_archive_into_a_win(tmp_path, attack, jail
     mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate, None, archive_dir=str(d),
                     should_stop=stop_after(1), log=quiet)
     real = {p: p.read_bytes() for p in d.rglob("*") if p.is_file()}
-    good = mh.splice(H0, "QUALITY", "QUALITY = 0.3").replace('"""Toy harness."""', '"""Slightly better."""')
+    good = hsrc.splice(H0, "QUALITY", "QUALITY = 0.3").replace('"""Toy harness."""', '"""Slightly better."""')
     agent = tmp_path / "agent.py"
     agent.write_text(textwrap.dedent(f'''\
         import json, os, sys
@@ -3352,7 +3353,7 @@ def test_search_trusts_only_its_own_records_against_a_between_calls_forger(tmp_p
     in iterations.jsonl: selection reads the ledger, so none of it counts; every edit is refused,
     put back and listed in the next iteration's record."""
     d = tmp_path / "arch"
-    batches = [[mh.splice(H0, "QUALITY", "QUALITY = 0.1")], [mh.splice(H0, "QUALITY", "QUALITY = 0.15")]]
+    batches = [[hsrc.splice(H0, "QUALITY", "QUALITY = 0.1")], [hsrc.splice(H0, "QUALITY", "QUALITY = 0.15")]]
 
     def propose(archive_dir, k):
         return [dict(source=s, proposer="fake", note="n", parent="cand_000") for s in batches.pop(0)]
@@ -3508,7 +3509,7 @@ def test_agent_workspace_outcome_tables_failures_guide_and_hypotheses(tmp_path):
 
 # ---- LLM and agent proposers: replies, edit blocks, cut replies, the archive digest, usage -----
 
-REPLY = "Mechanism: ask for a short answer.\n```python\n" + mh.splice(H0, "QUALITY", "QUALITY = 0.7") + "```\n"
+REPLY = "Mechanism: ask for a short answer.\n```python\n" + hsrc.splice(H0, "QUALITY", "QUALITY = 0.7") + "```\n"
 
 
 def test_openai_proposer_against_local_server(tmp_path):
@@ -3599,7 +3600,7 @@ def test_proposer_reply_or_candidate_with_a_lone_surrogate_is_a_failed_call_or_a
     c = mh.load_archive(d)[1]
     assert c["scores"] is None and c["invalid"].startswith("the candidate's source is not valid Unicode")
     assert c["source"] == bad.replace("\udfff", "\ufffd") and c["meta"]["note"] == "a \ufffd note"
-    assert mh.static_check(bad).startswith("the source is not valid Unicode")
+    assert hsrc.static_check(bad).startswith("the source is not valid Unicode")
     assert res["iterations"] == 2 and [e["status"] for e in events if e["event"] == "harness_candidate"][-2] == "invalid"
 
     def agent(archive_dir, k):  # a proposer whose error text (e.g. an agent's JSON output) holds one
@@ -3655,7 +3656,7 @@ def test_command_proposer_collects_files_and_survives_timeout(tmp_path):
     mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate, None, archive_dir=d,
                     should_stop=stop_after(1), log=quiet)
     script = tmp_path / "agent.py"
-    body = mh.splice(H0, "QUALITY", "QUALITY = 0.6").replace('"""Toy harness."""', '"""Higher quality."""')
+    body = hsrc.splice(H0, "QUALITY", "QUALITY = 0.6").replace('"""Toy harness."""', '"""Higher quality."""')
     script.write_text(textwrap.dedent(f'''\
         import os, sys
         assert os.path.exists("PROPOSE.md") and "new/cand_" in sys.stdin.read()
@@ -3695,8 +3696,8 @@ def test_edit_blocks_apply_to_the_parent_or_say_why_not():
 
 def archive_with_history(d):
     """A toy archive of 3 iterations whose candidates win and lose different examples."""
-    batches = [[mh.splice(H0, "QUALITY", "QUALITY = 0.5")],
-               [mh.splice(mh.splice(H0, "QUALITY", "QUALITY = 0.5"), "TOP_K", "TOP_K = 2"), "def run(:\n"]]
+    batches = [[hsrc.splice(H0, "QUALITY", "QUALITY = 0.5")],
+               [hsrc.splice(hsrc.splice(H0, "QUALITY", "QUALITY = 0.5"), "TOP_K", "TOP_K = 2"), "def run(:\n"]]
 
     def propose(archive_dir, k):
         best = mh.paper_choice(mh.load_archive(archive_dir))
@@ -3896,7 +3897,7 @@ def e2e_run(out):
 
 def sq_replies(harness_src):
     """Recorded replies for searchqa: a whole file, a cut one, an edit against any parent."""
-    whole = mh.splice(harness_src, "make_query", searchqa.PRIMITIVES["make_query"][0])
+    whole = hsrc.splice(harness_src, "make_query", searchqa.PRIMITIVES["make_query"][0])
     nudge = 'NUDGE = "Give your final answer inside <answer></answer>."\n'
     assert harness_src.count(nudge) == 1
     edit = ("Mechanism: a nudge that asks for the short answer only.\n<<<<<<< SEARCH\n" + nudge +
@@ -5120,8 +5121,8 @@ def test_report_of_a_tiny_run_shows_every_phase_candidate_trace_and_the_final_ha
         card = page.split(f'id="phase00-{c["name"]}"')[1].split('<div class="cand"')[0]
         assert card.count('<details class="trace">') == min(2, len(failed)) + min(1, len(records) - len(failed))
         assert "<details open" not in card
-        if mh.hypothesis(c["source"]):  # its docstring's first line, as the candidate's hypothesis
-            assert f"<th>hypothesis</th><td>{html.escape(mh.hypothesis(c['source']))}" in card
+        if hsrc.hypothesis(c["source"]):  # its docstring's first line, as the candidate's hypothesis
+            assert f"<th>hypothesis</th><td>{html.escape(hsrc.hypothesis(c['source']))}" in card
         if c["meta"].get("parent"):  # a diff against the parent, with its added and removed lines
             assert 'class="diff-table"' in card and ('<tr class="add">' in card or '<tr class="del">' in card)
             assert "better on" in card and "worse on" in card and "p = " in card

@@ -262,11 +262,11 @@ def multiturn(e, n_puzzles):
 def long_context_harness():
     """searchqa h0 with the domain's own primitives spliced in: three worked examples
     (EXAMPLES[0]) and three passages of up to 500 characters (RETRIEVAL[1]); ~3x h0's prompt."""
-    import meta_harness
+    import harness_source
     from domains import searchqa
     src = open(searchqa.H0).read()
     for name, i in (("EXAMPLES", 0), ("RETRIEVAL", 1)):
-        src = meta_harness.splice(src, name, searchqa.PRIMITIVES[name][i])
+        src = harness_source.splice(src, name, searchqa.PRIMITIVES[name][i])
     return src
 
 

@@ -52,7 +52,7 @@ def main():
                          "no paired gain is printed then")
     a = ap.parse_args()
     import engine
-    import meta_harness
+    import harness_source
     import rollout
     domain = importlib.import_module(f"domains.{a.domain}")
     h0 = open(domain.H0).read()
@@ -67,7 +67,7 @@ def main():
         if not i.isdigit() or int(i) >= len(alts):
             raise SystemExit(f"headroom.py: bad --combo part {part!r} (axes: "
                              + ", ".join(f"{k}=0..{len(v) - 1}" for k, v in domain.PRIMITIVES.items()) + ")")
-        combo = meta_harness.splice(combo, axis, alts[int(i)])
+        combo = harness_source.splice(combo, axis, alts[int(i)])
     e = engine.load_engine(a.model)
     examples = domain.load_split(a.split)[:a.limit or None]
     sampling = {"temperature": a.temperature, "top_k": 20, "top_p": 1.0}
@@ -94,7 +94,7 @@ def gain_over(base, r):
 
 def screen(a, domain, h0):
     import engine
-    import meta_harness
+    import harness_source
     import rollout
     e = engine.load_engine(a.model)
     examples = domain.load_split(a.split)[:a.limit or None]
@@ -109,7 +109,7 @@ def screen(a, domain, h0):
     best = {}  # axis -> (gain, index)
     for axis, alts in domain.PRIMITIVES.items():
         for i, alt in enumerate(alts):
-            r = score(meta_harness.splice(h0, axis, alt))
+            r = score(harness_source.splice(h0, axis, alt))
             gain, se = gain_over(base, r)
             print(f"  {axis}={i}: mean@{a.n} = {100 * r['mean']:.1f}  gain {100 * gain:+.1f} ± {100 * se:.1f}  "
                   f"({r['seconds']:.0f} s)", flush=True)
@@ -118,7 +118,7 @@ def screen(a, domain, h0):
     spec = ",".join(f"{axis}={i}" for axis, (_, i) in best.items())
     combo = h0
     for axis, (_, i) in best.items():
-        combo = meta_harness.splice(combo, axis, domain.PRIMITIVES[axis][i])
+        combo = harness_source.splice(combo, axis, domain.PRIMITIVES[axis][i])
     r = score(combo)
     gain, se = gain_over(base, r)
     print(f"greedy combo {spec or '(none)'}: mean@{a.n} = {100 * r['mean']:.1f} ± {100 * r['se']:.1f}  "

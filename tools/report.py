@@ -48,7 +48,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python tools/x.py` imports the repository's modules
 
 # the run's own acceptance test, and a packed archive read (meta_harness needs only the standard library)
-from meta_harness import hypothesis, sign_test, unpacked_archive
+from harness_source import hypothesis
+from meta_harness import sign_test, unpacked_archive
 
 HERE = Path(__file__).resolve().parents[1]  # the repository root
 PASS = 0.5  # a rollout "succeeds" when its verifier score is above this (rs_sft.py keeps the same ones)
