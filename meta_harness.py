@@ -45,18 +45,19 @@ reference answers, never the test split):
   summary.jsonl          append-only, one line per finished candidate (with its cost and its
                          hypothesis: the first line of its module docstring)
   iterations.jsonl       append-only, one line per finished iteration: both choices, the test
-                         (and its second look on the confirmation block), the incumbent, how many candidates were valid, the proposer's errors
-                         and cost, and stop_reason on the line that ended the phase
+                         (and its second look on the confirmation block), the incumbent, how
+                         many candidates were valid, the proposer's errors and cost, and
+                         stop_reason on the line that ended the phase
   frontier.json          Pareto frontier: success vs mean turns, success vs mean context tokens
   rules.json             what proposers must respect (the axes a prompt-only search may change)
   proposer_calls.jsonl   the command proposer's record of each agent call (agent_proposer.py)
 Beside it, <archive_dir>.ledger.jsonl: the parent's own record, appended before the archive's
-files are written: every score it measured (the confirmation block's too), every incumbent
-it chose. Selection reads only the
-ledger; a scores.json or an incumbent in iterations.jsonl that differs from it (an edit at any
-time, also between proposer calls) is refused, put back and listed in the iteration's
-`integrity` field and an archive_integrity event. (The agent never gets the ledger: it works in
-a copy of the archive, jailed away from the run directory; see agent_proposer.py and agent_jail.py.)
+files are written: every score it measured (the confirmation block's too), every incumbent it
+chose. Selection reads only the ledger; a scores.json or an incumbent in iterations.jsonl that
+differs from it (an edit at any time, also between proposer calls) is refused, put back and
+listed in the iteration's `integrity` field and an archive_integrity event. (The agent never
+gets the ledger: it works in a copy of the archive, jailed away from the run directory; see
+agent_proposer.py and agent_jail.py.)
 
 Resuming: call search_phase again on the same archive_dir. Finished candidates (scores.json or
 invalid.txt) are reused, candidates proposed but not finished are finished without asking the
@@ -72,6 +73,7 @@ Events (to `log`, one dict each): harness_candidate (scored or invalid, with the
 proposer_error, proposer_backoff, archive_integrity, harness_iteration, harness_phase_end
 (with the reason).
 
+Reading harness source (names, splice, duplicates, the static check) is harness_source.py.
 What it leaves out: running harness code (sandbox.py, behind the run_candidate/validate_run
 callables the lead passes in), the model (engine.py), when to switch (switch.py), parallel
 proposer calls, the proposers themselves (proposers.py). Selection reads only the ledger this
