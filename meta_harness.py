@@ -707,12 +707,12 @@ def search_phase(incumbent_src, domain, examples, run_candidate, validate_run, p
             accepted, b, c_, p = accept(paper["scores"]["per_example"], inc["scores"]["per_example"],
                                         accept_alpha)
             test = dict(cand=paper["name"], vs=incumbent, b=b, c=c_, p=round(p, 6), alpha=accept_alpha)
-            more = (confirm_examples and not accepted and b > c_ and p <= CONFIRM_P
-                    and _confirm_scores([paper, inc], confirm_examples, run_candidate, ledger_path, it, affordable))
-            if more:  # the second look: the test again on both blocks together
-                accepted, b, c_, p = accept(paper["scores"]["per_example"] + more[0]["per_example"],
-                                            inc["scores"]["per_example"] + more[1]["per_example"], accept_alpha)
-                test["confirm"] = dict(examples=len(confirm_examples), b=b, c=c_, p=round(p, 6))
+            if confirm_examples and not accepted and b > c_ and p <= CONFIRM_P:  # a near miss
+                more = _confirm_scores([paper, inc], confirm_examples, run_candidate, ledger_path, it, affordable)
+                if more is not None:  # the second look: the test again on both blocks together
+                    accepted, b, c_, p = accept(paper["scores"]["per_example"] + more[0]["per_example"],
+                                                inc["scores"]["per_example"] + more[1]["per_example"], accept_alpha)
+                    test["confirm"] = dict(examples=len(confirm_examples), b=b, c=c_, p=round(p, 6))
         confirm_rollouts = sum(x["rollouts"] for x in read_confirmations(ledger_path).values()
                                if x["iteration"] == it)
         new_inc = paper["name"] if accepted else incumbent

@@ -90,8 +90,8 @@ def check_args(a):
     # counts: a zero batch would never finish, a negative "first N" would slice from the end ([:-1])
     for flags, least in ((("budget", "prompts_per_step", "group", "candidates", "test_n", "val_n", "harness_n",
                            "minibatch", "micro_batch", "max_tokens", "tp", "replay_steps", "sft_epochs"), 1),
-                         (("test_limit", "val_limit", "test_subset", "harness_examples", "train_layers", "confirm_examples",
-                           "max_kept_per_prompt", "top_k", "val_every"), 0)):
+                         (("test_limit", "val_limit", "test_subset", "harness_examples", "confirm_examples",
+                           "train_layers", "max_kept_per_prompt", "top_k", "val_every"), 0)):
         for flag in flags:
             if getattr(a, flag) < least:
                 raise UserError(f"--{flag.replace('_', '-')} must be {'> 0' if least else '>= 0'}, "
@@ -174,8 +174,8 @@ STATE_TYPES = {"phase": (str,), "done": (bool,), "cycle": (int,), "steps": (int,
 
 def check_saved_run(run, config, state, Args):
     """The two files a resume reads, checked in one place: config.json holds only whale.Args
-    names, each with its flag's type (a name it lacks takes its default, or ADDED_LATER's value); state.json (None: no
-    checkpoint yet) holds every key of STATE_TYPES with its type. A file edited or damaged from
+    names, each with its flag's type (a name it lacks takes its default, or ADDED_LATER's value);
+    state.json (None: no checkpoint yet) holds every key of STATE_TYPES with its type. A file edited or damaged from
     outside is one line here rather than a KeyError or TypeError deep in the loop. (Exact
     types: JSON true is not an int here.)"""
     import dataclasses
