@@ -27,7 +27,10 @@ why a better harness, which turns more rollouts into successes, helps it.
 
 CPU affordance: `train_layers=K` trains only the top K transformer blocks and
 the final norm; the blocks below run without autograd, so a step costs about
-one forward plus K/L of a backward.
+one forward plus K/L of a backward. And whatever K, the prompt tokens that a
+micro-batch's kept sequences have in common run once (`pack`: the kept samples
+of one task share their whole prompt, all of a harness's prompts share their
+instructions), for the same loss and gradient up to float round-off.
 
 Data parallel (`torchrun --nproc_per_node N whale.py ...`): each rank rolls out
 its slice of the prompt batch, the records are gathered so that every rank holds
@@ -169,19 +172,98 @@ class Config:
     replay_steps: int = 1         # R: train on the kept sequences of the last R steps (1 = this step's only)
     sft_epochs: int = 1           # E: passes over those sequences per step
     health_seqs: int = 4          # kept sequences the health figure scores (an even sample), see kept_nll
+    share_prompts: bool = True    # run a micro-batch's shared prompt tokens once (pack); False: each sequence whole
 
 
-def token_nll(model, ids, labels, mask):
-    """THE LOSS of phase A, on one micro-batch: the summed negative log-likelihood of the
-    labelled tokens (those the model itself wrote; token t predicts token t+1). `model` is
-    whatever runs the forward (the DDP wrapper under torchrun); labels are IGNORE on every
-    other token (prompt, tool output, padding) and `mask` is the attention mask (0 on padding),
-    as pad() makes them. A sum, not a mean: sft_update divides by the label count of the whole
-    minibatch, so that micro-batches and ranks add up to one mean. To try another objective (a
-    token weighting, an extra term), change this function or pass sft_update another loss_fn
-    with the same signature; nothing else in the update needs to know."""
-    logits = model(input_ids=ids, attention_mask=mask).logits
-    return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(),
+def pack(seqs, pad_id: int = 0, share: bool = True) -> dict:
+    """One micro-batch of (ids, labels) pairs as the tensors `forward` runs.
+
+    Kept sequences repeat their prompts: the kept samples of one task carry the same prompt, and
+    every prompt of a harness opens with the same instructions and worked examples. Run whole, a
+    step's forward and backward spend almost all of their tokens on prompts (phase-A study R7:
+    ~330 tokens a sequence, ~10 of them trained). With share=True a micro-batch runs as a prefix
+    tree of three levels, each one forward that attends to the keys and values of the levels
+    above it:
+      head   the tokens all sequences start with (one row);
+      mids   each distinct prompt's tokens after the head (one row per prompt);
+      tails  each sequence's own tokens from its last prompt token on (one row per sequence).
+    Sharing stops one token before a sequence's first trained token, so the logits that predict
+    trained tokens all come from the tails. The KV cache between the levels keeps its autograd
+    graph, so the gradient of every sequence flows back into the shared keys and values: the
+    same loss and gradient as the whole sequences, up to float round-off (tested). share=False
+    (or a micro-batch with nothing to share) runs each sequence whole in one forward.
+
+    Returns head [1, H], mid_ids/mid_mask [P, M] (right-padded; P = 0 without mids), row_mid [S]
+    (each sequence's mid), tail_ids/tail_mask/tail_pos [S, T], targets [S, T] (the token each
+    tail position predicts, IGNORE where nothing is trained) and tokens (real positions run)."""
+    ids = [list(x) for x, _ in seqs]
+    labels = [list(y) for _, y in seqs]
+    # a sequence may share its first `free` tokens: all but the one that predicts its first label
+    free = [max(next((i for i, y in enumerate(lab) if y != IGNORE), len(lab)) - 1, 0) for lab in labels]
+    head = mids = None
+    if share and min(free) >= 2:  # (shorter: nothing worth sharing, and no row may be all padding)
+        H = 0
+        while H < min(free) - 1 and all(x[H] == ids[0][H] for x in ids):  # (keep >= 1 token per mid)
+            H += 1
+        prompts = sorted({tuple(x[H:f]) for x, f in zip(ids, free)})
+        if H or len(prompts) < len(ids):
+            head, mids = ids[0][:H], [list(p) for p in prompts]
+            index = {p: k for k, p in enumerate(prompts)}
+            row_mid = [index[tuple(x[H:f])] for x, f in zip(ids, free)]
+    if head is None:  # whole sequences: one forward, no prefix
+        head, mids, row_mid, free = [], [], list(range(len(ids))), [0] * len(ids)
+    tails = [x[f:] for x, f in zip(ids, free)]
+    T, M = max(map(len, tails)), max(map(len, mids), default=0)
+
+    def right_padded(lists, width, fill):
+        return torch.tensor([x + [fill] * (width - len(x)) for x in lists], dtype=torch.long).view(len(lists), width)
+    return {"head": torch.tensor([head], dtype=torch.long).view(1, len(head)),
+            "mid_ids": right_padded(mids, M, pad_id), "mid_mask": right_padded([[1] * len(m) for m in mids], M, 0),
+            "row_mid": torch.tensor(row_mid, dtype=torch.long) if mids else None,
+            "tail_ids": right_padded(tails, T, pad_id), "tail_mask": right_padded([[1] * len(t) for t in tails], T, 0),
+            "tail_pos": torch.tensor(free).unsqueeze(1) + torch.arange(T),
+            "targets": right_padded([lab[f + 1:] for lab, f in zip(labels, free)], T, IGNORE),
+            "tokens": len(head) + sum(map(len, mids)) + sum(map(len, tails))}
+
+
+def forward(model, batch: dict):
+    """The logits [S, T, vocab] of a `pack`ed micro-batch's tails: logits[r, t] predicts
+    batch["targets"][r, t]. `model` may be the DDP wrapper: the head and mids run through the
+    module inside it and only the tails through the wrapper, because DDP expects one forward per
+    backward (the gradient from all three still reaches every parameter in that backward)."""
+    import inspect
+    from transformers import DynamicCache
+    core = getattr(model, "module", model)
+    dev = next(core.parameters()).device
+    b = {k: v.to(dev) if torch.is_tensor(v) else v for k, v in batch.items()}
+    if b["row_mid"] is None:  # nothing shared: the plain forward
+        return model(input_ids=b["tail_ids"], attention_mask=b["tail_mask"]).logits
+    # the levels hand their keys and values down in one cache (newer transformers call the argument `cache`)
+    cache = DynamicCache(config=core.config)
+    kw = "cache" if "cache" in inspect.signature(core.forward).parameters else "past_key_values"
+    (P, M), H = b["mid_ids"].shape, b["head"].shape[1]
+    if H:
+        core(input_ids=b["head"], use_cache=True, **{kw: cache})
+        cache.batch_select_indices(torch.zeros(P, dtype=torch.long, device=dev))  # the head, once per mid
+    mask = torch.cat([b["mid_mask"].new_ones((P, H)), b["mid_mask"]], 1)
+    core(input_ids=b["mid_ids"], attention_mask=mask, position_ids=H + torch.arange(M, device=dev).expand(P, M),
+         use_cache=True, **{kw: cache})
+    cache.batch_select_indices(b["row_mid"])  # each mid's keys and values to its sequences
+    # (a mid's right padding is a masked gap between it and its tails; positions continue from its end)
+    return model(input_ids=b["tail_ids"], attention_mask=torch.cat([mask[b["row_mid"]], b["tail_mask"]], 1),
+                 position_ids=b["tail_pos"], **{kw: cache}).logits
+
+
+def token_nll(model, batch: dict):
+    """THE LOSS of phase A, on one micro-batch (`pack`): the summed negative log-likelihood of the
+    labelled tokens (those the model itself wrote); the prompt, tool output and padding are
+    IGNORE. `model` is whatever runs the forward (the DDP wrapper under torchrun). A sum, not a
+    mean: sft_update divides by the label count of the whole minibatch, so that micro-batches
+    and ranks add up to one mean. To try another objective (a token weighting, an extra term),
+    change this function or pass sft_update another loss_fn with the same signature; nothing
+    else in the update needs to know."""
+    logits = forward(model, batch)
+    return F.cross_entropy(logits.flatten(0, 1).float(), batch["targets"].flatten().to(logits.device),
                            ignore_index=IGNORE, reduction="sum")
 
 
@@ -191,14 +273,16 @@ def sft_update(model, optimizer, seqs, cfg: Config = Config(), *, pad_id: int = 
     cfg.minibatch sequences; each minibatch is one optimizer step, accumulated over
     micro-batches of cfg.micro_batch sequences. The loss is loss_fn (token_nll: the
     mean NLL per labelled token of the minibatch). Returns loss (over all epochs), mean
-    pre-clip gradient norm, steps, tokens (trained_tokens: labels trained, epochs x
-    seqs) and speed.
+    pre-clip gradient norm, steps, tokens (the sequences' tokens; forward_tokens: the positions
+    the forwards ran, fewer when prompts are shared), trained_tokens (labels trained, epochs x
+    seqs) and speed (tokens_per_s: the sequences' tokens a second).
 
     Data parallel (ddp_model = ddp_wrap(model)): every rank passes the same GLOBAL
     `seqs` and `seed`, so all ranks cut the same minibatches; each rank then
     trains on its slice mb[rank::world] of every minibatch. Returned numbers are global."""
     if not seqs:
-        return {"loss": None, "opt_steps": 0, "tokens": 0, "trained_tokens": 0, "seconds": 0.0, "skipped": True}
+        return {"loss": None, "opt_steps": 0, "tokens": 0, "forward_tokens": 0, "trained_tokens": 0, "seconds": 0.0,
+                "skipped": True}
     rank, world = 0, 1
     if ddp_model is not None:
         import torch.distributed as dist
@@ -212,12 +296,14 @@ def sft_update(model, optimizer, seqs, cfg: Config = Config(), *, pad_id: int = 
         order = list(range(len(seqs)))
         rng.shuffle(order)
         batches += [order[m:m + cfg.minibatch] for m in range(0, len(order), cfg.minibatch)]
-    t0, total_nll, total_lab, tokens, steps, norms = time.time(), 0.0, 0, 0, 0, []
+    t0, total_nll, total_lab, tokens, run_tokens, steps, norms = time.time(), 0.0, 0, 0, 0, 0, []
     for batch in batches:
         mb = [seqs[i] for i in batch]
         # the normaliser is the label count of the WHOLE minibatch (every rank knows it)
         n_lab = sum(sum(l != IGNORE for l in lab[1:cfg.max_len]) for _, lab in mb)
-        mine = mb[rank::world]
+        mine = [(x[:cfg.max_len], y[:cfg.max_len]) for x, y in mb[rank::world]]
+        if cfg.share_prompts:  # the same prompts next to each other, so that they share a micro-batch
+            mine.sort(key=lambda s: s[0])  # (the order within a minibatch changes nothing but round-off)
         chunks = [mine[s:s + cfg.micro_batch] for s in range(0, len(mine), cfg.micro_batch)]
         # DDP all-reduces in the backward of a forward made outside no_sync(), and every
         # rank must join that all-reduce: a rank whose slice is empty (a minibatch smaller
@@ -225,18 +311,19 @@ def sft_update(model, optimizer, seqs, cfg: Config = Config(), *, pad_id: int = 
         chunks = chunks or [[([pad_id, pad_id], [IGNORE, IGNORE])]]
         optimizer.zero_grad(set_to_none=True)
         for c, chunk in enumerate(chunks):
-            ids, labels, mask = pad([x[:cfg.max_len] for x, _ in chunk], [y[:cfg.max_len] for _, y in chunk], pad_id)
-            ids, labels, mask = ids.to(dev), labels.to(dev), mask.to(dev)
+            packed = pack(chunk, pad_id, cfg.share_prompts)
             # micro-batches accumulate locally; only the last one of a rank syncs gradients
             last = ddp_model is None or c == len(chunks) - 1
             with contextlib.nullcontext() if last else ddp_model.no_sync():
-                loss = loss_fn(fwd, ids, labels, mask)
+                loss = loss_fn(fwd, packed)
                 # DDP AVERAGES gradients over ranks; scaling by world turns that average into
                 # the sum over the whole minibatch, so the step's gradient is exactly one
                 # process's sum(loss) / n_lab on the same minibatch (and so is the clip below)
                 (loss * (world / max(n_lab, 1))).backward()
             total_nll += loss.item()
-            tokens += int(mask.sum()) if mine else 0
+            if mine:
+                tokens += sum(len(x) for x, _ in chunk)
+                run_tokens += packed["tokens"]
         norms.append(float(torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad],
                                                           cfg.clip)))
         optimizer.step()
@@ -245,28 +332,14 @@ def sft_update(model, optimizer, seqs, cfg: Config = Config(), *, pad_id: int = 
         steps += 1
     if world > 1:  # each rank summed the loss and tokens of its own slices
         import torch.distributed as dist
-        tot = torch.tensor([total_nll, float(tokens)], dtype=torch.float64, device=dev)
+        tot = torch.tensor([total_nll, float(tokens), float(run_tokens)], dtype=torch.float64, device=dev)
         dist.all_reduce(tot)
-        total_nll, tokens = float(tot[0]), int(tot[1])
+        total_nll, tokens, run_tokens = float(tot[0]), int(tot[1]), int(tot[2])
     model.eval()
     secs = time.time() - t0
-    return {"loss": total_nll / max(total_lab, 1), "opt_steps": steps, "tokens": tokens,
+    return {"loss": total_nll / max(total_lab, 1), "opt_steps": steps, "tokens": tokens, "forward_tokens": run_tokens,
             "trained_tokens": total_lab, "seconds": secs, "tokens_per_s": tokens / max(secs, 1e-9),
             "grad_norm": sum(norms) / len(norms), "skipped": False}
-
-
-def pad(ids_list, labels_list, pad_id):
-    """Right-pad to a [B, T] batch -> (ids, labels, attention mask). Padding positions get the
-    label IGNORE, which the loss skips, and attention 0."""
-    T = max(len(x) for x in ids_list)
-    ids = torch.full((len(ids_list), T), pad_id, dtype=torch.long)
-    labels = torch.full((len(ids_list), T), IGNORE, dtype=torch.long)
-    mask = torch.zeros((len(ids_list), T), dtype=torch.long)
-    for i, (x, y) in enumerate(zip(ids_list, labels_list)):
-        ids[i, :len(x)] = torch.tensor(x)
-        labels[i, :len(y)] = torch.tensor(y)
-        mask[i, :len(x)] = 1
-    return ids, labels, mask
 
 
 # -----------------------------------------------------------------------------
@@ -285,10 +358,10 @@ def kept_nll(model, seqs, cfg: Config, *, pad_id: int = 0, shard=(0, 1)):
     mine = seqs[rank::world]
     with torch.no_grad():
         for s in range(0, len(mine), cfg.micro_batch):
-            chunk = mine[s:s + cfg.micro_batch]
-            ids, labels, mask = pad([x[:cfg.max_len] for x, _ in chunk], [y[:cfg.max_len] for _, y in chunk], pad_id)
-            total += float(token_nll(model, ids.to(dev), labels.to(dev), mask.to(dev)))
-            count += int((labels[:, 1:] != IGNORE).sum())
+            packed = pack([(x[:cfg.max_len], y[:cfg.max_len]) for x, y in mine[s:s + cfg.micro_batch]], pad_id,
+                          cfg.share_prompts)
+            total += float(token_nll(model, packed))
+            count += int((packed["targets"] != IGNORE).sum())
     if world > 1:
         import torch.distributed as dist
         tot = torch.tensor([total, float(count)], dtype=torch.float64, device=dev)
@@ -377,7 +450,8 @@ def rollout_step(engine, domain, harness: str, pool: list[dict], loader: dict, o
             "kept_nll_before": nll_before, "kept_nll_after": nll_after, "health_seconds": t_health,
             "loss": upd["loss"], "grad_norm": upd.get("grad_norm"), "opt_steps": upd["opt_steps"],
             "skipped_update": upd["skipped"],
-            "sft_tokens": upd["tokens"], "trained_tokens": upd["trained_tokens"],
+            "sft_tokens": upd["tokens"], "sft_forward_tokens": upd.get("forward_tokens", 0),
+            "trained_tokens": upd["trained_tokens"],
             "sft_tokens_per_s": upd.get("tokens_per_s"),
             "sft_seconds": upd["seconds"], "rollout_seconds": t_roll, "epoch": loader["epoch"],
             **{k: v for k, v in rollout.totals(records).items() if k != "rollouts"}}
@@ -398,12 +472,8 @@ def gather_records(records, rank: int, world: int, group: int) -> list[dict]:
 
 def sequence_logprob(model, seq) -> float:
     """Sum of log-probabilities of the labelled tokens of one (ids, labels) pair."""
-    ids, labels, _ = pad([seq[0]], [seq[1]], 0)
     with torch.no_grad():
-        logp = torch.log_softmax(model(input_ids=ids).logits[0, :-1].float(), -1)
-    lab = labels[0, 1:]
-    m = lab != IGNORE
-    return float(logp[m.nonzero().squeeze(1), lab[m]].sum()) if m.any() else 0.0
+        return -float(token_nll(model, pack([seq], share=False)))
 
 
 def flops_per_token(model, train_layers: int = 0) -> float:

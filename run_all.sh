@@ -8,6 +8,9 @@
 #                                            # primitives menu of issue 33 (results/runs/cpu-long-search)
 #   bash run_all.sh cpu-long-look            # the same cells with the sign test's second look and the
 #                                            # implicated axis tried whole (results/runs/cpu-long-look)
+#   bash run_all.sh cpu-claim                # the joint claim where phase A learns (results/phase-a): whale,
+#                                            # harness-only, weight-only searchqa at cpu-long's budget with the
+#                                            # study's regime (full fine-tuning, lr 1e-5, T 0.7)
 #   bash run_all.sh cpu                      # embedded 135M model on a CPU (search QA and math 7-26 min
 #                                            # a cell here; chess ~50 min on h0, hours once its search
 #                                            # accepts a multi-turn retry harness)
@@ -51,12 +54,21 @@ case "$preset" in
          grid=(--domains "$domains" --methods "$methods")  # results.py's coverage table: this grid
          # issue 33's proposer against the menu it replaced: the same cells, paired per seed
          if [ "$preset" != cpu-long ]; then grid+=(--against results/runs/cpu-long); fi ;;
+  # cpu-claim: issue #32's claim grid (results/phase-a/README.md, stage 2), written before its runs: cpu-long's
+  # budget, schedule and evaluations with the phase-A regime the study found to learn (R6-R8's flags)
+  cpu-claim) common=(--budget 4992 --prompts-per-step 16 --group 8 --harness-examples 64 --harness-n 2
+                 --candidates 3 --schedule fixed-steps:8,3 --test-limit 200 --test-n 8 --val-limit 32
+                 --val-n 2 --test-subset 32 --max-tokens 48 --temperature 0.7 --lr 1e-5 --train-layers 0
+                 --max-kept-per-prompt 4)
+         adaptive=adaptive:w=4,pw=4,min_w=4,min_h=3,max_h=6
+         domains=${*:-"searchqa"}; methods=${METHODS:-"whale harness-only weight-only"}
+         grid=(--domains "$domains" --methods "$methods") ;;
   paper) common=(--engine vllm --device cuda --budget 40960 --prompts-per-step 256 --group 8
                  --harness-examples 256 --harness-n 1 --candidates 3 --schedule fixed:0.6,6 --lr 1e-7 --minibatch 64
                  --micro-batch 8 --train-layers 0 --max-tokens 1024 --test-subset 0 --val-limit 0 --val-n 8
                  --temperature 1.0 --test-limit 0)
          adaptive=adaptive ;;
-  *) echo "usage: bash run_all.sh cpu|cpu-long|cpu-long-search|cpu-long-look|paper [domain ...]" >&2; exit 2 ;;
+  *) echo "usage: bash run_all.sh cpu|cpu-long|cpu-long-search|cpu-long-look|cpu-claim|paper [domain ...]" >&2; exit 2 ;;
 esac
 
 for domain in $domains; do
@@ -80,6 +92,6 @@ for domain in $domains; do
   done
 done
 readme=README.md  # the front page keeps the newest grid's summary; the others' live in results/README.md
-case "$preset" in cpu|cpu-long-search|cpu-long-look) readme=results/README.md ;; esac
+case "$preset" in cpu|cpu-long-search|cpu-long-look|cpu-claim) readme=results/README.md ;; esac
 python tools/results.py "results/runs/$preset" --out "results/runs/$preset" --readme "$readme" "${grid[@]}"
 python tools/report.py "results/runs/$preset"  # index.html, and any report that is missing or stale

@@ -26,12 +26,12 @@ class UserError(Exception):
 # the flags that take one of a few words (--method and --domain: from METHODS and domains/)
 CHOICES = {"test_split": ("test", "val"), "engine": ("hf", "vllm"), "chat_format": ("auto", "template", "plain"),
            "proposer": ("primitives", "self", "openai", "command"), "proposer_format": ("any", "file", "edit"),
-           "rollout_precision": ("fp32", "int8")}
+           "rollout_precision": ("fp32", "int8"), "sft_prompts": ("shared", "whole")}
 
 # Settings added after runs were already made, whose default changes what a run does: a resumed run
 # whose config.json predates one takes the value that keeps it doing what it did (a name a config
 # lacks otherwise takes its default).
-ADDED_LATER = {"confirm_examples": 0}
+ADDED_LATER = {"confirm_examples": 0, "sft_prompts": "whole"}
 
 
 def check_args(a):

@@ -2470,8 +2470,7 @@ def test_phase_a_loss_on_a_hand_computed_case():
     seqs = [([0, 1, 2, 2], [X, X, 2, 2]),  # a prompt of two tokens and a completion of two
             ([0, 1], [X, 1]),              # padded to length 4 in the batch: the padding counts nothing
             ([2, 0], [2, X])]              # a label on the first token: nothing predicts it
-    ids, labels, mask = rs_sft.pad([x for x, _ in seqs], [y for _, y in seqs], pad_id=0)
-    assert math.isclose(rs_sft.token_nll(SameLogits(), ids, labels, mask).item(), 4 * math.log(2), rel_tol=1e-6)
+    assert math.isclose(rs_sft.token_nll(SameLogits(), rs_sft.pack(seqs)).item(), 4 * math.log(2), rel_tol=1e-6)
     # sft_update reports it per label of the minibatch, whatever the micro-batches
     model = SameLogits()
     st = rs_sft.sft_update(model, torch.optim.SGD(model.parameters(), lr=0.0), seqs,
@@ -2487,6 +2486,87 @@ def tiny_lm(seed=0):
     return AutoModelForCausalLM.from_config(Qwen2Config(
         vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
         num_key_value_heads=1, tie_word_embeddings=False)).eval()
+
+
+def shared_prompt_seqs(prompts, rng):
+    """Kept sequences as phase A sees them: 1-3 samples of each prompt (a completion each, one of
+    them a second turn with its tool output masked), shuffled."""
+    X, seqs = rs_sft.IGNORE, []
+    for i, p in enumerate(prompts):
+        for j in range(1 + i % 3):
+            comp = [rng.randrange(5, 60) for _ in range(rng.randrange(2, 9))]
+            ids, lab = p + comp, [X] * len(p) + comp
+            if j == 2:
+                tool, comp2 = [rng.randrange(5, 60) for _ in range(6)], [rng.randrange(5, 60) for _ in range(4)]
+                ids, lab = ids + tool + comp2, lab + [X] * 6 + comp2
+            seqs.append((ids, lab))
+    rng.shuffle(seqs)
+    return seqs
+
+
+def loss_and_grads(model, seqs, share):
+    model.zero_grad(set_to_none=True)
+    loss = rs_sft.token_nll(model, rs_sft.pack(seqs, 0, share))
+    loss.backward()
+    return loss.item(), [p.grad.clone() for p in model.parameters() if p.requires_grad]
+
+
+def assert_same_loss_and_gradient(model, seqs):
+    (l0, g0), (l1, g1) = loss_and_grads(model, seqs, False), loss_and_grads(model, seqs, True)
+    assert math.isclose(l0, l1, rel_tol=1e-5), (l0, l1)
+    diff = sum(float((a - b).double().pow(2).sum()) for a, b in zip(g0, g1)) ** 0.5
+    assert diff < 1e-4 * sum(float(a.double().pow(2).sum()) for a in g0) ** 0.5
+
+
+def test_phase_a_shared_prompts_give_the_same_loss_and_gradient():
+    """rs_sft.pack: the prefix tree (one head, a mid per distinct prompt, a tail per sequence) gives
+    the loss and gradient of the whole sequences, on a Qwen2-shaped model with every block trained;
+    sft_update moves the weights the same way with and without it; what cannot share runs whole."""
+    import random
+    rng = random.Random(0)
+    head = [rng.randrange(5, 60) for _ in range(12)]
+    prompts = [head + [rng.randrange(5, 60) for _ in range(rng.randrange(3, 15))] for _ in range(5)]
+    seqs = shared_prompt_seqs(prompts, rng)
+    packed = rs_sft.pack(sorted(seqs), 0)
+    assert packed["head"].shape == (1, 12) and len(packed["mid_ids"]) == 5 and len(packed["tail_ids"]) == len(seqs)
+    assert packed["tokens"] < sum(len(x) for x, _ in seqs)
+    model = tiny_lm()
+    rs_sft.set_trainable(model, 0)
+    model.train()
+    assert_same_loss_and_gradient(model, seqs)
+    assert_same_loss_and_gradient(model, seqs[:1] * 3)  # one prompt three times: a head and one mid
+    assert_same_loss_and_gradient(model, [(head + p[12:], l) for p, l in seqs[:4]])  # no head beyond the prompts'
+
+    def moved(share):
+        m = tiny_lm()
+        opt = torch.optim.SGD(rs_sft.set_trainable(m, 1), lr=0.1)  # (Adam's first step, g/|g|, magnifies round-off)
+        st = rs_sft.sft_update(m, opt, seqs, rs_sft.Config(minibatch=8, micro_batch=4, share_prompts=share), seed=3)
+        return [p.detach().clone() for p in m.parameters()], st
+    (w0, st0), (w1, st1) = moved(False), moved(True)
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(w0, w1))
+    assert st0["tokens"] == st1["tokens"] == st0["forward_tokens"] > st1["forward_tokens"]
+    assert math.isclose(st0["loss"], st1["loss"], rel_tol=1e-5) and st0["trained_tokens"] == st1["trained_tokens"]
+    # a label on a sequence's second token leaves nothing to share: whole sequences, one forward
+    early = rs_sft.pack(seqs[:2] + [([1, 2, 3], [rs_sft.IGNORE, 2, 3])], 0)
+    assert early["head"].shape[1] == 0 and early["row_mid"] is None
+
+
+@pytest.mark.slow
+def test_phase_a_shared_prompts_on_the_embedded_model(hf):
+    """The same on SmolLM2 (llama) with full fine-tuning, on real searchqa prompts in the chat
+    template: the loss and gradient of the whole sequences, from far fewer positions."""
+    import random
+    model = copy.deepcopy(hf.model)
+    rs_sft.set_trainable(model, 0)
+    model.train()
+    template = open(searchqa.H0).read().split('USER_TEMPLATE = (')[1].split(')')[0]
+    prompts = [hf.chat_ids([{"role": "system", "content": "You are a helpful assistant."},
+                            {"role": "user", "content": f"{template}\nQuestion: {ex['task']['question']}"}])
+               for ex in searchqa.load_split("weight")[:4]]
+    seqs = shared_prompt_seqs(prompts, random.Random(1))
+    packed = rs_sft.pack(sorted(seqs), hf.pad_id)
+    assert packed["head"].shape[1] > 20 and packed["tokens"] < 0.6 * sum(len(x) for x, _ in seqs)
+    assert_same_loss_and_gradient(model, seqs)
 
 
 def test_phase_a_a_changed_loss_reaches_the_update():
@@ -2837,14 +2917,16 @@ def test_primitives_axis_follows_failure_signature(tmp_path):
 
 
 def test_a_run_from_before_a_setting_existed_resumes_as_it_ran(tmp_path):
-    """run_setup.ADDED_LATER: a config.json from before --confirm-examples existed resumes
-    without the second look (the default would change what the run does); a new run gets it."""
+    """run_setup.ADDED_LATER: a config.json from before --confirm-examples and --sft-prompts existed
+    resumes without the second look and with whole sequences (the defaults would change what the
+    run does, or its float round-off); a new run gets them."""
     run = tmp_path / "old"
     run.mkdir()
-    saved = {k: v for k, v in vars(whale.Args()).items() if k != "confirm_examples"}
+    saved = {k: v for k, v in vars(whale.Args()).items() if k not in ("confirm_examples", "sft_prompts")}
     (run / "config.json").write_text(json.dumps(saved))
     _, a = run_setup.open_run(whale.Args(resume=str(run)))
     assert a.confirm_examples == 0 and whale.Args().confirm_examples == 64
+    assert a.sft_prompts == "whole" and whale.Args().sft_prompts == "shared"
     assert set(run_setup.ADDED_LATER) <= set(vars(whale.Args()))
 
 
@@ -5199,6 +5281,28 @@ def test_report_cli_writes_an_index_of_a_grid_and_refuses_a_bad_path(tiny_refere
     r = subprocess.run([sys.executable, str(ROOT / "tools" / "report.py"), str(grid), "--force"], capture_output=True,
                        text=True, timeout=120, cwd=ROOT)
     assert r.returncode == 0 and "2 runs" in r.stdout and r.stderr.count("cannot write") == 1, r.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("preset", ["cpu", "cpu-long", "cpu-long-search", "cpu-long-look", "cpu-claim"])
+def test_every_run_all_preset_is_a_valid_whale_command(tmp_path, preset):
+    """run_all.sh's cells, as whale.py would get them, pass run_setup.check_args (a flag misspelt
+    in a preset would otherwise surface only when its grid starts). run_all.sh runs from an
+    empty copy of the repository's top level, with `python` a stand-in that records its argv:
+    every cell is then new. (Not the paper preset: its checks need vLLM and the model hub.)"""
+    (tmp_path / "bin").mkdir()
+    calls = tmp_path / "calls"
+    (tmp_path / "bin" / "python").write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" "--end--" >> {calls}\n')
+    (tmp_path / "bin" / "python").chmod(0o755)
+    shutil.copy(ROOT / "run_all.sh", tmp_path / "run_all.sh")
+    r = subprocess.run(["bash", "run_all.sh", preset], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "SEEDS": "0"})
+    assert r.returncode == 0, r.stderr
+    argvs = [a.split("\n") for a in calls.read_text().split("--end--\n") if a]
+    cells = [a[1:-1] for a in argvs if a[0] == "whale.py"]
+    assert len(cells) >= 3 and all("--out" in c for c in cells)
+    for argv in cells:
+        run_setup.check_args(whale.parse_args(argv))
 
 
 COMMITTED_GRIDS = sorted([*(ROOT / "results" / "runs").iterdir(), ROOT / "results" / "preset" / "runs"])

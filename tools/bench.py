@@ -30,6 +30,7 @@ Prints one `name: value` line per measurement:
     python tools/bench.py --only decode,multiturn # some sections (rollout, decode, sandbox, multiturn, sft, deadline, eval, memory)
     python tools/bench.py --only eval             # the real workload, landed vs fast vs int8 (~35 min on 2 cores)
     python tools/bench.py --only eval --questions 8 --harnesses long  # a smaller part of it
+    python tools/bench.py --only eval --harnesses '' --phase-a study  # one phase-A step of the study's regime
     python tools/bench.py --only memory           # peak memory per sampler (~10 min on 2 cores)
 
 The limit (eval section): on a CPU a rollout's time is matmul time, so no sampler can beat
@@ -47,7 +48,8 @@ import os
 import sys
 import time
 from pathlib import Path
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python tools/x.py` imports the repository's modules
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # `python tools/x.py` imports the repository's modules
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import torch
@@ -129,6 +131,8 @@ def main():
     ap.add_argument("--only", default="rollout,decode,sandbox,multiturn,sft", help="comma-separated sections")
     ap.add_argument("--device", default="cpu", help="cpu or cuda (the eval section; the others assume cpu)")
     ap.add_argument("--harnesses", default="h0,long", help="eval: which of h0, long ('' = only the phase-A step)")
+    ap.add_argument("--phase-a", default="default", choices=sorted(PHASE_A),
+                    help="eval: the phase-A step's settings: whale.py's defaults, or the phase-A study's learning regime")
     ap.add_argument("--questions", type=int, default=0,
                     help="eval: test questions x 8 (default 64, 8 with --quick; phase A: a quarter of it); memory: 16, 4 with --quick")
     ap.add_argument("--memory-child", default="", help=argparse.SUPPRESS)  # memory(): one run in its own process
@@ -176,7 +180,7 @@ def main():
         memory(args.model, args.questions or (4 if q else 16))
     if "eval" in only:  # restores the weights it trains
         n_q = args.questions or (8 if q else 64)
-        eval_workload(model, tok, n_q, max(1, n_q // 4), args.harnesses.split(","))
+        eval_workload(model, tok, n_q, max(1, n_q // 4), args.harnesses.split(","), PHASE_A[args.phase_a])
     if "sft" in only:  # last: it changes the weights
         sft(model, prompts, q, peak)
     print(f"matmul_fp32_gflops_after: {matmul_gflops():.1f}")
@@ -286,7 +290,15 @@ def least_flops(records, n_body, n_head):
     return 2 * n_body * positions + 2 * (n_body + n_head) * (completion + len(prompts))
 
 
-def eval_workload(model, tok, n_questions, n_phase_a, harnesses=("h0", "long")):
+# the phase-A step's settings: whale.py's defaults (h0, T 0.3, the top 4 blocks, 2 kept per prompt), or
+# the regime results/phase-a found to learn (R6-R8: the cpu-long search's harness H_s, T 0.7, full
+# fine-tuning at lr 1e-5, 4 kept per prompt)
+PHASE_A = {"default": dict(harness="h0", temperature=0.3, train_layers=4, lr=3e-4, kept=2),
+           "study": dict(harness="results/runs/cpu-long/searchqa-harness-only-s0/harnesses/cycle00.py",
+                         temperature=0.7, train_layers=0, lr=1e-5, kept=4)}
+
+
+def eval_workload(model, tok, n_questions, n_phase_a, harnesses=("h0", "long"), phase_a=PHASE_A["default"]):
     """The real workload, the samplers side by side (same weights, same seeds, interleaved):
     landed and fast (engine.SAMPLERS) in fp32, fast with a cache copy per row ("full", as before
     shared_prefix.py), and on a CPU the fast one in int8 (int8.Int8Linear).
@@ -300,9 +312,12 @@ def eval_workload(model, tok, n_questions, n_phase_a, harnesses=("h0", "long")):
     tokens), then eval_<h>_speedup (fast / landed), eval_<h>_shared_prefix_speedup (fast / full)
     and eval_<h>_int8_speedup (int8 / fast, and
     vs landed); int8's fraction is of the fp32 peak (its int8 matmuls can pass it). For one
-    phase-A step (16 weight-split prompts x 8, rollouts + SFT update of the top 4 blocks, as
-    whale.py's defaults; int8 re-quantizes after the update, counted) phase_a_<sampler>_seconds,
-    _fraction_of_peak, phase_a_speedup (landed / fast) and phase_a_int8_speedup (fast / int8)."""
+    phase-A step (16 weight-split prompts x 8, rollouts + SFT update of the top `train_layers`
+    blocks, 0 = all, as `phase_a` says; int8 re-quantizes after the update, counted) phase_a_<sampler>_seconds,
+    _fraction_of_peak, phase_a_speedup (landed / fast) and phase_a_int8_speedup (fast / int8).
+    "landed" is the whole path as it landed: its sampler and the update on whole sequences
+    (rs_sft.Config(share_prompts=False)); the others share the kept sequences' prompts (rs_sft.pack),
+    so phase_a_sft_speedup (landed / fast update seconds) is that change alone."""
     import rs_sft
     from domains import searchqa
     n_head = model.lm_head.weight.numel()
@@ -338,28 +353,51 @@ def eval_workload(model, tok, n_questions, n_phase_a, harnesses=("h0", "long")):
     # one phase-A step per sampler from the same weights: the update is undone between them
     pool = searchqa.load_split("weight")
     saved = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    peak, seconds, real_run = matmul_gflops(device=dev, dtype=dtype), {}, rollout.run
+    peak, seconds, sft_seconds, real_run = matmul_gflops(device=dev, dtype=dtype), {}, {}, rollout.run
+    step_harness = open(searchqa.H0 if phase_a["harness"] == "h0" else ROOT / phase_a["harness"]).read()
+    train_layers, kept = phase_a["train_layers"], {}
     print(f"phase_a_matmul_gflops: {peak:.1f} ({dtype} on {dev})")
     for s in (s for s in ("int8", "fast", "landed") if s in engines):  # (the eval pair above ran int8 last)
         model.load_state_dict(saved)
         engines[s].sync_weights()  # int8: its copy from the restored weights (before the clock starts)
-        opt = rs_sft.make_optimizer(rs_sft.set_trainable(model, 4), 3e-4)
+        opt = rs_sft.make_optimizer(rs_sft.set_trainable(model, train_layers), phase_a["lr"])
         records = []  # the step's rollouts, kept as rs_sft.rollout_step makes them (it returns only metrics)
         rollout.run = lambda *a, **k: records.extend(real_run(*a, **k)) or records
         t = time.time()
-        cfg = rs_sft.Config(batch=n_phase_a, group=8, minibatch=16, micro_batch=8, max_tokens=48)
-        m = rs_sft.rollout_step(engines[s], searchqa, open(searchqa.H0).read(), pool, rs_sft.new_loader(len(pool), 0),
-                                opt, cfg, seed=(0, "A", 0), sampling=sampling)
-        seconds[s] = time.time() - t
+        cfg = rs_sft.Config(batch=n_phase_a, group=8, minibatch=16, micro_batch=8, max_tokens=48,
+                            max_kept_per_prompt=phase_a["kept"], share_prompts=s != "landed")
+        m = rs_sft.rollout_step(engines[s], searchqa, step_harness, pool, rs_sft.new_loader(len(pool), 0),
+                                opt, cfg, seed=(0, "A", 0), sampling={**sampling, "temperature": phase_a["temperature"]})
+        seconds[s], sft_seconds[s] = time.time() - t, m["sft_seconds"] + m["health_seconds"]
         rollout.run = real_run
-        flops = least_flops(records, n_body, n_head) + rs_sft.flops_per_token(model, 4) * m["sft_tokens"]
+        kept[s] = [q for r in rs_sft.keep(records, cfg.max_kept_per_prompt) for q in rs_sft.sequences(r)]
+        # the least FLOPs: each kept sequence's shared prompt trained once, as `least_flops` counts prefill
+        flops = least_flops(records, n_body, n_head) + rs_sft.flops_per_token(model, train_layers) * m["sft_forward_tokens"]
         print(f"phase_a_{s}_seconds: {seconds[s]:.1f} (rollouts {m['rollout_seconds']:.1f} s, update "
-              f"{m['sft_seconds']:.1f} s, {m['rollouts']} rollouts, {m['sequences']} sequences trained)")
+              f"{m['sft_seconds']:.1f} s + health {m['health_seconds']:.1f} s, {m['rollouts']} rollouts, "
+              f"{m['sequences']} sequences trained: {m['sft_tokens']} tokens, {m['sft_forward_tokens']} run)")
         print(f"phase_a_{s}_rollouts_per_s: {m['rollouts'] / m['rollout_seconds']:.2f}")
         print(f"phase_a_{s}_fraction_of_peak: {flops / seconds[s] / 1e9 / peak:.2f}")
+    # the update alone on the fast step's kept sequences from the same weights, whole then shared
+    # prompts, twice in turn (a change of load hits both); the same seed cuts the same minibatches
+    upd = {False: [], True: []}
+    for share in (False, True) * 2:
+        model.load_state_dict(saved)
+        opt = rs_sft.make_optimizer(rs_sft.set_trainable(model, train_layers), phase_a["lr"])
+        st = rs_sft.sft_update(model, opt, kept["fast"], rs_sft.Config(minibatch=16, micro_batch=8, share_prompts=share),
+                               pad_id=engines["fast"].pad_id, seed=1)
+        upd[share].append(st)
+    if kept["fast"]:
+        whole, shared = (min(x["seconds"] for x in upd[k]) for k in (False, True))
+        print(f"phase_a_update_tokens: {upd[False][0]['tokens']} whole, {upd[True][0]['forward_tokens']} shared "
+              f"({len(kept['fast'])} kept sequences, loss {upd[False][0]['loss']:.4f} vs {upd[True][0]['loss']:.4f})")
+        print(f"phase_a_update_seconds: {whole:.1f} whole, {shared:.1f} shared (the better of two each)")
+        print(f"phase_a_update_shared_speedup: {whole / shared:.2f}")
     model.load_state_dict(saved)
     rs_sft.set_trainable(model, 0)
     print(f"phase_a_speedup: {seconds['landed'] / seconds['fast']:.2f}")
+    if sft_seconds["fast"]:  # (nothing kept: no update to time)
+        print(f"phase_a_sft_speedup: {sft_seconds['landed'] / sft_seconds['fast']:.2f} (update + health, whole / shared)")
     if "int8" in seconds:
         print(f"phase_a_int8_speedup: {seconds['fast'] / seconds['int8']:.2f} (fast fp32 / int8 seconds)")
 

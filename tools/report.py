@@ -459,7 +459,8 @@ def render_evals(evals):
 
 A_COLUMNS = [("step", "step", 0), ("rollouts", "rollouts", 0), ("train_reward", "training reward", 3),
              ("kept", "kept rollouts", 0), ("kept_frac", "kept share", 3), ("sequences", "sequences", 0),
-             ("trained_tokens", "trained tokens", 0), ("sft_tokens", "tokens through the model", 0),
+             ("trained_tokens", "trained tokens", 0), ("sft_tokens", "sequence tokens", 0),
+             ("sft_forward_tokens", "tokens run (shared prompts once)", 0),
              ("loss", "loss", 4), ("grad_norm", "grad norm", 3),
              ("opt_steps", "optimizer steps", 0), ("errors", "errors", 0),
              ("capped_frac", "capped share", 3), ("kept_nll_before", "kept NLL before", 3),
