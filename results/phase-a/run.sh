@@ -7,6 +7,7 @@
 # by the rules of the README.
 #   bash results/phase-a/run.sh            # stage 1 (R1-R6), R7, R8, C1, then math's M1, M3, M4
 #   bash results/phase-a/run.sh R1 R4      # some regimes only
+#   bash results/phase-a/run.sh N1         # the newcomer's 16-step run (README, item 5)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=results/phase-a/runs
@@ -35,10 +36,12 @@ regime() {  # the flags of a regime, on top of base
     C1) best=$(python results/phase-a/study.py --confirm "$out")
         [ -n "$best" ] || { echo "no regime learns: nothing to confirm" >&2; return 1; }
         echo "$(regime "$best") --seed 1" ;;
+    # the newcomer's run (item 5): R6 for 16 steps with a val point every 8, at the commit that adds it
+    N1) echo "$(regime R6 | sed "s/--budget [0-9]*//") --budget $((16 * 128)) --val-every 8" ;;
     # math (item 2): R1, R3 and R4 from math's h0 at the cap the README's rule chose (48); the other
     # regimes only if one of these learns
     M1|M3|M4) echo "$(regime "R${1#M}" | sed "s/--harness [^ ]*//") --domain math --max-tokens 48" ;;
-    *) echo "unknown regime $1 (R1-R8, C1, M1, M3, M4)" >&2; exit 2 ;;
+    *) echo "unknown regime $1 (R1-R8, C1, N1, M1, M3, M4)" >&2; exit 2 ;;
   esac
 }
 for r in ${*:-R1 R2 R3 R4 R5 R6 R7 R8 C1 M1 M3 M4}; do

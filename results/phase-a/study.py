@@ -40,6 +40,14 @@ def learns(s) -> bool:
     return s["test_gain"] > 1.96 * s["test_gain_se"]
 
 
+def verdict(name, s) -> str:
+    """The rule's word for a finished run: a regime learns above 1.96 SE; the seed-1 rerun C1
+    confirms it when its own gain is positive and above 1 SE."""
+    if name.startswith("C"):
+        return "**confirmed**" if s["test_gain"] > s["test_gain_se"] else "not confirmed"
+    return "**learns**" if learns(s) else "no"
+
+
 def best_stage1(runs) -> str:
     """R7 and R8 take the settings of the stage-1 regime with the largest val gain. R3 is not a
     candidate (amendment 2026-12-02): 64 of its 4x larger steps (~9 h) cannot finish in a sitting."""
@@ -74,20 +82,21 @@ def row(name, r) -> str:
     med = lambda xs: f"{statistics.median(xs):g}" if xs else "-"
     cells = [name, f"{c['domain']}, T {c['temperature']:g}, lr {c['lr']:g}, B {c['prompts_per_step']}, cap "
              f"{c['max_kept_per_prompt']}, K {c['train_layers']}, replay {c.get('replay_steps', 1)}x"
-             f"{c.get('sft_epochs', 1)}, {start_harness(c)}",
+             f"{c.get('sft_epochs', 1)}, {start_harness(c)}" + (f", seed {c['seed']}" if c["seed"] else "")
+             + (", shared prompts" if c.get("sft_prompts") == "shared" else ""),
              f"{len(steps)}", f"{med(kept)} ({sum(kept)})", f"{med(tokens)} ({sum(tokens)})",
              f"{max(capped):.0%}" if capped else "-", curve or "-"]
     if s is None:
         return "| " + " | ".join(cells + ["(running)", "", ""]) + " |"
     return "| " + " | ".join(cells + [
         f"{s['test_mean8_initial']:.3f} -> {s['test_mean8_final']:.3f}: {s['test_gain']:+.3f} ± {s['test_gain_se']:.3f}",
-        "**learns**" if learns(s) else "no", f"{s['seconds'] / 60:.0f}"]) + " |"
+        verdict(name, s), f"{s['seconds'] / 60:.0f}"]) + " |"
 
 
 def table(runs) -> str:
     head = ("| regime | settings | RSFT steps | kept per step: median (all) | trained tokens per step: median (all) "
             "| most replies at the cap in a step | val[:32] x 2 curve | val mean@8, 100 x 8: initial -> final: gain ± SE "
-            "| > 1.96 SE? | minutes |\n" + "|---" * 10 + "|")
+            "| verdict (> 1.96 SE; C1: > 1 SE) | minutes |\n" + "|---" * 10 + "|")
     lines = [head] + [row(k, r) for k, r in runs.items()]
     return "\n".join(lines) + "\n\n(`python results/phase-a/study.py results/phase-a/runs`)"
 
