@@ -316,8 +316,9 @@ def eval_workload(model, tok, n_questions, n_phase_a, harnesses=("h0", "long"), 
     blocks, 0 = all, as `phase_a` says; int8 re-quantizes after the update, counted) phase_a_<sampler>_seconds,
     _fraction_of_peak, phase_a_speedup (landed / fast) and phase_a_int8_speedup (fast / int8).
     "landed" is the whole path as it landed: its sampler and the update on whole sequences
-    (rs_sft.Config(share_prompts=False)); the others share the kept sequences' prompts (rs_sft.pack),
-    so phase_a_sft_speedup (landed / fast update seconds) is that change alone."""
+    (rs_sft.Config(share_prompts=False)); the others share the kept sequences' prompts (rs_sft.pack).
+    That change alone: the update on the fast step's kept sequences, whole vs shared, from the same
+    weights (phase_a_update_tokens, _seconds, phase_a_update_shared_speedup)."""
     import rs_sft
     from domains import searchqa
     n_head = model.lm_head.weight.numel()
