@@ -403,6 +403,11 @@ def sample_from_logits(logits, temperature, top_k, top_p, u):
     return torch.where(temperature == 0, greedy, sampled)
 
 
+def cache_arg(model) -> str:
+    """The name under which the model's forward takes a KV cache (newer transformers: `cache`)."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
 def preallocated_cache(model, capacity: int):
     """A DynamicCache whose layers write each step's keys/values into a buffer sized
     for the whole generation. The stock DynamicLayer torch.cat's the full cache every
@@ -532,7 +537,7 @@ class HFEngine:
         self.device = next(model.parameters()).device
         # transformers renamed forward's `past_key_values` to `cache` (5.2x); older versions
         # silently ignore an unknown `cache=` kwarg, so ask the signature which one it takes
-        self.cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        self.cache_kw = cache_arg(model)
 
     def _tail_buckets(self, tail_lens):
         """[(r0, r1)]: runs of rows (tails sorted by length) prefilled by one forward each. The

@@ -231,16 +231,15 @@ def forward(model, batch: dict):
     batch["targets"][r, t]. `model` may be the DDP wrapper: the head and mids run through the
     module inside it and only the tails through the wrapper, because DDP expects one forward per
     backward (the gradient from all three still reaches every parameter in that backward)."""
-    import inspect
     from transformers import DynamicCache
+
+    from engine import cache_arg
     core = getattr(model, "module", model)
     dev = next(core.parameters()).device
     b = {k: v.to(dev) if torch.is_tensor(v) else v for k, v in batch.items()}
     if b["row_mid"] is None:  # nothing shared: the plain forward
         return model(input_ids=b["tail_ids"], attention_mask=b["tail_mask"]).logits
-    # the levels hand their keys and values down in one cache (newer transformers call the argument `cache`)
-    cache = DynamicCache(config=core.config)
-    kw = "cache" if "cache" in inspect.signature(core.forward).parameters else "past_key_values"
+    cache, kw = DynamicCache(config=core.config), cache_arg(core)  # the levels hand their keys and values down
     (P, M), H = b["mid_ids"].shape, b["head"].shape[1]
     if H:
         core(input_ids=b["head"], use_cache=True, **{kw: cache})
