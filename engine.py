@@ -55,6 +55,7 @@ file is de-quantised once), int8 on a GPU or under vLLM, remote code
 (`trust_remote_code`), and multimodal checkpoints (only the text of a conversation
 reaches the model).
 """
+import collections
 import contextlib
 import hashlib
 import inspect
@@ -64,6 +65,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import zipfile
 from pathlib import Path
 
@@ -532,6 +534,10 @@ class HFEngine:
         import shared_prefix as sp
         self.shared_prefix = shared_prefix and sampler == "fast" and sp.supported(self.sampling_model)
         self.prefill_tokens = 0  # tokens run through prefill so far (what the sharing saves shows here)
+        # where sample()'s time went, for tools/bench.py: calls, chunks, and per stage (prefill:
+        # up to the first sampled token; decode: the loop after it) forwards, rows and seconds
+        # (wall clock: on the CPU the stages' own; on a GPU only roughly, its kernels run async)
+        self.work = collections.Counter()
         self.eos_ids = stop_token_ids(tokenizer, model.generation_config)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.eos_ids)
         self.device = next(model.parameters()).device
@@ -576,6 +582,7 @@ class HFEngine:
         cache positions (rows x (longest prompt + most new tokens)); the copies of one prompt
         always share a chunk so that their prefill is shared, and prompts are taken in sorted
         order so that prompts with a common head tend to share one too."""
+        self.work["calls"] += 1
         groups = {}
         for i, r in enumerate(requests):
             groups.setdefault(tuple(r["prompt_ids"]), []).append(i)
@@ -595,6 +602,8 @@ class HFEngine:
     @torch.no_grad()
     def _sample_chunk(self, requests, chunk, results):
         import shared_prefix  # (transformers is imported lazily here, as by the loaders)
+        t0, work = time.perf_counter(), self.work
+        work["chunks"] += 1
         model, dev = self.sampling_model, self.device  # `.model` itself, or its int8 copy
         was_training = model.training
         model.eval()
@@ -616,6 +625,7 @@ class HFEngine:
         out = model(input_ids=ids.to(dev), attention_mask=mask.to(dev), position_ids=pos.to(dev),
                     use_cache=True, logits_to_keep=1, **{self.cache_kw: cache})
         self.prefill_tokens += sum(map(len, heads))
+        work["prefill_forwards"] += 1
         if tail_width:
             # 1b) copy each head's cache to the prompts of its group, then prefill every prompt's
             #     own tail: in one batch (landed), or one forward per run of tails of similar length
@@ -650,6 +660,7 @@ class HFEngine:
                             **{self.cache_kw: part})
                 logits.append(out.logits[:, -1, :])
                 self.prefill_tokens += sum(map(len, tails[r0:r1]))
+                work["prefill_forwards"] += 1
             for layer in cache.layers:
                 layer.length = width + tail_width
                 layer.keys, layer.values = layer.k_buf[:, :, :layer.length], layer.v_buf[:, :, :layer.length]
@@ -690,6 +701,8 @@ class HFEngine:
         #    a few hundred rows, as much as a decode step); "fast" waits until a quarter of the rows
         #    have finished (until then they cost one row of compute each) and moves the live rows
         #    to the front of the same buffers, copying only the positions written so far
+        t1 = time.perf_counter()
+        work["prefill_seconds"] += t1 - t0
         with shared_prefix.decoding(model) if shared else contextlib.nullcontext():
             while True:
                 # a request's k-th token uses the k-th number of its own stream, whatever its row
@@ -733,6 +746,9 @@ class HFEngine:
                             **{self.cache_kw: cache}, **step)
                 logits = out.logits[:, -1, :].float()
                 next_pos = next_pos + 1
+                work["decode_forwards"] += 1
+                work["decode_rows"] += len(rows)
+        work["decode_seconds"] += time.perf_counter() - t1
         for k, i in enumerate(order):
             text = self.tokenizer.decode(generated[k], skip_special_tokens=True)
             if finish[k] == "stop":

@@ -52,6 +52,7 @@ import os
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch: spinning OpenMP threads starve the sandbox
 import ast
+import collections
 import copy
 import dis
 import filecmp
@@ -388,7 +389,14 @@ def test_fast_and_landed_samplers_give_the_same_tokens(hf):
     reqs = [{"prompt_ids": p, "max_tokens": 4 + 5 * j, "temperature": t, "top_k": 20, "top_p": 0.95, "seed": 10 * i + j}
             for i, p in enumerate(prompts) for j in range(4) for t in (0.0, 1.0)]
     landed = engine.HFEngine(hf.model, hf.tokenizer, sampler="landed")
+    work = collections.Counter(hf.work)
     fast, before = hf.sample(reqs), landed.sample(reqs)
+    # HFEngine.work, what bench.py's time split reads: one call, one chunk, the head and each run
+    # of tails prefilled, then one decode forward per token after the first of the longest reply
+    work, lens = hf.work - work, [len(o["completion_ids"]) for o in fast]
+    assert (work["calls"], work["chunks"], work["prefill_forwards"]) == (1, 1, 1 + len(hf._tail_buckets(tails)))
+    assert work["decode_forwards"] == max(lens) - 1 and work["decode_rows"] >= sum(n - 1 for n in lens)
+    assert work["prefill_seconds"] > 0 and work["decode_seconds"] > 0
     assert hf.sampler == "fast" and [o["completion_ids"] for o in fast] == [o["completion_ids"] for o in before]
     assert [o["finish"] for o in fast] == [o["finish"] for o in before]
     assert len({len(o["completion_ids"]) for o in fast}) > 3  # rows really ended at different steps

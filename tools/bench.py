@@ -44,6 +44,7 @@ on the same (possibly shared) cores, right before each side-by-side pair.
 Ratios are what to trust on a shared machine; absolute numbers move with load.
 """
 import argparse
+import collections
 import os
 import sys
 import time
@@ -274,6 +275,24 @@ def long_context_harness():
     return src
 
 
+def forward_fraction(model, rows, length, n_body, n_head, reps=3):
+    """The fraction of the matmul peak (measured right before) that one bare forward of `rows`
+    x `length` tokens reaches, without a cache, the LM head at the last position only: the
+    ceiling of a sampler whose forwards have these shapes (a decode step is `length` 1)."""
+    dev = next(model.parameters()).device
+    peak = matmul_gflops(device=dev, dtype=next(model.parameters()).dtype)
+    ids = torch.randint(100, 20000, (rows, length), device=dev)
+    with torch.no_grad():
+        model(input_ids=ids, logits_to_keep=1)  # (warm-up)
+        t = time.time()
+        for _ in range(reps):
+            model(input_ids=ids, logits_to_keep=1)
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        seconds = (time.time() - t) / reps
+    return (2 * n_body * rows * length + 2 * n_head * rows) / seconds / 1e9 / peak
+
+
 def least_flops(records, n_body, n_head):
     """The FLOPs any sampler must do for these rollouts: every prompt position once (a prefix
     that several calls share, counted once: the distinct positions of the prompts' prefix
@@ -309,7 +328,8 @@ def eval_workload(model, tok, n_questions, n_phase_a, harnesses=("h0", "long"), 
     Prints per harness (h0, long: `long_context_harness`) and sampler:
     eval_<h>_<sampler>_rollouts_per_s, _prompt_tokens, _completion_tokens, _fraction_of_peak,
     _mean (mean@8, the same within float round-off for landed, full and fast; int8 samples other
-    tokens), then eval_<h>_speedup (fast / landed), eval_<h>_shared_prefix_speedup (fast / full)
+    tokens), _time_split (prefill and decode seconds and forwards, from HFEngine.work), for fast
+    _model_ceiling (`forward_fraction` at the workload's prefill and mean decode shapes), then eval_<h>_speedup (fast / landed), eval_<h>_shared_prefix_speedup (fast / full)
     and eval_<h>_int8_speedup (int8 / fast, and
     vs landed); int8's fraction is of the fp32 peak (its int8 matmuls can pass it). For one
     phase-A step (16 weight-split prompts x 8, rollouts + SFT update of the top `train_layers`
@@ -338,7 +358,9 @@ def eval_workload(model, tok, n_questions, n_phase_a, harnesses=("h0", "long"), 
         rate = {}
         order = ("landed", "full", "fast", "int8") if h_name == "h0" else ("int8", "fast", "full", "landed")  # none always first
         for s in (s for s in order if s in engines):
+            before = collections.Counter(engines[s].work)
             res = rollout.evaluate(engines[s], searchqa, source, examples, 8, seed=0, sampling=sampling, max_tokens=48)
+            w = engines[s].work - before
             rate[s] = res["rollouts"] / res["seconds"]
             frac = least_flops(res["records"], n_body, n_head) / res["seconds"] / 1e9 / peak
             print(f"eval_{h_name}_{s}_rollouts_per_s: {rate[s]:.2f} ({res['rollouts']} rollouts in {res['seconds']:.1f} s)")
@@ -346,6 +368,16 @@ def eval_workload(model, tok, n_questions, n_phase_a, harnesses=("h0", "long"), 
             print(f"eval_{h_name}_{s}_completion_tokens: {res['completion_tokens']}")
             print(f"eval_{h_name}_{s}_fraction_of_peak: {frac:.2f}")
             print(f"eval_{h_name}_{s}_mean: {res['mean']:.3f} +- {res['se']:.3f}")
+            # where the time went: prefill (to each row's first token) and decode, per sample() call
+            rows = w["decode_rows"] / max(w["decode_forwards"], 1)
+            print(f"eval_{h_name}_{s}_time_split: prefill {w['prefill_seconds']:.1f} s ({w['prefill_forwards']} forwards), "
+                  f"decode {w['decode_seconds']:.1f} s ({w['decode_forwards']} forwards, {rows:.1f} rows on average), "
+                  f"the rest {res['seconds'] - w['prefill_seconds'] - w['decode_seconds']:.1f} s; {w['calls']} sample() calls")
+            if s == "fast":  # the model's own forward at this workload's shapes, no sampler around it
+                ceiling = {"prefill 8x256": forward_fraction(model, 8, 256, n_body, n_head),
+                           f"decode {round(rows)} rows": forward_fraction(model, max(round(rows), 1), 1, n_body, n_head)}
+                print(f"eval_{h_name}_model_ceiling: " + ", ".join(f"{k} {v:.2f}" for k, v in ceiling.items())
+                      + " of the matmul peak (a bare forward: what no sampler can beat at these shapes)")
         print(f"eval_{h_name}_speedup: {rate['fast'] / rate['landed']:.2f}")
         print(f"eval_{h_name}_shared_prefix_speedup: {rate['fast'] / rate['full']:.2f} (fast / the same with a cache copy per row)")
         if "int8" in rate:
