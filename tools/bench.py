@@ -370,8 +370,12 @@ def eval_workload(model, tok, n_questions, n_phase_a, harnesses=("h0", "long"), 
             print(f"eval_{h_name}_{s}_mean: {res['mean']:.3f} +- {res['se']:.3f}")
             # where the time went: prefill (to each row's first token) and decode, per sample() call
             rows = w["decode_rows"] / max(w["decode_forwards"], 1)
+            # the decode loop's matmul work (body and LM head per row) over its seconds, against the peak:
+            # what model_ceiling's bare decode forward at the same rows reaches is its ceiling
+            decode_frac = 2 * (n_body + n_head) * w["decode_rows"] / max(w["decode_seconds"], 1e-9) / 1e9 / peak
             print(f"eval_{h_name}_{s}_time_split: prefill {w['prefill_seconds']:.1f} s ({w['prefill_forwards']} forwards), "
-                  f"decode {w['decode_seconds']:.1f} s ({w['decode_forwards']} forwards, {rows:.1f} rows on average), "
+                  f"decode {w['decode_seconds']:.1f} s ({w['decode_forwards']} forwards, {rows:.1f} rows on average, "
+                  f"{decode_frac:.2f} of the peak), "
                   f"the rest {res['seconds'] - w['prefill_seconds'] - w['decode_seconds']:.1f} s; {w['calls']} sample() calls")
             if s == "fast":  # the model's own forward at this workload's shapes, no sampler around it
                 ceiling = {"prefill 8x256": forward_fraction(model, 8, 256, n_body, n_head),
