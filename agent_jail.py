@@ -88,7 +88,7 @@ def _interpreter(path):
 def _grant_around(path, rights, private):
     """[(path, rights)] granting `path` except anything in `private` beneath it."""
     path = os.path.realpath(path)
-    inside = [p for p in private if sandbox._under(p, path)]
+    inside = [p for p in private if sandbox.under(p, path)]
     if not inside:
         return [(path, rights)]
     if path in inside or not os.path.isdir(path):

@@ -32,8 +32,9 @@ import stat
 import tempfile
 import time
 
-import meta_harness as mh
-from proposers import (DIGEST_CHARS, RULES, _ids, _short, archive_digest, failure_signatures, outcomes_vs,
+import harness_archive
+from primitives import failure_signatures
+from proposers import (DIGEST_CHARS, RULES, _ids, _short, archive_digest, outcomes_vs,
                        render_trace)
 
 MAX_CANDIDATE_BYTES = 200_000  # a harness file is ~3-5 kB; anything this big is not one
@@ -223,10 +224,10 @@ def write_workspace(archive_dir, work, domain, traces_per_kind=3):
     and every candidate's score on every example), failures/cand_NNN.md (its failed rollouts
     grouped by failure kind, a few traces of each)."""
     import sandbox  # its limits, for the guide
-    archive = mh.load_archive(archive_dir)
+    archive = harness_archive.load_archive(archive_dir)
     by_name = {c["name"]: c for c in archive}
     scored = [c for c in archive if c["scores"]]
-    rules = mh.read_json(os.path.join(archive_dir, "rules.json"), {}) or {}
+    rules = harness_archive.read_json(os.path.join(archive_dir, "rules.json"), {}) or {}
     with open(os.path.join(work, "GUIDE.md"), "w") as f:
         f.write(GUIDE.format(skill=domain.SKILL, rules=RULES, k=rules.get("k", "k"),
                              allowed="" if rules.get("allowed_axes") is None else
@@ -253,7 +254,7 @@ def write_workspace(archive_dir, work, domain, traces_per_kind=3):
     os.makedirs(os.path.join(work, "failures"), exist_ok=True)
     for c in scored:
         groups = {}
-        for r in mh.read_traces(c):
+        for r in harness_archive.read_traces(c):
             kind = next(iter(failure_signatures([r])), None)
             if kind:
                 groups.setdefault(kind, []).append(r)
@@ -316,7 +317,7 @@ should help); it is kept as the candidate's hypothesis in summary.jsonl and the 
 
 
 def command_prompt(domain, archive_dir, k, digest_chars=DIGEST_CHARS):
-    allowed = (mh.read_json(os.path.join(archive_dir, "rules.json"), {}) or {}).get("allowed_axes")
+    allowed = (harness_archive.read_json(os.path.join(archive_dir, "rules.json"), {}) or {}).get("allowed_axes")
     restrict = "" if allowed is None else (
         f"\n- PROMPT-ONLY SEARCH: change ONLY the top-level definitions {allowed} of the best "
         "candidate; every other top-level definition must stay exactly as it is.")
@@ -345,9 +346,9 @@ def command_proposer(domain, command, timeout, digest_chars, workdir_root=None, 
 
     def propose(archive_dir, k):
         propose.errors = []
-        archive = mh.load_archive(archive_dir)
+        archive = harness_archive.load_archive(archive_dir)
         names = {c["name"] for c in archive}
-        best = mh.paper_choice(archive)
+        best = harness_archive.paper_choice(archive)
         prompt = command_prompt(domain, archive_dir, k, digest_chars)
         propose.stats["calls"] += 1
         propose.stats["prompt_chars"] += len(prompt)
@@ -428,7 +429,7 @@ def command_proposer(domain, command, timeout, digest_chars, workdir_root=None, 
             f.write(prompt)
         with open(os.path.join(archive_dir, "PROPOSE.log"), "w") as f:
             f.write((out or "") + ("\n--- stderr ---\n" + err if err else ""))
-        mh.append_jsonl(os.path.join(archive_dir, "proposer_calls.jsonl"), dict(
+        harness_archive.append_jsonl(os.path.join(archive_dir, "proposer_calls.jsonl"), dict(
             time=round(t0, 3), command=command, exit=rc, timed_out=timed_out, seconds=round(seconds, 3),
             files=[f for f, _ in files], errors=list(propose.errors), usage={k_: v for k_, v in usage.items()
                                                                             if k_ != "errors"}))

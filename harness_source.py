@@ -9,7 +9,7 @@ when two files are the same program.
     hypothesis(source) -> str or None                             # its docstring's first line
 
 Everything works on the source text with `ast`; nothing here runs harness code (sandbox.py
-does). meta_harness.py uses it to validate and deduplicate candidates, proposers.py and
+does). meta_harness.py uses it to validate and deduplicate candidates, primitives.py and
 tools/headroom.py to splice the domains' PRIMITIVES in. What it leaves out: names bound inside
 `if`/`try` blocks at top level (a search axis is a plain top-level def, class or assignment),
 and any judgement of what a change does (that is the evaluation's job).

@@ -200,8 +200,8 @@ def plot_curve(run: Path, evals: list[dict], title: str):
 
 
 # the code that decides a score: the harness runner, the sampler (and the domain file itself)
-SCORING_CODE = ("sandbox.py", "landlock.py", "rollout.py", "engine.py", "shared_prefix.py", "int8.py", "vllm_engine.py",
-                "domains/__init__.py")
+SCORING_CODE = ("sandbox.py", "sandbox_child.py", "landlock.py", "rollout.py", "engine.py", "chat_format.py",
+                "models.py", "shared_prefix.py", "int8.py", "vllm_engine.py", "domains/__init__.py")
 
 
 def eval_key(args: dict, domain, harness: str, examples, n: int, split: str) -> str:
@@ -224,7 +224,7 @@ def eval_key(args: dict, domain, harness: str, examples, n: int, split: str) -> 
 
 
 def load_cached_eval(key):
-    from engine import cache_dir
+    from models import cache_dir
     path = cache_dir() / "evals" / f"{key}.json"
     if key and path.exists():
         return {**read_json(path), "cached": True}
@@ -232,7 +232,7 @@ def load_cached_eval(key):
 
 
 def store_cached_eval(key, res):
-    from engine import cache_dir
+    from models import cache_dir
     if key and not res.get("cached"):
         (cache_dir() / "evals").mkdir(parents=True, exist_ok=True)
         write_json(cache_dir() / "evals" / f"{key}.json", res)
@@ -283,7 +283,7 @@ class Run:
         (save_checkpoint); for "trained", the base weights are fingerprinted here, before a
         resumed run's trained blocks are put on them."""
         from tqdm import tqdm
-        from engine import weights_fingerprint
+        from models import weights_fingerprint
         if weights == "trained" and self.state and (self.dir / "checkpoint" / "model.safetensors").exists():
             weights = "all"  # a run begun with whole-model checkpoints (older code) goes on with them
         self.weights = weights

@@ -4,7 +4,7 @@ The command line checked, and the run directory opened: what whale.py does befor
 check_args finds every mistake a command line can hold (unknown names, missing files, flags
 that contradict each other, a corrupt data file, a proposer endpoint that does not answer)
 and raises UserError, which whale.py prints as one line with exit code 2, before anything is
-written. open_run makes a new run directory with config.json, or reopens the one --resume
+written. parse_args turns the command line into whale.Args. open_run makes a new run directory with config.json, or reopens the one --resume
 names with its saved settings (config.json and state.json checked by check_saved_run), refusing
 a resume that would change what the run means; either way it holds the directory's lock for the
 life of the process (lock_run: a second process on it stops with one line) and removes the
@@ -21,6 +21,26 @@ import domains
 
 class UserError(Exception):
     """A mistake in the command line or the inputs: one line, exit code 2."""
+
+
+def parse_args(args_class, argv=None, description=""):
+    """The command line as an args_class (whale.Args): one flag per field, its help string from the
+    field's metadata. argparse's own errors (--budget abc, --nosuch) become one UserError line."""
+    import argparse
+    import dataclasses
+
+    def one_line(message):  # (argparse would print its whole usage and exit)
+        raise UserError(f"{message} (python whale.py --help lists the flags)")
+    p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawTextHelpFormatter)
+    p.error = one_line
+    for f in dataclasses.fields(args_class):
+        shown = f" [default: {f.default}]" if f.default != "" else ""
+        repeatable = f.name == "proposer_env"  # (the one flag that may be given several times)
+        p.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=None if repeatable else f.default,
+                       help=f.metadata["help"] + shown, action="append" if repeatable else "store")
+    a = vars(p.parse_args(argv))
+    a["proposer_env"] = ",".join(x.strip() for v in a["proposer_env"] or [] for x in v.split(",") if x.strip())
+    return args_class(**a)
 
 
 # the flags that take one of a few words (--method and --domain: from METHODS and domains/)
@@ -140,15 +160,15 @@ def check_args(a):
 def check_model(a):
     """--model (on --resume: the checkpoint the run continues from, if it holds the whole model)
     loads as a causal LM with a tokenizer in --chat-format, with the layers --train-layers trains:
-    config, tokenizer and an empty model, no weights read (engine.check_model)."""
-    import engine  # (imports torch: last, after the checks that need nothing)
+    config, tokenizer and an empty model, no weights read (models.check_model)."""
+    import models  # (imports torch: last, after the checks that need nothing)
     # (".checkpoint.old": a run killed between the two renames of a checkpoint; open_run puts it back)
     ckpts = [Path(a.resume) / d for d in ("checkpoint", ".checkpoint.old")] if a.resume else []
     name = next((str(c) for c in ckpts if (c / "state.json").exists() and (c / "model.safetensors").exists()),
                 a.model)
     try:
-        engine.check_model(name, a.chat_format, a.train_layers)
-    except engine.ModelError as e:
+        models.check_model(name, a.chat_format, a.train_layers)
+    except models.ModelError as e:
         raise UserError(str(e))
 
 

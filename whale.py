@@ -16,13 +16,13 @@ rollouts (budget.py says what it buys); METHODS below says, as data, what each o
     python whale.py --resume runs/searchqa-whale-s0    # continue after a crash
 
 The run's bookkeeping (run directory, checkpoints, metrics.jsonl, resume, the DDP broadcast)
-is run_dir.py; command-line checks are run_setup.py. Left out on purpose: multi-node training
-and asynchronous rollouts. Data-parallel phase A runs under torchrun (see README).
+is run_dir.py; how it is scored (initial test, validation after each phase, best-on-val, final
+test) is evaluation.py; command-line checks are run_setup.py. Left out on purpose: multi-node
+training and asynchronous rollouts. Data-parallel phase A runs under torchrun (see README).
 """
 import os
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # spinning OpenMP threads starve the sandbox child
-import dataclasses
 import importlib
 import sys
 import types
@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from budget import Budget  # what the rollout budget buys: the loop asks it when a phase must end
-from run_setup import UserError, open_run  # every command-line mistake, found before the loop
+from run_setup import UserError, open_run, parse_args  # every command-line mistake, found before the loop
 
 
 def arg(default, help):
@@ -39,103 +39,75 @@ def arg(default, help):
 
 @dataclass
 class Args:
-    domain: str = arg("searchqa", "task family: a file domains/<name>.py (searchqa, math, chess; template: "
-                                  "the commented example to copy)")
+    domain: str = arg("searchqa", "task family: domains/<name>.py (searchqa, math, chess; template: the example to copy)")
     method: str = arg("whale", "whale | fst | weight-only | harness-only | stagewise | eval")
     schedule: str = arg("fixed-steps:4,3", "switch policy: fixed:E,I (epochs) | fixed-steps:S,I | adaptive[:w=..] "
                                            "(I counts the incoming harness: 3 = two proposer iterations)")
-    budget: int = arg(1664, "total target rollouts (phase A + phase B), the same for every method (the "
-                            "default buys 4 + 2 RSFT steps of 128 and one harness phase of 1 + 2 x 3 candidates x 128)")
+    budget: int = arg(1664, "total target rollouts (phase A + phase B), the same for every method (the default "
+                            "buys 4 + 2 RSFT steps of 128 and one harness phase of 1 + 2 x 3 candidates x 128)")
     seed: int = arg(0, "seed for data order, sampling and proposals")
     out: str = arg("", "run directory (default runs/<domain>-<method>-s<seed>)")
     resume: str = arg("", "continue the run in this directory from its last checkpoint")
-    tracker: str = arg("none", "also log to none | tensorboard | mlflow | wandb, or a comma list (tracking.py; "
-                       "pip install -r requirements-track.txt); on --resume, a given --tracker replaces the run's own")
-    model: str = arg("embedded", "'embedded' (SmolLM2-135M-Instruct), an HF id, a local dir or a .gguf file "
-                                 "(converted once into $WHALE_CACHE/gguf)")
-    chat_format: str = arg("auto", "auto | template | plain: the tokenizer's chat template, or plain text turns "
-                                   "'User: ...\\n\\nAssistant:' (auto: plain if the model has no template)")
+    tracker: str = arg("none", "also log to none | tensorboard | mlflow | wandb, or a comma list (tracking.py); "
+                               "on --resume, a given --tracker replaces the run's own")
+    model: str = arg("embedded", "'embedded' (SmolLM2-135M-Instruct), an HF id, a local dir or a .gguf file")
+    chat_format: str = arg("auto", "auto | template | plain: the tokenizer's chat template or plain "
+                                   "'User: ...\\n\\nAssistant:' turns (auto: plain if the model has none)")
     engine: str = arg("hf", "sampler: hf (plain PyTorch loop) or vllm")
     device: str = arg("cpu", "cpu or cuda")
-    rollout_precision: str = arg("fp32", "fp32 | int8: int8 samples rollouts from an int8 copy of the model (CPU, hf "
-                                         "engine; training stays fp32, the copy is re-quantized after each update): "
-                                         "1.9x fp32's rollouts/s on searchqa h0, val mean@8 0.055 vs 0.0575 +- 0.021, "
-                                         "but a request's tokens depend on its batch (results/README.md, Speed)")
+    rollout_precision: str = arg("fp32", "fp32 | int8: sample rollouts from an int8 copy of the model (CPU, hf "
+                                         "engine; training stays fp32; README: Speed)")
     tp: int = arg(1, "vLLM tensor parallelism: GPUs per sampling engine (--engine vllm)")
     harness: str = arg("", "start from this harness file instead of the domain's h0")
     # phase A
     prompts_per_step: int = arg(16, "B: prompts per rollout step")
     group: int = arg(8, "G: rollouts per prompt")
-    lr: float = arg(3e-4, "AdamW learning rate (top-K-layer training on CPU; the paper's full 2B runs use ~1e-7; "
-                          "README: picking --lr for another model)")
+    lr: float = arg(3e-4, "AdamW learning rate of the top-K-layer training (README: picking --lr for another model)")
     minibatch: int = arg(16, "sequences per optimizer step")
     micro_batch: int = arg(8, "sequences per forward/backward (gradient accumulation)")
-    sft_prompts: str = arg("shared", "shared | whole: shared runs the prompt tokens that a micro-batch's sequences "
-                                     "have in common once (rs_sft.pack: the same loss up to float round-off, "
-                                     "~2-3x fewer tokens on searchqa); whole runs every sequence whole, as before")
+    sft_prompts: str = arg("shared", "shared | whole: run the prompt tokens a micro-batch's sequences share once "
+                                     "(rs_sft.pack: the same loss up to round-off), or every sequence whole")
     clip: float = arg(1.0, "gradient-norm clip")
     train_layers: int = arg(4, "train only the top K blocks (0 = full fine-tuning)")
     max_kept_per_prompt: int = arg(2, "at most this many kept rollouts per prompt (0 = all)")
-    replay_steps: int = arg(1, "R: each RSFT step trains on the kept rollouts of the last R steps (1 = this step's only)")
-    sft_epochs: int = arg(1, "E: passes of each RSFT step over its kept rollouts (the last --replay-steps steps')")
-    val_every: int = arg(0, "also evaluate validation (+ --test-subset) every N RSFT steps inside a weight phase, "
-                            "tagged A<cycle>.<step> (0 = only after each phase)")
+    replay_steps: int = arg(1, "R: each RSFT step trains on the kept rollouts of the last R steps")
+    sft_epochs: int = arg(1, "E: passes of each RSFT step over its kept rollouts")
+    val_every: int = arg(0, "also evaluate validation (+ --test-subset) every N RSFT steps (0 = after each phase)")
     # phase B
     proposer: str = arg("primitives", "primitives | self | openai | command")
     proposer_url: str = arg("", "openai proposer: base URL of an OpenAI-compatible endpoint")
     proposer_model: str = arg("", "openai proposer: model name")
-    proposer_command: str = arg("", "command proposer: the coding agent CLI run in a copy of the archive, the "
-                                    "prompt on stdin (README: recipes for claude -p and codex exec)")
-    proposer_max_tokens: int = arg(4096, "self/openai proposer: reply length limit in tokens (a whole seed "
-                                         "harness is ~700-1,200 tokens)")
-    proposer_timeout: float = arg(0.0, "openai: seconds per request (0 = 600); command: seconds per agent run "
-                                       "(0 = 1800)")
-    proposer_api_key_env: str = arg("OPENAI_API_KEY", "openai proposer: the environment variable holding the API key")
-    proposer_format: str = arg("any", "self/openai proposer: ask for a whole file, search/replace edit blocks "
-                                      "against the parent, or either (file | edit | any)")
-    proposer_digest_chars: int = arg(16000, "self/openai/command proposer: character budget of the archive view "
-                                            "in the prompt")
-    proposer_env: str = arg("", "command proposer: environment variables its agent gets besides PATH, HOME, LANG, "
-                                "TERM... (the rest is scrubbed), e.g. ANTHROPIC_API_KEY; repeatable or a comma list")
+    proposer_command: str = arg("", "command proposer: the coding agent CLI, run jailed in a copy of the archive "
+                                    "with the prompt on stdin (README: claude -p and codex exec)")
+    proposer_max_tokens: int = arg(4096, "self/openai proposer: reply length limit in tokens")
+    proposer_timeout: float = arg(0.0, "seconds per openai request (0 = 600) or per agent run (0 = 1800)")
+    proposer_api_key_env: str = arg("OPENAI_API_KEY", "openai proposer: the variable holding the API key")
+    proposer_format: str = arg("any", "self/openai proposer: reply with a whole file, edit blocks, or either "
+                                      "(file | edit | any)")
+    proposer_digest_chars: int = arg(16000, "LLM and command proposers: characters of the archive view in the prompt")
+    proposer_env: str = arg("", "command proposer: variables its agent keeps besides PATH, HOME, LANG, TERM... "
+                                "(e.g. ANTHROPIC_API_KEY); repeatable or a comma list")
     proposer_budget_usd: float = arg(0.0, "end the harness search once the proposer's reported cost reaches this "
-                                          "many dollars, counted over the whole run (0 = no cap)")
+                                          "many dollars over the whole run (0 = no cap)")
     candidates: int = arg(3, "M: candidates per harness iteration")
-    harness_examples: int = arg(64, "examples of the harness search set used (0 = all)")
-    harness_n: int = arg(2, "rollouts per harness-search example (the prefill is shared, so n=2 costs little)")
+    harness_examples: int = arg(64, "examples of the harness search set (0 = all)")
+    harness_n: int = arg(2, "rollouts per harness-search example")
     accept_alpha: float = arg(0.2, "a candidate replaces the incumbent only if the paired sign test p <= this")
-    confirm_examples: int = arg(64, "harness-split examples after the search set for the sign test's second look: "
-                                    "a top candidate with more wins than losses but p in (alpha, 0.5] is scored "
-                                    "there with the incumbent and tested on both blocks (0 = no second look)")
+    confirm_examples: int = arg(64, "second look: a near-miss top candidate (p in (alpha, 0.5]) is scored on this "
+                                    "many further harness-split examples and tested on both blocks (0 = none)")
     # sampling and evaluation
-    temperature: float = arg(0.3, "sampling temperature (training, search, evaluation); the paper uses 1.0 "
-                                            "with 2B models, where the 135M default scores ~0 exact match")
+    temperature: float = arg(0.3, "sampling temperature (training, search, evaluation); the paper's 1.0 "
+                                  "suits 2B models, the 135M default scores ~0 there")
     top_k: int = arg(20, "top-k of sampling")
     top_p: float = arg(1.0, "top-p of sampling")
     max_tokens: int = arg(48, "cap on new tokens per llm() call (the parent enforces it)")
     test_n: int = arg(8, "samples per test question: mean@test_n")
     test_limit: int = arg(100, "first N test questions (0 = all 250); 100 keeps the CPU default near 20 min")
-    test_split: str = arg("test", "the held-out split scored as 'test' (initial, final, best-on-val): test, or val "
-                                  "to choose settings without ever reading the test split")
+    test_split: str = arg("test", "the split scored as 'test': test, or val to choose settings without "
+                                  "ever reading the test split")
     val_n: int = arg(2, "samples per validation question")
     val_limit: int = arg(32, "validation questions evaluated after every phase (0 = all)")
     test_subset: int = arg(0, "also evaluate this many test questions after every phase (curves)")
-
-
-def parse_args(argv=None) -> Args:
-    import argparse
-
-    def one_line(message):  # argparse's own errors (--budget abc, --nosuch) print its whole usage
-        raise UserError(f"{message} (python whale.py --help lists the flags)")
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
-    p.error = one_line
-    for f in dataclasses.fields(Args):
-        shown = f" [default: {f.default}]" if f.default != "" else ""
-        repeatable = f.name == "proposer_env"  # (the one flag that may be given several times)
-        p.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=None if repeatable else f.default,
-                       help=f.metadata["help"] + shown, action="append" if repeatable else "store")
-    a = vars(p.parse_args(argv))
-    a["proposer_env"] = ",".join(x.strip() for v in a["proposer_env"] or [] for x in v.split(",") if x.strip())
-    return Args(**a)
 
 
 # -----------------------------------------------------------------------------
@@ -161,6 +133,7 @@ METHODS = {
 
 
 def main(a: Args):
+    import evaluation
     import rs_sft
     import run_dir as rd
     import switch
@@ -198,7 +171,7 @@ def main(a: Args):
 
     # ---- the algorithm: initial evaluation; phase A / phase B until the budget is spent; final test
     if run.state["pending_eval"] and run.rank == 0:
-        after_phase(run, s)        # a new run's initial evaluation, or one a crash interrupted
+        evaluation.after_phase(run, s)  # a new run's initial evaluation, or one a crash interrupted
     run.sync()
     while not run.state["done"]:
         if run.state["phase"] == "A":
@@ -206,10 +179,10 @@ def main(a: Args):
         elif run.rank == 0:
             harness_phase(run, s)  # one Meta-Harness search from the current harness (rank 0 alone)
         if run.rank == 0:          # (also every --val-every steps: weight_phase returns with an eval pending)
-            after_phase(run, s)    # validation (+ test subset) mean@k; keep the best checkpoint on val
+            evaluation.after_phase(run, s)  # validation (+ test subset) mean@k; keep the best checkpoint on val
         run.sync()                 # DDP: every rank takes rank 0's state and decisions
     if run.rank == 0:
-        finish(run, s)
+        evaluation.finish(run, s)
 
 
 # -----------------------------------------------------------------------------
@@ -269,6 +242,7 @@ def harness_phase(run, s):
     """Phase B: a Meta-Harness search from the current harness in its own archive (it resumes from
     the archive after a crash); the search's incumbent carries on."""
     import meta_harness
+    import proposers
     import rollout
     a, st, method = s.a, run.state, s.method
     archive = run.dir / "archive" / f"phase{st['cycle']:02d}"
@@ -312,7 +286,7 @@ def harness_phase(run, s):
 
     res = meta_harness.search_phase(
         st["harness"], s.domain, s.search_set, run_candidate, validate_run,
-        make_proposer(a, s.domain, s.engine, run.dir),
+        proposers.from_args(a, s.domain, s.engine, run.dir),
         archive_dir=str(archive), k=a.candidates, should_stop=should_stop, affordable=affordable,
         accept_alpha=a.accept_alpha, prompt_only_base=s.h0 if method.prompt_only else None, log=log,
         confirm_examples=s.confirm_set)
@@ -328,105 +302,9 @@ def harness_phase(run, s):
     run.checkpoint(s.engine, s.optimizer, model_changed=False)
 
 
-# -----------------------------------------------------------------------------
-# Evaluation
-
-def evaluate_and_log(run, s, split, examples, n, tag, harness=None):
-    """mean@n of (current weights, harness) on examples; logged and kept in the state. The initial
-    test evaluation of (model, h0) is the same for every method of a domain and seed: cached."""
-    import rollout
-    import run_dir as rd
-    from tqdm import tqdm
-    a, st = s.a, run.state
-    harness = harness or st["harness"]
-    key = rd.eval_key(vars(a), s.domain, harness, examples, n, split) if tag == "initial" else None
-    res = rd.load_cached_eval(key)
-    if res is None:
-        with tqdm(total=len(examples) * n, unit="rollout", desc=f"eval {split} mean@{n}", leave=False) as bar:
-            res = rollout.evaluate(s.engine, s.domain, harness, examples, n, seed=(a.seed, split),
-                                   sampling=s.sampling, max_tokens=a.max_tokens, progress=bar)
-        res["per_example"] = rollout.per_example_means(res.pop("records"))  # for paired gains
-        rd.store_cached_eval(key, res)
-    rollout.crash_point("eval")  # (a testing aid: a kill after an evaluation, before its line and checkpoint)
-    point = {"split": split, "tag": tag, "cycle": st["cycle"], "rollouts": st["rollouts"],
-             **{k: res[k] for k in ("mean", "se", "n", "examples")}}
-    if split == "test":
-        point["per_example"] = res["per_example"]
-    st["evals"].append(point)
-    run.log({"event": "eval", **point, "seconds": round(res["seconds"], 1)})
-    return point
-
-
-def after_phase(run, s):
-    """After a phase (and at the start): validation mean@k (+ the test subset of the curves), and
-    the best checkpoint on validation kept aside. At the start, the initial test evaluation."""
-    a, st = s.a, run.state
-    tag, better = st["pending_eval"], False
-    if tag is None:
-        return
-    if tag == "initial":
-        evaluate_and_log(run, s, "test", s.test, a.test_n, "initial")
-    if s.method is not None:
-        v = evaluate_and_log(run, s, "val", s.val, a.val_n, tag)
-        if a.test_subset and tag != "initial":
-            evaluate_and_log(run, s, "test_subset", s.test[:a.test_subset], a.test_n, tag)
-        better = st["best_val"] is None or v["mean"] > st["best_val"]["mean"]
-        if better:
-            st["best_val"] = {**v, "harness": st["harness"]}
-    st["pending_eval"] = None
-    run.checkpoint(s.engine, s.optimizer, model_changed=False)
-    if better:
-        run.keep_checkpoint_as("best_val")
-
-
-def finish(run, s):
-    """The final test mean@k, the best-on-validation checkpoint scored on test, summary.json."""
-    import run_dir as rd
-    a, st = s.a, run.state
-    run.bar.close()
-    tests = {e["tag"]: e for e in st["evals"] if e["split"] == "test"}
-    if s.method is not None and "final" not in tests:
-        tests["final"] = evaluate_and_log(run, s, "test", s.test, a.test_n, "final")
-        run.checkpoint(s.engine, s.optimizer, model_changed=False)
-    initial = tests["initial"]
-    final = tests.get("final", initial)
-    best = st["best_val"]
-    if best is None or best["tag"] == "initial":
-        best_val_test = initial
-    elif best["rollouts"] == st["rollouts"] and best["harness"] == st["harness"]:
-        best_val_test = final
-    else:  # the point chosen on validation is an earlier one: load it and score it on the full test split
-        run.load_weights("best_val", s.engine)
-        best_val_test = tests["best_val"] = evaluate_and_log(run, s, "test", s.test, a.test_n, "best_val",
-                                                             harness=best["harness"])
-    rd.plot_curve(run.dir, st["evals"], f"{a.method} on {a.domain} (seed {a.seed})")
-    run.print_summary(run.write_summary(tests, best_val_test))
-    run.write_report()
-    run.drop_optimizer()  # nothing trains after this: the run directory keeps only weights, state and records
-
-# -----------------------------------------------------------------------------
-# The proposer of phase B
-
-
-def make_proposer(a: Args, domain, engine, run_dir=None):
-    import proposers
-    import rollout
-
-    def llm_text(prompt, max_tokens):  # the `self` proposer: the policy model writes harness code
-        return rollout.reply(engine, prompt, max_tokens, sampling={"temperature": a.temperature, "top_k": a.top_k,
-                             "top_p": a.top_p}, seed=rollout.stable_seed(a.seed, "proposer", prompt))
-    return proposers.make_proposer(a.proposer, domain, llm_text=llm_text, base_url=a.proposer_url or None,
-                                   model=a.proposer_model or None, api_key_env=a.proposer_api_key_env,
-                                   command=a.proposer_command or None, rng_seed=a.seed,
-                                   max_tokens=a.proposer_max_tokens, timeout=a.proposer_timeout or None,
-                                   digest_chars=a.proposer_digest_chars, reply_format=a.proposer_format,
-                                   agent_env=[x.strip() for x in a.proposer_env.split(",") if x.strip()],
-                                   private=[str(run_dir)] if run_dir else [])  # the agent never reads the run
-
-
 if __name__ == "__main__":
     try:
-        main(parse_args())
+        main(parse_args(Args, description=__doc__.split("\n\n")[0]))
     except UserError as e:
         print(f"whale: error: {e}", file=sys.stderr)
         sys.exit(2)

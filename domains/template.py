@@ -11,9 +11,9 @@ What a domain file holds, and who reads it:
   make_tools(example)    -> ({name: function}, state)                 (rollout.py, per rollout)
   verify(example, answer, state) -> 0.0 or 1.0, never raises          (rollout.py)
   H0                     the seed harness file                        (whale.py)
-  PRIMITIVES, PROMPT_AXES, SKILL   the harness search's menu and brief (proposers.py)
+  PRIMITIVES, PROMPT_AXES, SKILL   the harness search's menu and brief (primitives.py)
   DATA (optional)        the folder of data files; hashed into the initial-evaluation cache key
-  failure_signature(record) (optional) -> which kind of failure a failed rollout is (proposers.py)
+  failure_signature(record) (optional) -> which kind of failure a failed rollout is (primitives.py)
 
 This one generates its data (no DATA, no files to ship: the examples come from a fixed seed, so
 this file's bytes fix them) and gives the harness no tools, so its failures are told apart by
@@ -66,7 +66,7 @@ def verify(example, answer, state=None):
 
 
 def failure_signature(record):
-    """Which kind of failure a failed rollout is, as one of proposers.SIGNATURE_KEYWORDS' names
+    """Which kind of failure a failed rollout is, as one of primitives.SIGNATURE_KEYWORDS' names
     (its keywords pick the axes the primitives proposer tries first), or None for the default
     rules. Without tools the default would call every failure "no_tool"; here it is "error"
     (the harness crashed), "no_answer" (no number came back: parsing lost it) or "wrong"."""

@@ -56,6 +56,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import torch
 
 import engine as eng
+import models
 import rollout
 import rs_sft
 
@@ -160,7 +161,7 @@ def main():
     torch.manual_seed(0)
     peak = matmul_gflops(device=args.device)
     print(f"matmul_fp32_gflops: {peak:.1f}")
-    model, tok = eng.load_model(args.model, device=args.device)
+    model, tok = models.load_model(args.model, device=args.device)
     e = eng.HFEngine(model, tok)
     n_params = sum(p.numel() for n_, p in model.named_parameters() if "embed_tokens" not in n_)
     n_params += model.lm_head.weight.numel() if model.config.tie_word_embeddings else 0
@@ -468,7 +469,7 @@ def memory_child(sampler, model_name, n_questions):
     import json
     import resource
     from domains import searchqa
-    model, tok = eng.load_model(model_name)
+    model, tok = models.load_model(model_name)
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # kB on Linux -> GB
     e = eng.HFEngine(model, tok, sampler="landed" if sampler == "landed" else "fast", shared_prefix=sampler == "fast")
     res = rollout.evaluate(e, searchqa, long_context_harness(), searchqa.load_split("test")[:n_questions], 8, seed=0,

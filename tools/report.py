@@ -19,10 +19,10 @@ The page follows the run's order:
                parent, and two failed and one successful trace (collapsed <details>);
   final        the harness the run ended with (or holds now, if it is still running), in full.
 
-Everything the page shows comes from the run directory (run_dir.py and meta_harness.py describe
+Everything the page shows comes from the run directory (run_dir.py and harness_archive.py describe
 it) through the readers in the first section below (read_run, read_phase, read_candidate,
 read_traces): the only functions that know the run's file names. A committed run's archive is
-packed into archive.zip (results/); read_run reads it through meta_harness.unpacked_archive. They
+packed into archive.zip (results/); read_run reads it through harness_archive.unpacked_archive. They
 tolerate missing and extra fields: old runs, runs in progress, resumed runs, runs whose traces
 were not kept (the cpu grid's runs were committed without traces.jsonl; the page says so).
 Fields the page does not know are listed as "other fields", so new ones show up.
@@ -49,7 +49,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python tools/x.
 
 # the run's own acceptance test, and a packed archive read (meta_harness needs only the standard library)
 from harness_source import hypothesis
-from meta_harness import sign_test, unpacked_archive
+from harness_archive import unpacked_archive
+from meta_harness import sign_test
 
 HERE = Path(__file__).resolve().parents[1]  # the repository root
 PASS = 0.5  # a rollout "succeeds" when its verifier score is above this (rs_sft.py keeps the same ones)

@@ -133,7 +133,7 @@ def diagnostics(runs):
     reward, kept rollouts and trained (model-written) tokens per step and optimizer steps (from
     metrics.jsonl); phase B's proposed candidates, how many were valid, and accepted (from the
     run's archive, folder or archive.zip)."""
-    import meta_harness as mh
+    import harness_archive
     cells = {}
     for r in runs:
         steps = [m for m in r["metrics"] if m.get("event") == "rollout_step"]
@@ -141,14 +141,15 @@ def diagnostics(runs):
              "opt": sum(m.get("opt_steps", 0) for m in steps),
              "tokens": [m["trained_tokens"] for m in steps if "trained_tokens" in m],
              "proposed": 0, "valid": 0, "accepted": 0}
-        archive = mh.unpacked_archive(r["dir"])
+        archive = harness_archive.unpacked_archive(r["dir"])
         for phase in sorted(os.listdir(archive)) if archive else []:
             d = os.path.join(archive, phase)
-            for cand in mh.load_archive(d):
+            for cand in harness_archive.load_archive(d):
                 if cand["num"] > 0:  # cand_000 is the incoming harness, not a proposal
                     c["proposed"] += 1
                     c["valid"] += cand["scores"] is not None
-            c["accepted"] += sum(bool(line.get("accepted")) for line in mh.read_jsonl(os.path.join(d, "iterations.jsonl")))
+            c["accepted"] += sum(bool(line.get("accepted"))
+                                  for line in harness_archive.read_jsonl(os.path.join(d, "iterations.jsonl")))
         cells.setdefault(r["cell"], []).append(c)
     rows = ["| domain | method | seeds | RSFT steps | train reward (%) | kept / step (min-max) | optimizer steps | "
             "trained tokens / step | candidates proposed | valid | accepted |", "|" + "---|" * 11]
@@ -438,9 +439,9 @@ def into_readme(path: Path, root, body: str):
 def pack(root: Path):
     """Pack the archive of every finished run under root (or root itself) into its archive.zip,
     and drop its curve.png (report.html draws the curve): a run record of a handful of files."""
-    import meta_harness as mh
+    import harness_archive
     for s in sorted([root / "summary.json"] if (root / "summary.json").exists() else root.glob("*/summary.json")):
-        if mh.pack_archive(s.parent):
+        if harness_archive.pack_archive(s.parent):
             print(f"packed {s.parent}/archive.zip")
         (s.parent / "curve.png").unlink(missing_ok=True)
 

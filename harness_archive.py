@@ -1,0 +1,267 @@
+"""
+harness_archive.py: phase B's archive on disk, and the reads every proposer and report shares.
+
+Archive layout (this is everything a proposer may read: harness-split traces only, never the
+reference answers, never the test split):
+  cand_NNN/harness.py    the source as proposed (even if broken)
+           meta.json     iteration, proposer, parent, axis, note, format (file | edit), finish
+                         (why the LLM stopped), reject (a reason the proposer already knew,
+                         e.g. a reply cut at the length limit), and for primitives its
+                         provenance: kind, axes, parents; written at proposal time
+           scores.json   success, mean turns/tokens, n, per-example scores in the FIXED example
+                         order (example_ids), status counts, proposer, parent, axis, note, cost
+           traces.jsonl  every rollout record of the evaluation (token id lists dropped)
+           invalid.txt   why it was rejected (then there is no scores.json)
+           reply.txt     the LLM proposer's raw reply, when there was one
+  summary.jsonl          append-only, one line per finished candidate (with its cost and its
+                         hypothesis: the first line of its module docstring)
+  iterations.jsonl       append-only, one line per finished iteration: both choices, the test
+                         (and its second look on the confirmation block), the incumbent, how
+                         many candidates were valid, the proposer's errors and cost, and
+                         stop_reason on the line that ended the phase
+  frontier.json          Pareto frontier: success vs mean turns, success vs mean context tokens
+  rules.json             what proposers must respect (the axes a prompt-only search may change)
+  proposer_calls.jsonl   the command proposer's record of each agent call (agent_proposer.py)
+Beside it, <archive_dir>.ledger.jsonl: the parent's own record, appended before the archive's
+files are written: every score it measured (the confirmation block's too), every incumbent it
+chose. Selection reads only the ledger; a scores.json or an incumbent in iterations.jsonl that
+differs from it (an edit at any time, also between proposer calls) is refused, put back and
+listed in the iteration's `integrity` field and an archive_integrity event. (The agent never
+gets the ledger: it works in a copy of the archive, jailed away from the run directory; see
+agent_proposer.py and agent_jail.py.)
+
+Here: reading and writing those files (a crash never leaves half a JSON file; a line cut by a
+crash is skipped), the ledger, scores from rollout records, the paper's choice (rank_key:
+success desc, mean turns asc), the Pareto frontier, and a finished run's archive packed as one
+archive.zip (results/ keeps those) and unpacked again. The search itself is meta_harness.py.
+"""
+import json
+import os
+import re
+from collections import Counter
+
+from sandbox import valid_text  # the one text rule (lone surrogates), at every boundary
+
+
+def cand_name(i):
+    return f"cand_{i:03d}"
+
+
+def read_json(path, default=None):
+    try:
+        with open(path) as f:
+            return _valid_strings(json.load(f))
+    except (OSError, ValueError):
+        return default
+
+
+def _valid_strings(obj):
+    """obj as json.loads gave it, with lone surrogates in its strings replaced (valid_text). An
+    archive written before every boundary checked its text may hold "\\ud800" escapes, which
+    json.loads turns back into surrogates; a resumed search must not hand them on to a prompt,
+    a tokenizer or a file."""
+    try:
+        json.dumps(obj, ensure_ascii=False).encode("utf-8")  # the common case: nothing to do
+        return obj
+    except UnicodeEncodeError:
+        return json.loads(valid_text(json.dumps(obj, ensure_ascii=False), replace=True))
+
+
+def write_json(path, obj):
+    tmp = path + ".tmp"  # write then rename: a crash never leaves half a scores.json behind
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=1, default=str)
+    os.replace(tmp, path)
+
+
+def read_text(path, default=None):
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return default
+
+
+def read_jsonl(path):
+    out = []
+    for line in (read_text(path, "") or "").splitlines():
+        try:
+            # (json.dumps writes a surrogate as a backslash-u escape: a line without one holds none)
+            out.append(_valid_strings(json.loads(line)) if "\\u" in line else json.loads(line))
+        except ValueError:
+            pass  # a line cut short by a crash
+    return out
+
+
+def append_jsonl(path, obj):
+    with open(path, "a+") as f:
+        f.seek(0, os.SEEK_END)
+        if f.tell():  # after a crash mid-line, start on a fresh line so the next one parses
+            f.seek(f.tell() - 1)
+            if f.read(1) != "\n":
+                f.write("\n")
+        f.write(json.dumps(obj, default=str) + "\n")
+
+
+def load_archive(archive_dir):
+    """Every candidate directory, in number order: name, num, dir, source, meta, scores
+    (None until evaluated) and invalid (the reason, or None). Traces are read on demand."""
+    out = []
+    names = os.listdir(archive_dir) if os.path.isdir(archive_dir) else []
+    for name in sorted((n for n in names if re.fullmatch(r"cand_\d{3,}", n)), key=lambda n: int(n[5:])):
+        d = os.path.join(archive_dir, name)
+        out.append(dict(name=name, num=int(name[5:]), dir=d,
+                        source=read_text(os.path.join(d, "harness.py"), ""),
+                        meta=read_json(os.path.join(d, "meta.json"), {}),
+                        scores=read_json(os.path.join(d, "scores.json")),
+                        invalid=read_text(os.path.join(d, "invalid.txt"))))
+    return out
+
+
+def read_traces(cand):
+    return read_jsonl(os.path.join(cand["dir"], "traces.jsonl"))
+
+
+# The parent's own record of what it measured, outside the archive (the command proposer's agent
+# gets a copy of the archive, never this file, and its jail cannot reach the run directory).
+# Selection reads scores and the incumbent from here; a scores.json that differs is refused.
+
+def ledger_path_for(archive_dir):
+    return os.path.abspath(archive_dir).rstrip("/") + ".ledger.jsonl"
+
+
+def read_ledger(path):
+    """({cand: scores} as measured, {iteration: incumbent} as chosen) from the ledger file."""
+    scores, incumbents = {}, {}
+    for line in read_jsonl(path):
+        if "scores" in line:
+            scores[line["cand"]] = line["scores"]
+        elif "incumbent" in line:
+            incumbents[line["iteration"]] = line["incumbent"]
+    return scores, incumbents
+
+
+def trusted_archive(archive_dir, ledger_path):
+    """(load_archive with every candidate's scores taken from the ledger, problems): a scores.json
+    that differs from what the search measured (edited, planted, deleted) is put back as measured
+    (or removed, if the search never scored that candidate) and listed in problems."""
+    measured, _ = read_ledger(ledger_path)
+    archive, problems = load_archive(archive_dir), []
+    for c in archive:
+        want, path = measured.get(c["name"]), os.path.join(c["dir"], "scores.json")
+        if c["scores"] == want:
+            continue
+        if want is None:
+            os.remove(path)
+            problems.append(f"{c['name']}/scores.json: this search never scored {c['name']}; refused, removed")
+        else:
+            write_json(path, want)
+            problems.append(f"{c['name']}/scores.json: {'missing' if c['scores'] is None else 'changed'} after "
+                            "the search wrote it; refused, rewritten as measured")
+        c["scores"] = want
+    return archive, problems
+
+
+def rank_key(cand):
+    """The paper's order: success desc, then mean turns asc; ties go to the older candidate."""
+    s = cand["scores"]
+    return (-s["success"], s["mean_turns"], cand["num"])
+
+
+def paper_choice(archive):
+    """The archive's top scorer in the paper's order (rank_key): what the proposers edit (their
+    parent) and what the sign test weighs against the incumbent. None if nothing scored."""
+    scored = [c for c in archive if c["scores"]]
+    return min(scored, key=rank_key) if scored else None
+
+
+def score_records(records, example_ids):
+    """Rollout records -> scores. per_example follows example_ids (the fixed order the paired
+    test needs); an example with several rollouts gets their mean, one with none scores 0."""
+    by_id = {eid: [] for eid in example_ids}
+    for r in records:
+        if str(r.get("example_id")) in by_id:
+            by_id[str(r.get("example_id"))].append(float(r.get("score") or 0.0))
+    per_example = [sum(v) / len(v) if v else 0.0 for v in by_id.values()]
+
+    def mean(xs):
+        return sum(xs) / len(xs) if xs else 0.0
+    return dict(success=mean(per_example),
+                mean_turns=mean([float(r["turns"] if r.get("turns") is not None else len(r.get("calls") or []))
+                                 for r in records]),
+                mean_tokens=mean([float(r.get("tokens") or 0) for r in records]),
+                n=len(example_ids), rollouts=len(records),
+                missing=sum(not v for v in by_id.values()),
+                status_counts=dict(Counter(str(r.get("status")) for r in records)),
+                example_ids=list(example_ids), per_example=per_example)
+
+
+def pareto(points, cost):
+    """Candidates not dominated on (higher success, lower `cost`), by success desc."""
+    front = [p for p in points if not any(
+        q["success"] >= p["success"] and q[cost] <= p[cost] and
+        (q["success"] > p["success"] or q[cost] < p[cost]) for q in points)]
+    return sorted(front, key=lambda p: (-p["success"], p[cost]))
+
+
+def write_frontier(archive_dir):
+    pts = [dict(cand=c["name"], success=c["scores"]["success"], mean_turns=c["scores"]["mean_turns"],
+                mean_tokens=c["scores"]["mean_tokens"]) for c in load_archive(archive_dir) if c["scores"]]
+    write_json(os.path.join(archive_dir, "frontier.json"),
+                dict(success_vs_turns=pareto(pts, "mean_turns"), success_vs_tokens=pareto(pts, "mean_tokens")))
+
+
+def drop_token_ids(obj):
+    # Token id lists are for phase A's training, useless to a proposer, and most of the bytes.
+    if isinstance(obj, dict):
+        return {k: drop_token_ids(v) for k, v in obj.items() if k not in ("prompt_ids", "completion_ids")}
+    if isinstance(obj, list):
+        return [drop_token_ids(v) for v in obj]
+    return obj
+
+
+# -----------------------------------------------------------------------------
+# A finished run's archive, packed: results/ keeps one archive.zip per run instead of the folder
+
+ZIP_TIME = (1980, 1, 1, 0, 0, 0)  # every member gets this time, so packing the same folder gives the same bytes
+
+
+def pack_archive(run_dir):
+    """run_dir/archive/ -> run_dir/archive.zip (names sorted, times fixed, deflated), then the
+    folder is removed. A finished run's record: a run that is still going needs the folder."""
+    import shutil
+    import zipfile
+    folder, target = os.path.join(run_dir, "archive"), os.path.join(run_dir, "archive.zip")
+    if not os.path.isdir(folder):
+        return None
+    tmp = target + ".tmp"
+    with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED, compresslevel=9) as z:
+        for root, dirs, files in os.walk(folder):
+            dirs.sort()
+            for name in sorted(files):
+                path = os.path.join(root, name)
+                info = zipfile.ZipInfo(os.path.relpath(path, folder), ZIP_TIME)
+                info.compress_type, info.external_attr = zipfile.ZIP_DEFLATED, 0o644 << 16
+                with open(path, "rb") as f:
+                    z.writestr(info, f.read())
+    os.replace(tmp, target)
+    shutil.rmtree(folder)
+    return target
+
+
+def unpacked_archive(run_dir):
+    """The folder that holds run_dir's archive: archive/ itself, or a temporary copy unpacked
+    from archive.zip (removed when this process ends); None when the run has neither.
+    (To unpack one by hand: python -m zipfile -e archive.zip archive/)"""
+    import atexit
+    import shutil
+    import tempfile
+    import zipfile
+    folder, packed = os.path.join(run_dir, "archive"), os.path.join(run_dir, "archive.zip")
+    if os.path.isdir(folder) or not os.path.isfile(packed):
+        return folder if os.path.isdir(folder) else None
+    tmp = tempfile.mkdtemp(prefix="whale_archive_")
+    atexit.register(shutil.rmtree, tmp, True)
+    with zipfile.ZipFile(packed) as z:
+        z.extractall(tmp)
+    return tmp
