@@ -19,11 +19,11 @@ new test should keep it so):
   shared fixtures and helpers: the embedded model, tiny whale.py runs and check_run, the
      in-process harness kit (load_harness, scripted_llm, FakeTools), a local OpenAI-compatible
      server (openai_server)
-  1. the sampler (engine.py): greedy == HF generate, a shared prefill, fast == landed sampler,
+  1. the sampler (engine.py, chat_format.py, models.py): greedy == HF generate, a shared prefill, fast == landed sampler,
      chunk caps, seeded batch-independent sampling, the int8 sampler, stop strings, exact rollout records; any
      causal LM: other architectures, chat formats, end-of-turn tokens, GGUF files, bad models
      -k "shared_prefix or test_int8_ or greedy_matches_generate or prefill_it_once or fast_and_landed or token_cap or seeded_sampling_is or stop_strings_cut or two_call or tiny_model or plain_format_prompt or end_of_turn or gguf or bad_model or engines_chat_format"
-  2. the sandbox (sandbox.py): the hostile suite, the Landlock layer, the protocol, timeouts and
+  2. the sandbox (sandbox.py, sandbox_child.py): the hostile suite, the Landlock layer, the protocol, timeouts and
      deadlines, run_python
      -k "hostile or landlock or audit_hook or isolation or llm_batch or tool_calls or llm_arguments or print_is or times_out or stall or time_is_charged or flood or batch_timeout or concurren or late_finisher or run_python or scratch_of"
   3. the domains (searchqa, math, chess): data, verifiers, h0 and its primitives, reproducible builds;
@@ -32,12 +32,12 @@ new test should keep it so):
   4. phase A (rs_sft.py): sequences and labels, SFT raises the log-probability, an all-rejected
      step skips the update, the loader, epochs and the replay buffer, the health figure
      -k "labels_mask or sft_updates or all_rejected or loader or phase_a_"
-  5. phase B (meta_harness.py, proposers.py): source surgery, the archive and resume, acceptance,
+  5. phase B (meta_harness.py, harness_archive.py, primitives.py, proposers.py): source surgery, the archive and resume, acceptance,
      liveness, integrity, the LLM and agent proposers (in-process and end to end through whale.py)
      -k "(splice_replaces or top_level_names or differs_only or search_ or archive or primitives_axis or primitives_menu or prompt_only or resume_after or incumbent or sign_test or paired_acceptance or proposer or reply_cut or agent or edit_blocks or stand_ins) and not (engines_chat_format or vllm_serve or bad_input)"
   6. the switch policy (switch.py)
      -k "test_switch"
-  7. the loop and resume (whale.py, run_dir.py; results.py): tiny runs of every method,
+  7. the loop and resume (whale.py, evaluation.py, run_dir.py; results.py): tiny runs of every method,
      SIGKILL-and-resume, experiment trackers (tracking.py), the methods table, the eval cache key,
      the results tables
      -k "tiny_whale_run or tiny_run_of_each or sigkill or methods_table or eval_key or mean_at_k or results or tracker or test_budget"
@@ -310,7 +310,7 @@ def openai_server(replies=(), then=None):
 
 
 # ==============================================================================================
-# 1. THE SAMPLER (engine.py; rollout.py's llm_batch)
+# 1. THE SAMPLER (engine.py, chat_format.py, models.py; rollout.py's llm_batch)
 # ==============================================================================================
 # Guarantee: the batched PyTorch sampler (engine.HFEngine) gives exactly the tokens HF generate()
 # gives, greedy, before and after an in-place weight update; a prompt head shared by several
@@ -1058,7 +1058,7 @@ def test_self_proposer_uses_the_engines_chat_format(tiny_models, monkeypatch):
 
 
 # ==============================================================================================
-# 2. THE SANDBOX (sandbox.py)
+# 2. THE SANDBOX (sandbox.py, sandbox_child.py)
 # ==============================================================================================
 # Guarantee: harness code runs in a child process that cannot read the data or another checkout,
 # reach the network, start processes, see secrets, or hang or kill the parent: every attack in
@@ -2721,7 +2721,7 @@ def test_loader_never_repeats_within_an_epoch():
 
 
 # ==============================================================================================
-# 5. PHASE B: META-HARNESS SEARCH (meta_harness.py, proposers.py)
+# 5. PHASE B: META-HARNESS SEARCH (meta_harness.py, harness_archive.py, primitives.py, proposers.py)
 # ==============================================================================================
 # Guarantee: source surgery replaces exactly one definition and leaves every other byte as it was;
 # the archive keeps every candidate (valid or not, with the reason) with its scores and traces, and
@@ -4373,7 +4373,7 @@ def test_switch_parse_schedule_error_says_what_is_accepted():
 
 
 # ==============================================================================================
-# 7. THE LOOP AND RESUME (whale.py, run_dir.py; results.py)
+# 7. THE LOOP AND RESUME (whale.py, evaluation.py, run_dir.py; results.py)
 # ==============================================================================================
 # Guarantee: a tiny run of every method writes a valid summary, metrics and a loadable checkpoint;
 # a run killed with SIGKILL anywhere (sampling, the SFT update, a harness evaluation, a checkpoint
