@@ -1668,6 +1668,22 @@ def test_run_python():
     assert our_children() == []
 
 
+
+@pytest.mark.slow
+def test_run_python_child_holds_the_child_code_and_nothing_of_the_parent():
+    """The child runs sandbox_child.py alone: its __main__ module, which a harness can reach through
+    sys.modules, holds the protocol, the lock-down and the hook's inputs, never the parent's
+    spawning code (the plan with libc, the isolation steps, run_rollouts) nor a module of WHALE."""
+    code = ("import sys\nm = sys.modules['__main__']\n"
+            "print(sorted(k for k in vars(m) if not k.startswith('__')))\n"
+            "print(sorted(k for k in sys.modules if k in ('sandbox', 'landlock', 'engine', 'rollout', 'whale')))")
+    out = sandbox.run_python(code, max_output=4000)
+    assert out["error"] is None, out
+    names, whale_modules = (ast.literal_eval(line) for line in out["stdout"].splitlines())
+    assert {"_child_main", "_lock_down", "_make_audit_hook", "frame", "valid_text"} <= set(names)
+    assert not set(names) & {"_plan", "_PLAN", "_preexec", "_mounts", "_Child", "run_rollouts", "run_python"}
+    assert whale_modules == []
+
 # ---- what a killed run leaves behind: its scratch dirs, its records -----------------------------
 
 def scratch_dirs(pid):
