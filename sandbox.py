@@ -16,7 +16,8 @@ The layers, from the inside out (all applied in every mode unless noted):
   scratch (read-write) and the stdlib (read-only, no site-packages); blocks sockets, ctypes,
   fork/exec/spawn/kill, sub-interpreters, sqlite extensions, symlinks, chmod, gc
   introspection, sys.settrace. Its inputs are immutable default arguments (see
-  _make_audit_hook), so nothing a harness can reach reprograms it; it can still be fooled.
+  sandbox_child._make_audit_hook), so nothing a harness can reach reprograms it; it can still
+  be fooled.
 - Landlock (kernel, unprivileged, Linux >= 5.13, landlock.py; applied in the forked child
   before exec, after the mounts, before the uid drop, inherited by everything it execs): the
   child may READ only the interpreter, its loader and system libraries, libpython and the
