@@ -40,16 +40,15 @@ import signal
 import subprocess
 import sys
 
+import isolation
 import landlock
-import sandbox
+from sandbox_child import under
 
 GRACE_S = 5.0        # after the kill: how long the last read of the agent's output may take
 TCP_PORTS = (443,)   # the only TCP ports the agent may connect to (HTTPS to its API)
 KEEP_ENV = ("PATH", "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "TERM", "TZ", "USER", "LOGNAME", "SHELL")
 SYSTEM_READ = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/etc", "/opt", "/sys", "/proc")
 DEVICES = ("/dev/null", "/dev/zero", "/dev/random", "/dev/urandom", "/dev/tty", "/dev/ptmx", "/dev/pts")
-CLONE_NEWPID = 0x20000000
-_WARNED = set()
 
 
 def agent_env(home, names=()):
@@ -88,7 +87,7 @@ def _interpreter(path):
 def _grant_around(path, rights, private):
     """[(path, rights)] granting `path` except anything in `private` beneath it."""
     path = os.path.realpath(path)
-    inside = [p for p in private if sandbox.under(p, path)]
+    inside = [p for p in private if under(p, path)]
     if not inside:
         return [(path, rights)]
     if path in inside or not os.path.isdir(path):
@@ -116,28 +115,23 @@ def jail_rules(command, env, private):
     return rules + [(d, rw | landlock.FS_READ_DIR) for d in DEVICES if os.path.exists(d)]
 
 
-def _warn(msg):
-    if msg not in _WARNED:
-        _WARNED.add(msg)
-        print(f"agent_jail: WARNING: {msg}", file=sys.stderr, flush=True)
-
-
 def run_agent(command, cwd, home, prompt, timeout, env_names=(), private=()):
     """Run `command` (a shell line) in `cwd` with the prompt on stdin, confined as the module
     docstring says; never longer than timeout + GRACE_S. Returns dict(out, err, rc, timed_out,
     notes, landlock, pid_ns); notes = what went wrong around the agent (output abandoned);
     landlock = the ABI the jail used (0: none), pid_ns = whether it had a PID namespace."""
-    plan = sandbox._plan()
+    plan = isolation.plan()
     env = agent_env(home, env_names)
-    landlock = plan["landlock_abi"] if not os.environ.get("WHALE_SANDBOX_NO_LANDLOCK") else 0
+    landlock = isolation.landlock_abi(plan)
     if not landlock:
-        _warn(f"{plan['landlock_off'] or 'WHALE_SANDBOX_NO_LANDLOCK is set'}: the proposer's agent runs "
-              "without its Landlock jail (it can read and write what its user can)")
+        isolation.warn_once("agent_jail", f"{plan['landlock_off'] or 'WHALE_SANDBOX_NO_LANDLOCK is set'}: the "
+                            "proposer's agent runs without its Landlock jail (it can read and write what its user can)")
     elif landlock < 4:
-        _warn(f"Landlock ABI {landlock} < 4: the proposer's agent may connect to any TCP port")
+        isolation.warn_once("agent_jail", f"Landlock ABI {landlock} < 4: the proposer's agent may connect to any "
+                            "TCP port")
     if not plan["root"]:
-        _warn("not root: no PID namespace for the proposer's agent; a daemon it starts outside its "
-              "process group may outlive the call")
+        isolation.warn_once("agent_jail", "not root: no PID namespace for the proposer's agent; a daemon it starts "
+                            "outside its process group may outlive the call")
     spec = dict(command=command, pid_ns=plan["root"], landlock=landlock, ports=list(TCP_PORTS),
                 rules=jail_rules(command, env, private) if landlock else [],
                 writable=[os.path.realpath(cwd), os.path.realpath(home)])
@@ -145,7 +139,7 @@ def run_agent(command, cwd, home, prompt, timeout, env_names=(), private=()):
     notes, timed_out = [], False
     proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, errors="replace", start_new_session=True,
-                            preexec_fn=lambda: plan["libc"].prctl(sandbox.PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0))
+                            preexec_fn=lambda: plan["libc"].prctl(isolation.PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0))
     try:
         out, err = proc.communicate(prompt, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -170,18 +164,19 @@ def run_agent(command, cwd, home, prompt, timeout, env_names=(), private=()):
 # The launcher (this file run as a script, outside the jail): build the cell, run the agent, wait.
 
 def _launch(spec):
-    p = sandbox._plan()
+    p = isolation.plan()
     libc = p["libc"]
-    pid_ns = spec["pid_ns"] and libc.unshare(CLONE_NEWPID | sandbox.CLONE_NEWNS) == 0
+    pid_ns = spec["pid_ns"] and libc.unshare(isolation.CLONE_NEWPID | isolation.CLONE_NEWNS) == 0
     if spec["pid_ns"] and not pid_ns:
         print(f"agent_jail: WARNING: no PID namespace ({os.strerror(p['get_errno']())})", file=sys.stderr, flush=True)
     pid = os.fork()
     if pid == 0:  # PID 1 of the new namespace (or a plain child without one)
         try:
-            libc.prctl(sandbox.PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # the launcher killed: PID 1 dies
+            libc.prctl(isolation.PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # the launcher killed: PID 1 dies
             if pid_ns:  # a /proc of this namespace only, in a mount namespace of its own
-                if libc.mount(None, b"/", None, sandbox.MS_REC | sandbox.MS_PRIVATE, None) or \
-                        libc.mount(b"proc", b"/proc", b"proc", sandbox.MS_NOSUID | sandbox.MS_NODEV | 8, None):  # 8: NOEXEC
+                proc_flags = isolation.MS_NOSUID | isolation.MS_NODEV | isolation.MS_NOEXEC
+                if libc.mount(None, b"/", None, isolation.MS_REC | isolation.MS_PRIVATE, None) or \
+                        libc.mount(b"proc", b"/proc", b"proc", proc_flags, None):
                     print(f"agent_jail: WARNING: no /proc of its own ({os.strerror(p['get_errno']())}): the host's "
                           "processes are visible to the agent", file=sys.stderr, flush=True)
             if spec["landlock"]:

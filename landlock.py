@@ -13,7 +13,7 @@ and the stdlib, READ+WRITE its scratch dir, no TCP at all) and agent_jail.py's c
 TCP connect to port 443).
 
 restrict() runs in a forked child before exec: it touches no file but the ones it grants and
-imports nothing, so the caller loads ctypes and this module first (sandbox._plan builds libc).
+imports nothing, so the caller loads ctypes and this module first (isolation.plan builds libc).
 
 What it leaves out: Landlock (ABI <= 7) does not cover file metadata (stat, access, readlink:
 any path's existence and size stay visible), chdir, UDP or raw sockets, or connecting to a

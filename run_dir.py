@@ -200,8 +200,8 @@ def plot_curve(run: Path, evals: list[dict], title: str):
 
 
 # the code that decides a score: the harness runner, the sampler (and the domain file itself)
-SCORING_CODE = ("sandbox.py", "sandbox_child.py", "landlock.py", "rollout.py", "engine.py", "chat_format.py",
-                "models.py", "shared_prefix.py", "int8.py", "vllm_engine.py", "domains/__init__.py")
+SCORING_CODE = ("sandbox.py", "sandbox_child.py", "isolation.py", "landlock.py", "rollout.py", "engine.py",
+                "chat_format.py", "models.py", "shared_prefix.py", "int8.py", "vllm_engine.py", "domains/__init__.py")
 
 
 def eval_key(args: dict, domain, harness: str, examples, n: int, split: str) -> str:

@@ -99,19 +99,19 @@ Deliberately left out: seccomp filters, cgroups, a pid namespace, per-rollout pr
 
 The child runs sandbox_child.py (the protocol, the lock-down, the audit hook, the rollout
 threads), read from an inherited descriptor (_BOOT), as __main__ with --child; this file is the
-parent: it plans the isolation, spawns the child, pumps its messages and answers its calls.
+parent: it spawns the child (the lock-down before exec is isolation.py's), pumps its messages and answers its calls.
 """
 import json
 import os
 import resource
 import signal
-import stat
-import sys
 import time
+
+import isolation
 
 # the protocol and its caps, shared with the child (valid_text: the text rule every module uses)
 from sandbox_child import (ANSWER_CHARS, ERROR_CHARS, MAX_DEPTH, MAX_MSG, STACK_MB, STDOUT_CHARS, frame, last_line,
-                           too_deep, under, valid_text)
+                           too_deep, valid_text)
 
 MAX_PROMPT_CHARS = 262_144   # all message contents of one llm() call
 MAX_MESSAGES = 256           # messages in one llm() call (each adds chat-template tokens of its own)
@@ -121,10 +121,8 @@ FLUSH_S = 0.05               # pending llm() calls go out once no new one came f
 MAX_GATHER_S = 0.5           # ... or the oldest has waited this long (a rollout busy with tools)
 STARTUP_S = 30.0             # for the interpreter to start and say hello
 OVERHEAD_MB = 128            # address space of the interpreter itself, on top of mem_mb
-SCRATCH_MB = 64              # tmpfs scratch size (when mount namespaces are available)
 FSIZE_MB = 16                # largest file the child may write
 NOFILE = 64
-NOBODY = 65534
 ROLES = ("system", "user", "assistant")
 SCRATCH_PREFIX = "whale_sbx_"  # + <pid of the parent>-<random>, in the temp dir (see clean_dead_scratch)
 
@@ -140,117 +138,6 @@ class _Bad(Exception):
     """The child broke the protocol (bad length, bad JSON, unknown rollout ...)."""
 
 
-_PLAN = {}  # what isolation this machine allows, filled on first spawn
-
-
-def _unsearchable_ancestor(path):
-    """First directory on the way to path that 'nobody' cannot enter (e.g. /root, mode 700)."""
-    parts = path.split("/")
-    for k in range(2, len(parts)):
-        d = "/".join(parts[:k])
-        try:
-            if not os.stat(d).st_mode & stat.S_IXOTH:
-                return d
-        except OSError:
-            return d
-    return None
-
-
-def _plan():
-    if not _PLAN:
-        import ctypes  # parent only
-        import landlock  # parent only (the child cannot read the repository)
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong,
-                               ctypes.c_char_p]
-        libc.syscall.restype = ctypes.c_long
-        exe = os.path.realpath(sys.executable)
-        stdlib = os.path.realpath(os.path.dirname(os.__file__))
-        abi, why = landlock.version(libc, ctypes.get_errno)
-        _PLAN.update(
-            libc=libc, get_errno=ctypes.get_errno, exe=exe,
-            base=os.path.commonpath([exe, stdlib]),  # holds the interpreter, libpython, stdlib
-            hidden=_unsearchable_ancestor(exe) or _unsearchable_ancestor(stdlib),
-            root=os.geteuid() == 0,
-            namespaces=os.geteuid() == 0,  # set to False if mounting fails once
-            repo=os.path.dirname(os.path.realpath(__file__)),
-            landlock_abi=abi, landlock_off=why, landlock_rules=landlock.interpreter_rules(exe, stdlib))
-    return _PLAN
-
-
-# Linux constants (not exposed by the stdlib)
-CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWNET = 0x00020000, 0x10000000, 0x40000000
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 32, 4096, 16384, 1 << 18
-PR_SET_PDEATHSIG = 1
-_SYSTEM_DIRS = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/etc", "/proc", "/dev", "/sys",
-                "/tmp", "/var", "/run")
-_WARNED = set()
-
-
-def _warn_once(msg):
-    """One line on stderr, once per process: a weaker sandbox is never silent, nor noisy."""
-    if not _WARNED:
-        _WARNED.add(msg)
-        print(f"sandbox: WARNING: {msg}", file=sys.stderr, flush=True)
-
-
-def _mounts(p):
-    """In a fresh mount namespace (as root, before exec): cover secret directories with empty
-    tmpfs, re-bind the interpreter read-only if it was under one, give scratch its own tmpfs."""
-    libc = p["libc"]
-
-    def mount(src, dst, fstype, flags, data=None):
-        if libc.mount(src, dst.encode() if isinstance(dst, str) else dst, fstype, flags, data) != 0:
-            e = p["get_errno"]()
-            raise OSError(e, f"mount {dst}: {os.strerror(e)}")
-
-    mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing we mount leaks back to the host
-    rebind = any(under(p["base"], d) for d in p["covers"])
-    fd = os.open(p["base"], os.O_PATH) if rebind else None
-    for d in p["covers"]:
-        mount(b"tmpfs", d, b"tmpfs", MS_NOSUID | MS_NODEV, b"size=1m,nr_inodes=256,mode=755")
-    if fd is not None:
-        os.makedirs(p["base"], exist_ok=True)
-        mount(f"/proc/self/fd/{fd}".encode(), p["base"], None, MS_BIND | MS_REC)
-        mount(None, p["base"], None, MS_REMOUNT | MS_BIND | MS_RDONLY)
-        os.close(fd)
-    os.makedirs(p["scratch"], exist_ok=True)
-    mount(b"tmpfs", p["scratch"], b"tmpfs", MS_NOSUID | MS_NODEV,
-          f"size={SCRATCH_MB}m,nr_inodes=4096,mode=700,uid={NOBODY},gid={NOBODY}".encode())
-    os.chdir(p["scratch"])  # Popen chdir'ed before the mount, into the directory now covered
-
-
-def _preexec(p):
-    """Runs in the forked child just before exec, so still our own trusted code."""
-    libc = p["libc"]
-    os.umask(0o022)
-    namespaces = False
-    if p["root"] and p["namespaces"]:
-        namespaces = libc.unshare(CLONE_NEWNS | CLONE_NEWNET) == 0
-        if namespaces:
-            _mounts(p)  # an error here fails the spawn; the parent retries without namespaces
-    elif not p["root"]:
-        libc.unshare(CLONE_NEWUSER | CLONE_NEWNET)  # best effort: no network; EPERM is fine
-    # The kernel's file view, in every mode: after the mounts (it forbids new ones), before the
-    # uid drop (opening the allowed paths may need root, e.g. under /root). It survives exec.
-    if p["landlock_abi"]:
-        import landlock  # (loaded by _plan in the parent: no file access here)
-        landlock.restrict(p["libc"], p["get_errno"], p["landlock_abi"], p["landlock_rules"], [p["scratch"]])
-    # Root ignores RLIMIT_NPROC and file permissions: become nobody. Without namespaces that
-    # only works when nobody can reach the interpreter; otherwise we stay root (Landlock, the
-    # hook and the rlimits but RLIMIT_NPROC still hold).
-    if p["root"] and (namespaces or not p["hidden"]):
-        os.setgroups([])
-        os.setgid(NOBODY)
-        os.setuid(NOBODY)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # after setuid, which clears it
-    if os.getppid() != p["ppid"]:  # the parent died before prctl
-        os._exit(1)
-    # Limits last: this forked copy of the parent may already be over RLIMIT_AS (exec resets it).
-    for res, lim in p["limits"]:
-        resource.setrlimit(res, (lim, lim))
-
-
 # The child's first code: read sandbox_child.py from the inherited descriptor and run it as __main__.
 _BOOT = "import os, sys; exec(compile(os.fdopen(int(sys.argv[4]), 'rb').read(), 'sandbox_child.py', 'exec'))"
 
@@ -261,34 +148,30 @@ class _Child:
     def __init__(self, init, *, mem_mb, cpu_s):
         import subprocess, tempfile  # parent only
         first = frame(init)  # before spawning: a task that is not JSON fails here, leaving nothing behind
-        plan = _plan()
+        plan = isolation.plan()
         # The owner's pid in the name: a parent killed with SIGKILL cannot remove its scratch, and
         # clean_dead_scratch() removes it on the next start once that pid is gone.
         self.scratch = os.path.realpath(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-"))
-        covers = {d for d in (plan["repo"], os.path.realpath(os.getcwd()), plan["hidden"])
-                  if d and d != "/" and not any(under(s, d) for s in _SYSTEM_DIRS)
-                  and not under(self.scratch, d)}
-        covers = sorted(d for d in covers if not any(c != d and under(d, c) for c in covers))
+        covers = isolation.covers(plan, self.scratch)
         limits = [(resource.RLIMIT_CPU, max(1, int(cpu_s))),
                   (resource.RLIMIT_FSIZE, FSIZE_MB << 20),
                   (resource.RLIMIT_NOFILE, NOFILE),
                   (resource.RLIMIT_CORE, 0),
                   (resource.RLIMIT_AS, int(mem_mb + OVERHEAD_MB) << 20)]
         if plan["root"]:
-            os.chown(self.scratch, NOBODY, NOBODY)  # used when there is no tmpfs scratch
+            os.chown(self.scratch, isolation.NOBODY, isolation.NOBODY)  # used when there is no tmpfs scratch
         c2p_r, c2p_w = os.pipe()
         p2c_r, p2c_w = os.pipe()
         # The child's code goes in as an open file: Landlock (and the tmpfs over the repo) keep
         # it from opening sandbox.py by any path, /proc/self/fd/N included.
         script = os.open(os.path.join(os.path.dirname(os.path.realpath(__file__)), "sandbox_child.py"), os.O_RDONLY)
-        landlock_abi = plan["landlock_abi"]
+        landlock_abi = isolation.landlock_abi(plan)
         if os.environ.get("WHALE_SANDBOX_NO_LANDLOCK"):  # for tests that show what Landlock stops
-            landlock_abi = 0
-            _warn_once("WHALE_SANDBOX_NO_LANDLOCK is set: the kernel file layer (Landlock) is off; "
-                       "files outside scratch are protected only by the audit hook and file permissions")
+            isolation.warn_once("sandbox", "WHALE_SANDBOX_NO_LANDLOCK is set: the kernel file layer (Landlock) is "
+                                "off; files outside scratch are protected only by the audit hook and file permissions")
         elif not landlock_abi:
-            _warn_once(f"{plan['landlock_off']}: the kernel file layer is off; files outside scratch "
-                       "are protected only by the audit hook and file permissions")
+            isolation.warn_once("sandbox", f"{plan['landlock_off']}: the kernel file layer is off; files outside "
+                                "scratch are protected only by the audit hook and file permissions")
         env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONHASHSEED": "0",
                "MALLOC_ARENA_MAX": "2", "HOME": self.scratch, "TMPDIR": self.scratch}
         # -s -S: no site-packages; -B: no .pyc writes; -P: no script dir on sys.path.
@@ -304,7 +187,7 @@ class _Child:
                     self.proc = subprocess.Popen(
                         argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr,
                         cwd=self.scratch, env=env, pass_fds=(p2c_r, c2p_w, script),
-                        start_new_session=True, preexec_fn=lambda: _preexec(p))
+                        start_new_session=True, preexec_fn=lambda: isolation.preexec(p))
                     break
                 except (OSError, subprocess.SubprocessError):
                     if attempt or not plan["namespaces"]:

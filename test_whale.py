@@ -23,7 +23,7 @@ new test should keep it so):
      chunk caps, seeded batch-independent sampling, the int8 sampler, stop strings, exact rollout records; any
      causal LM: other architectures, chat formats, end-of-turn tokens, GGUF files, bad models
      -k "shared_prefix or test_int8_ or greedy_matches_generate or prefill_it_once or fast_and_landed or token_cap or seeded_sampling_is or stop_strings_cut or two_call or tiny_model or plain_format_prompt or end_of_turn or gguf or bad_model or engines_chat_format"
-  2. the sandbox (sandbox.py, sandbox_child.py): the hostile suite, the Landlock layer, the protocol, timeouts and
+  2. the sandbox (sandbox.py, sandbox_child.py, isolation.py): the hostile suite, the Landlock layer, the protocol, timeouts and
      deadlines, run_python
      -k "hostile or landlock or audit_hook or isolation or llm_batch or tool_calls or llm_arguments or print_is or times_out or stall or time_is_charged or flood or batch_timeout or concurren or late_finisher or run_python or scratch_of"
   3. the domains (searchqa, math, chess): data, verifiers, h0 and its primitives, reproducible builds;
@@ -91,6 +91,7 @@ import agent_proposer
 import chat_format
 import engine
 import int8
+import isolation
 import models
 import harness_archive
 import harness_source as hsrc
@@ -1058,7 +1059,7 @@ def test_self_proposer_uses_the_engines_chat_format(tiny_models, monkeypatch):
 
 
 # ==============================================================================================
-# 2. THE SANDBOX (sandbox.py, sandbox_child.py)
+# 2. THE SANDBOX (sandbox.py, sandbox_child.py, isolation.py)
 # ==============================================================================================
 # Guarantee: harness code runs in a child process that cannot read the data or another checkout,
 # reach the network, start processes, see secrets, or hang or kill the parent: every attack in
@@ -1219,8 +1220,8 @@ def test_hostile_harness(path, monkeypatch, hostile_files, request):
     monkeypatch.delenv("WHALE_SANDBOX_NO_LANDLOCK", raising=False)
     PWNED.unlink(missing_ok=True)
     exp = expectation(path)
-    if exp.get("needs") == "landlock" and not sandbox._plan()["landlock_abi"]:
-        pytest.skip(f"no Landlock here ({sandbox._plan()['landlock_off']})")
+    if exp.get("needs") == "landlock" and not isolation.plan()["landlock_abi"]:
+        pytest.skip(f"no Landlock here ({isolation.plan()['landlock_off']})")
     log, times = [], []
     real = exp.get("engine") == "real"  # attacks on the model itself go to the real engine
     if real:
@@ -1259,7 +1260,7 @@ def test_without_landlock_the_attack_gets_through(path, monkeypatch, hostile_fil
     monkeypatch.setenv("WHALE_SANDBOX_NO_LANDLOCK", "1")
     PWNED.unlink(missing_ok=True)
     exp = expectation(path, "EXPECT_WITHOUT_LANDLOCK")
-    if sandbox._plan()["hidden"] and not sandbox._plan()["namespaces"]:
+    if isolation.plan()["hidden"] and not isolation.plan()["namespaces"]:
         pytest.skip("the child stays root here: nothing to compare with")
     try:
         check_outcome(run_sandboxed(path.read_text(), n=2, task=hostile_files,
@@ -1278,8 +1279,8 @@ def _python_nobody_can_run():
             continue
         stdlib = subprocess.run([exe, "-S", "-c", "import os; print(os.path.dirname(os.__file__))"],
                                 capture_output=True, text=True).stdout.strip()
-        if stdlib and not sandbox._unsearchable_ancestor(os.path.realpath(exe)) \
-                and not sandbox._unsearchable_ancestor(stdlib):
+        if stdlib and not isolation.unsearchable_ancestor(os.path.realpath(exe)) \
+                and not isolation.unsearchable_ancestor(stdlib):
             return exe
     return None
 
@@ -1292,7 +1293,7 @@ def _run_as_nobody(harness, task, env=()):
     code = tempfile.mkdtemp(prefix="whale_nonroot_", dir="/tmp")
     try:
         os.chmod(code, 0o755)
-        for name, text in (*((f, (ROOT / f).read_text()) for f in ("sandbox.py", "sandbox_child.py", "landlock.py")),
+        for name, text in (*((f, (ROOT / f).read_text()) for f in ("sandbox.py", "sandbox_child.py", "isolation.py", "landlock.py")),
                            ("harness.py", harness)):
             Path(code, name).write_text(text)
             os.chmod(Path(code, name), 0o644)
@@ -1307,8 +1308,8 @@ def _run_as_nobody(harness, task, env=()):
 
         def drop():
             os.setgroups([])
-            os.setgid(sandbox.NOBODY)
-            os.setuid(sandbox.NOBODY)
+            os.setgid(isolation.NOBODY)
+            os.setuid(isolation.NOBODY)
         r = subprocess.run([exe, "-c", script], cwd=code, preexec_fn=drop, capture_output=True, text=True,
                            timeout=120, env={"PATH": "/usr/bin:/bin", "HOME": code, **dict(env)})
         assert r.returncode == 0, r.stderr
@@ -1319,11 +1320,11 @@ def _run_as_nobody(harness, task, env=()):
 
 @pytest.mark.slow
 def test_landlock_binds_when_the_parent_is_not_root(hostile_files):
-    if not sandbox._plan()["landlock_abi"]:
+    if not isolation.plan()["landlock_abi"]:
         pytest.skip("no Landlock here")
     path = ROOT / "hostile" / "read_data_copy.py"
     out, _ = _run_as_nobody(path.read_text(), hostile_files)
-    assert out["uid"] == sandbox.NOBODY
+    assert out["uid"] == isolation.NOBODY
     check_outcome(out["recs"], expectation(path))  # the kernel refused
     out, err = _run_as_nobody(path.read_text(), hostile_files, env={"WHALE_SANDBOX_NO_LANDLOCK": "1"})
     check_outcome(out["recs"], expectation(path, "EXPECT_WITHOUT_LANDLOCK"))  # nobody may read it otherwise
@@ -1334,9 +1335,9 @@ def test_landlock_binds_when_the_parent_is_not_root(hostile_files):
 def test_landlock_binds_when_the_child_stays_root(monkeypatch, hostile_files):
     """Root without a mount namespace (a container without CAP_SYS_ADMIN): if nobody cannot reach
     the interpreter the child stays root, and Landlock is the file layer that still holds."""
-    if os.geteuid() != 0 or not sandbox._plan()["landlock_abi"]:
+    if os.geteuid() != 0 or not isolation.plan()["landlock_abi"]:
         pytest.skip("needs root and Landlock")
-    monkeypatch.setitem(sandbox._plan(), "namespaces", False)
+    monkeypatch.setitem(isolation.plan(), "namespaces", False)
     who = run_sandboxed("import os\ndef run(task, llm, tools):\n    return str(os.getuid())\n", n=1)[0]["answer"]
     for name in ("read_data_copy", "read_proc_bypass", "sqlite_attach"):
         path = ROOT / "hostile" / f"{name}.py"
@@ -1353,7 +1354,7 @@ def test_landlock_binds_when_the_child_stays_root(monkeypatch, hostile_files):
 
 @pytest.mark.slow
 def test_landlock_off_is_said_once(monkeypatch, capfd):
-    monkeypatch.setattr(sandbox, "_WARNED", set())
+    monkeypatch.setattr(isolation, "_WARNED", set())
     monkeypatch.setenv("WHALE_SANDBOX_NO_LANDLOCK", "1")
     for _ in range(2):
         assert sandbox.run_python("print(1)") == {"stdout": "1\n", "error": None}
@@ -1414,11 +1415,11 @@ def run(task, llm, tools):
 '''
     rec = run_sandboxed(src, n=1)[0]
     uid, gid, nproc, repo = rec["answer"].split("|")
-    if not sandbox._PLAN["namespaces"] and sandbox._PLAN["hidden"]:
+    if not isolation.PLAN["namespaces"] and isolation.PLAN["hidden"]:
         pytest.skip("no mount namespace here and nobody cannot reach the interpreter: child stays root")
     assert (uid, gid) == ("65534", "65534")  # not root, so RLIMIT_NPROC binds in the kernel
     assert nproc == "(0, 0)"
-    if sandbox._PLAN.get("namespaces"):
+    if isolation.PLAN.get("namespaces"):
         assert repo == "FileNotFoundError"  # the repo is covered by an empty tmpfs in the child
 
 
@@ -1676,12 +1677,12 @@ def test_run_python_child_holds_the_child_code_and_nothing_of_the_parent():
     spawning code (the plan with libc, the isolation steps, run_rollouts) nor a module of WHALE."""
     code = ("import sys\nm = sys.modules['__main__']\n"
             "print(sorted(k for k in vars(m) if not k.startswith('__')))\n"
-            "print(sorted(k for k in sys.modules if k in ('sandbox', 'landlock', 'engine', 'rollout', 'whale')))")
+            "print(sorted(k for k in sys.modules if k in ('sandbox', 'isolation', 'landlock', 'engine', 'rollout', 'whale')))")
     out = sandbox.run_python(code, max_output=4000)
     assert out["error"] is None, out
     names, whale_modules = (ast.literal_eval(line) for line in out["stdout"].splitlines())
     assert {"_child_main", "_lock_down", "_make_audit_hook", "frame", "valid_text"} <= set(names)
-    assert not set(names) & {"_plan", "_PLAN", "_preexec", "_mounts", "_Child", "run_rollouts", "run_python"}
+    assert not set(names) & {"plan", "PLAN", "preexec", "mounts", "_Child", "run_rollouts", "run_python"}
     assert whale_modules == []
 
 # ---- what a killed run leaves behind: its scratch dirs, its records -----------------------------
@@ -3337,7 +3338,7 @@ AGENT_ATTACKS = {
 def test_command_agent_cannot_edit_the_archive_into_a_win(tmp_path, attack, jail, monkeypatch):
     """Jailed (agent_jail.py), the kernel refuses every write outside its copy and links; without
     Landlock (WHALE_SANDBOX_NO_LANDLOCK=1) the layers behind it undo, ignore and report them."""
-    jailed = jail == "landlock" and sandbox._plan()["landlock_abi"] > 0
+    jailed = jail == "landlock" and isolation.plan()["landlock_abi"] > 0
     if jail != "landlock":
         monkeypatch.setenv("WHALE_SANDBOX_NO_LANDLOCK", "1")
     d = tmp_path / "arch"
@@ -3402,7 +3403,7 @@ def test_command_agent_ends_by_its_deadline_with_everything_it_started(tmp_path,
     deadline, the call ends by the deadline and no process it started is left (a PID namespace,
     killed as a whole); a left-behind forger therefore never gets to edit the archive between
     calls. Without Landlock, so the namespace alone is what stops the forger."""
-    if not sandbox._plan()["root"]:
+    if not isolation.plan()["root"]:
         pytest.skip("the PID namespace needs root")
     monkeypatch.setenv("WHALE_SANDBOX_NO_LANDLOCK", "1")
     d = tmp_path / "arch"
@@ -3542,8 +3543,8 @@ def test_command_agent_is_jailed_by_the_kernel(tmp_path, monkeypatch):
     failure files), writes only that copy and its HOME; the repository's data/, WHALE_DATA, the
     run directory, the home directory and /tmp are unreadable or unwritable, a local service is
     unreachable, and it sees only the environment variables the user named."""
-    if not sandbox._plan()["landlock_abi"]:
-        pytest.skip(f"no Landlock here: {sandbox._plan()['landlock_off']}")
+    if not isolation.plan()["landlock_abi"]:
+        pytest.skip(f"no Landlock here: {isolation.plan()['landlock_off']}")
     data = tmp_path / "whale_data"
     data.mkdir()
     (data / "answers.jsonl").write_text('{"answer": "secret"}\n')
@@ -4110,7 +4111,7 @@ def test_harness_only_run_with_claude_like_agent(tmp_path, tiny_harness):
     assert its[1]["archive_best"] == max(c["scores"]["success"] for c in arch.values())
     errors = " | ".join(its[1]["proposer_errors"])
     assert "outside new/" in errors and "cand_000/scores.json" in errors
-    assert ("a symbolic link" in errors) != (sandbox._plan()["landlock_abi"] > 0)  # jailed: no link was made at all
+    assert ("a symbolic link" in errors) != (isolation.plan()["landlock_abi"] > 0)  # jailed: no link was made at all
     assert len(its) == 5 and its[-1]["stop_reason"] == "3 iterations in a row without a valid candidate"
     assert s["proposer_calls"] == 4 and abs(s["proposer_cost_usd"] - 0.0153) < 1e-9
     assert (s["proposer_prompt_tokens"], s["proposer_completion_tokens"]) == (4 * 1500, 4 * 200)
