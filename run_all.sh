@@ -91,7 +91,9 @@ for domain in $domains; do
     done
   done
 done
-readme=README.md  # the front page keeps the newest grid's summary; the others' live in results/README.md
-case "$preset" in cpu|cpu-long-search|cpu-long-look|cpu-claim) readme=results/README.md ;; esac
-python tools/results.py "results/runs/$preset" --out "results/runs/$preset" --readme "$readme" "${grid[@]}"
+# the summary block of a README: the claim grid's on the front page, the other CPU grids' in results/README.md;
+# paper: its RESULTS.md only (no README holds a block for it until its numbers exist)
+readme=(--readme results/README.md)
+case "$preset" in cpu-claim) readme=(--readme README.md) ;; paper) readme=() ;; esac
+python tools/results.py "results/runs/$preset" --out "results/runs/$preset" "${readme[@]}" "${grid[@]}"
 python tools/report.py "results/runs/$preset"  # index.html, and any report that is missing or stale

@@ -5336,6 +5336,11 @@ def test_every_run_all_preset_is_a_valid_whale_command(tmp_path, preset, n_cells
     assert len(cells) == n_cells and all("--out" in c for c in cells), [c[c.index("--out") + 1] for c in cells]
     for argv in cells:
         run_setup.check_args(run_setup.parse_args(whale.Args, argv))
+    # the grid's summary goes into a README that holds its block (results.py refuses one that does not)
+    summary = [a[1:-1] for a in argvs if a[0] == "tools/results.py" and "--pack" not in a]
+    assert len(summary) == 1 and "--readme" in summary[0], summary
+    readme = (ROOT / summary[0][summary[0].index("--readme") + 1]).read_text()
+    assert all(readme.count(m) == 1 for m in results.markers(f"results/runs/{preset}"))
 
 
 COMMITTED_GRIDS = sorted([*(ROOT / "results" / "runs").iterdir(), ROOT / "results" / "preset" / "runs"])
