@@ -96,8 +96,8 @@ def landlock_abi(p):
 def covers(p, scratch):
     """The directories the harness child must not see, to cover with empty tmpfs (as root with
     namespaces): the repository (its data/ holds the test split), the parent's cwd, a parent of
-    the interpreter that nobody cannot enter; never a system directory or one holding scratch,
-    and no directory inside another one in the list."""
+    the interpreter that nobody cannot enter; never a system directory, nor one that holds a
+    system directory or scratch, and no directory inside another one in the list."""
     found = {d for d in (p["repo"], os.path.realpath(os.getcwd()), p["hidden"])
              if d and d != "/" and not any(under(s, d) for s in SYSTEM_DIRS) and not under(scratch, d)}
     return sorted(d for d in found if not any(c != d and under(d, c) for c in found))

@@ -1362,6 +1362,23 @@ def test_landlock_off_is_said_once(monkeypatch, capfd):
     assert err.count("sandbox: WARNING") == 1 and "kernel file layer (Landlock) is off" in err
 
 
+def test_the_tmpfs_covers_hide_the_repository_and_cwd_but_no_system_dir_nor_scratch(tmp_path, monkeypatch):
+    """isolation.covers: what an empty tmpfs goes over in the harness child's mount namespace. The
+    repository and the parent's cwd are covered, once each (a directory inside another covered one
+    is not mounted twice); never a system directory or one that holds one (the child needs /usr,
+    /tmp ...), nor a directory that holds scratch (the mount would hide scratch itself)."""
+    repo, cwd = tmp_path / "repo", tmp_path / "repo" / "runs"
+    cwd.mkdir(parents=True)
+    monkeypatch.chdir(cwd)
+    p = dict(repo=str(repo), hidden=None)
+    assert isolation.covers(p, "/tmp/whale_sbx_1-x") == [str(repo)]  # cwd lies inside repo
+    monkeypatch.chdir("/usr")
+    assert isolation.covers(dict(p, hidden="/root"), "/tmp/whale_sbx_1-x") == sorted([str(repo), "/root"])
+    assert isolation.covers(dict(p, repo="/usr"), "/tmp/whale_sbx_1-x") == []
+    assert isolation.covers(p, str(repo / "scratch")) == []  # scratch inside the repo: not covered
+    assert isolation.covers(dict(p, repo="/"), "/tmp/whale_sbx_1-x") == []
+
+
 def test_the_audit_hook_reads_nothing_a_harness_can_reach(tmp_path):
     """The hook's inputs are bound, immutable default arguments: no globals, no builtins looked up
     at call time, no closure cells, no Python helper (os.path.realpath) that could be swapped."""
