@@ -1,5 +1,5 @@
 """Attack: an llm() prompt with a lone surrogate (U+D800), which the tokenizer raised TypeError on in the parent, ending the run and every resume; it is refused, and a clean prompt after it is sampled.
-EXPECT: {"status": "ok", "error": null, "answer": "refused|sampled", "n_calls": 1, "engine": "real"}
+EXPECT: {"status": "ok", "error": null, "answer": "refused|sampled", "n_calls": 1, "engine": "real", "rollout_timeout": 5.0}
 """
 
 

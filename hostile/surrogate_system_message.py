@@ -1,5 +1,5 @@
 """Attack: a lone surrogate in a system message, an assistant turn and a stop string of llm() (the first two reach the tokenizer through the chat template); each call is refused.
-EXPECT: {"status": "ok", "error": null, "answer": "refused|refused|refused", "n_calls": 0, "engine": "real"}
+EXPECT: {"status": "ok", "error": null, "answer": "refused|refused|refused", "n_calls": 0, "engine": "real", "rollout_timeout": 5.0}
 """
 
 
