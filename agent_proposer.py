@@ -1,8 +1,8 @@
 """agent_proposer.py: phase B's command proposer, an external coding agent (Claude Code's
 `claude -p`, Codex's `codex exec`, ...) run in a copy of the archive, as in the paper. It reads
 the files it wants and writes new/*.py; its cost and tokens are read from its JSON output.
-proposers.make_proposer("command", ...) builds it; the archive digest, the failure signatures
-and the rules it shows the agent are proposers.py's.
+proposers.make_proposer("command", ...) builds it; the archive digest, the traces and the rules
+it shows the agent are archive_view.py's, the failure signatures primitives.py's.
 
 Why the command proposer's agent works in a copy (issue: an agent in the archive could edit
 cand_000/scores.json and selection would trust it): selection reads scores.json, meta.json and
@@ -34,8 +34,7 @@ import time
 
 import harness_archive
 from primitives import failure_signatures
-from proposers import (DIGEST_CHARS, RULES, _ids, _short, archive_digest, outcomes_vs,
-                       render_trace)
+from archive_view import DIGEST_CHARS, RULES, archive_digest, id_list, outcomes_vs, render_trace, short
 
 MAX_CANDIDATE_BYTES = 200_000  # a harness file is ~3-5 kB; anything this big is not one
 KEEP_BYTES = 1 << 20           # archive files up to this size are restorable after an agent call
@@ -186,14 +185,14 @@ def agent_usage(stdout):
             if isinstance(o.get("total_cost_usd"), (int, float)):
                 out["cost_usd"] += float(o["total_cost_usd"])
             if o.get("is_error"):
-                out["errors"].append(f"agent reported an error ({o.get('subtype')}): {_short(o.get('result'), 200)}")
+                out["errors"].append(f"agent reported an error ({o.get('subtype')}): {short(o.get('result'), 200)}")
         elif o.get("type") == "turn.completed":  # Codex CLI
             out["reported"] = True
             out["prompt_tokens"] += _count(u, "input_tokens")
             out["completion_tokens"] += _count(u, "output_tokens")
         elif o.get("type") in ("turn.failed", "error"):
             msg = (o.get("error") or {}).get("message") if isinstance(o.get("error"), dict) else o.get("message")
-            out["errors"].append(f"agent reported an error ({o.get('type')}): {_short(msg, 200)}")
+            out["errors"].append(f"agent reported an error ({o.get('type')}): {short(msg, 200)}")
     return out
 
 
@@ -241,7 +240,8 @@ def write_workspace(archive_dir, work, domain, traces_per_kind=3):
         wl = outcomes_vs(c, parent) if parent and parent["scores"] else None
         won, lost = wl if wl else ([], [])
         rows.append(f"{c['name']} | {parent['name'] if parent else '-'} | {c['scores']['success']:.3f} | "
-                    f"{parent['scores']['success']:.3f} | {len(won)} | {len(lost)} | {_ids(won, 40)} | {_ids(lost, 40)}"
+                    f"{parent['scores']['success']:.3f} | {len(won)} | {len(lost)} | {id_list(won, 40)} | "
+                    f"{id_list(lost, 40)}"
                     if wl else f"{c['name']} | - | {c['scores']['success']:.3f} | - | - | - | - | -")
     with open(os.path.join(work, "OUTCOMES.md"), "w") as f:
         f.write("\n".join(rows) + "\n")
@@ -262,7 +262,7 @@ def write_workspace(archive_dir, work, domain, traces_per_kind=3):
                  f"{c['scores']['rollouts']})"]
         for kind, recs in sorted(groups.items(), key=lambda kv: -len(kv[1])):
             parts.append(f"\n## {kind}: {len(recs)} rollouts. {FAILURE_KINDS.get(kind, '')}\n"
-                         f"examples: {_ids([r.get('example_id') for r in recs], 40)}\n")
+                         f"examples: {id_list([r.get('example_id') for r in recs], 40)}\n")
             parts += [render_trace(r, 2000) + "\n" for r in recs[:traces_per_kind]]
         with open(os.path.join(work, "failures", c["name"] + ".md"), "w") as f:
             f.write("\n".join(parts) + "\n")
@@ -382,7 +382,7 @@ def command_proposer(domain, command, timeout, digest_chars, workdir_root=None, 
                 elif rc:  # one error per line of its stderr's end: every refusal it met is listed
                     tail = [x for x in (err or out or "").splitlines() if x.strip()][-20:]
                     propose.errors.append(f"command: exit status {rc}")
-                    propose.errors += [f"command: stderr: {_short(x, 240)}" for x in tail]
+                    propose.errors += [f"command: stderr: {short(x, 240)}" for x in tail]
             except OSError as e:
                 res = {}
                 propose.errors.append(f"command: could not start: {e}")

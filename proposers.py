@@ -10,10 +10,10 @@ wrong in the last call) and, for primitives, .exhausted (nothing left to propose
   command     an external coding agent (Claude Code's `claude -p`, Codex's `codex exec`, ...)
               run in a jailed copy of the archive directory, as in the paper: agent_proposer.py.
 
-The LLM proposers (self, openai) see `archive_digest`: the leaderboard, the rejected candidates
-and why, the best candidate's full source (the parent), the top candidates' diffs against their
-parents with the examples each won and lost against that parent, and failed traces from several
-candidates, all within a character budget. They may reply with a whole file or with
+The LLM proposers (self, openai) see `archive_view.archive_digest`: the leaderboard, the
+rejected candidates and why, the best candidate's full source (the parent), the top candidates'
+diffs against their parents with the examples each won and lost against that parent, and failed
+traces from several candidates, all within a character budget. They may reply with a whole file or with
 search/replace edit blocks against the parent (a long harness then costs a short reply); the
 parent's source with the edits applied is validated like any candidate. A reply cut by the
 length limit is recorded as cut, not as "empty source".
@@ -26,7 +26,6 @@ backs off before the next call). The openai proposer's timeout bounds each reque
 whale.py's flags onto make_proposer.
 """
 
-import difflib
 import json
 import os
 import re
@@ -36,143 +35,11 @@ import urllib.request
 
 import harness_archive
 import primitives
+from archive_view import DIGEST_CHARS, RULES, archive_digest, short
 from sandbox import valid_text
 
-DIGEST_CHARS = 16000           # default budget of the LLM proposers' archive view
-
 # -----------------------------------------------------------------------------
-# LLM proposers: the archive digest and the prompt
-
-RULES = """Rules (from the paper's proposer skill):
-- Each harness file implements ONE mechanism (one idea about prompting, tool use, parsing,
-  feedback or stopping), different from the other candidates of this iteration.
-- No pure parameter tweaks: changing only a number (top-k, a turn limit, a length) is not a
-  mechanism.
-- Never hard-code answers, examples, or dataset names; the harness must work on unseen tasks.
-- Import only the Python standard library.
-- Keep the entry point `def run(task, llm, tools)` returning the final answer (str or None).
-  The harness may not touch the model, the data, the verifier, or the environment's rules
-  (in chess the model chooses the moves, never the harness).
-- You never run the benchmark yourself; you only write harness files."""
-
-
-def _short(x, n):
-    s = str(x)
-    n = max(0, int(n))
-    return s if len(s) <= n else s[:n] + f" ...[{len(s) - n} more chars]"
-
-
-def render_trace(r, limit=1500):
-    """One rollout as text: outcome, then each model call (last message in, text out), tools."""
-    parts = [f"### example {r.get('example_id')}: score {r.get('score')}, status {r.get('status')}, "
-             f"turns {r.get('turns')}, answer {_short(repr(r.get('answer')), 200)}"]
-    if r.get("error"):
-        parts.append("error: " + _short(r["error"], 300))
-    for i, call in enumerate(r.get("calls") or []):
-        msgs = call.get("messages") if isinstance(call, dict) else None
-        last = msgs[-1].get("content") if isinstance(msgs, list) and msgs and isinstance(msgs[-1], dict) \
-            else msgs if msgs is not None else call
-        parts.append(f"[llm call {i + 1}] last message in: {_short(last, 500)}")
-        if isinstance(call, dict):
-            parts.append(f"[llm call {i + 1}] reply: {_short(call.get('text'), 400)}")
-    for t in r.get("tool_calls") or []:
-        if isinstance(t, dict):
-            args = [repr(a) for a in t.get("args") or ()] + \
-                [f"{k}={v!r}" for k, v in (t.get("kwargs") or {}).items()]
-            parts.append(f"[tool] {t.get('name')}({_short(', '.join(args), 200)}) -> "
-                         f"{_short(t.get('error') or t.get('result'), 300)}")
-    return _short("\n".join(parts), limit)
-
-
-def outcomes_vs(cand, parent):
-    """(won, lost): the example ids on which `cand` scored above / below `parent` (both
-    scored on the same examples in the same order), or None when they cannot be paired."""
-    a, b = cand.get("scores") or {}, parent.get("scores") or {}
-    if not a or not b or a.get("example_ids") != b.get("example_ids"):
-        return None
-    rows = list(zip(a["example_ids"], a["per_example"], b["per_example"]))
-    return [i for i, x, y in rows if x > y], [i for i, x, y in rows if x < y]
-
-
-def source_diff(parent_src, src, a="parent", b="candidate", context=1):
-    """Unified diff of two sources (difflib), a few lines of context."""
-    def lines(s):
-        s = s if s.endswith("\n") else s + "\n"
-        return s.splitlines(keepends=True)
-    return "".join(difflib.unified_diff(lines(parent_src), lines(src), a, b, n=context))
-
-
-def _ids(xs, n=12):
-    return ", ".join(map(str, xs[:n])) + (f" (+{len(xs) - n} more)" if len(xs) > n else "") if xs else "none"
-
-
-def archive_digest(archive_dir, max_chars=DIGEST_CHARS, n_diffs=4, n_trace_cands=3, with_traces=True):
-    """What an LLM proposer sees, within max_chars, most important first (each part gets a
-    share of what the earlier parts left): the leaderboard and the rejected candidates with
-    their reasons; the full source of the best candidate (the parent that edit blocks apply
-    to); the top candidates' diffs against their parents, each with its score, its parent's,
-    and the examples it won and lost against that parent; failed traces from the top
-    n_trace_cands candidates (on an example the candidate lost to its parent when there is
-    one) and one successful trace of the best. Full traces stay on disk."""
-    archive = harness_archive.load_archive(archive_dir)
-    by_name = {c["name"]: c for c in archive}
-    scored = sorted((c for c in archive if c["scores"]), key=harness_archive.rank_key)
-    rows = ["## Archive, best first (success desc, mean turns asc)",
-            "cand | success | mean turns | mean tokens | proposer | parent | mechanism"]
-    for c in scored[:20]:
-        s, m = c["scores"], c["meta"]
-        rows.append(f"{c['name']} | {s['success']:.3f} | {s['mean_turns']:.2f} | {s['mean_tokens']:.0f} | "
-                    f"{m.get('proposer')} | {m.get('parent')} | {_short(m.get('note', ''), 160)}")
-    if len(scored) > 20:
-        rows.append(f"... and {len(scored) - 20} more (scores.json of each)")
-    bad = [c for c in archive if c["invalid"]][-8:]
-    if bad:
-        rows.append("\nRejected (invalid): " + "; ".join(
-            f"{c['name']}: {_short(c['invalid'].strip(), 160)}" for c in bad))
-    text = _short("\n".join(rows), max_chars // 4)
-    if not scored:
-        return text
-    best = scored[0]
-    left = max_chars - len(text)
-    src = best["source"] if best["source"].endswith("\n") else best["source"] + "\n"
-    text += (f"\n\n## The parent: full source of the best candidate, {best['name']} "
-             f"(edit blocks apply to this text)\n```python\n{_short(src, int(left * 0.6))}```\n")
-
-    diffs = []
-    for c in scored[:n_diffs + 1]:
-        parent = by_name.get(c["meta"].get("parent") or "")
-        if c["num"] == 0 or parent is None or not parent["scores"]:
-            continue
-        wl = outcomes_vs(c, parent)
-        won, lost = wl if wl else ([], [])
-        diffs.append((f"### {c['name']}: success {c['scores']['success']:.3f} vs its parent {parent['name']} "
-                      f"{parent['scores']['success']:.3f}; better on {len(won)}, worse on {len(lost)} of "
-                      f"{c['scores']['n']} examples\nbetter on: {_ids(won)}\nworse on: {_ids(lost)}\n",
-                      source_diff(parent["source"], c["source"], parent["name"], c["name"])))
-    if diffs:
-        share = (max_chars - len(text)) * 0.5 / len(diffs)
-        text += "\n## What the top candidates changed, and on which examples it won or lost\n" + "".join(
-            f"{head}```diff\n{_short(d, share - len(head) - 12)}```\n" for head, d in diffs[:n_diffs])
-
-    if with_traces:
-        shown = []
-        for c in scored[:n_trace_cands]:
-            recs = harness_archive.read_traces(c)
-            parent = by_name.get(c["meta"].get("parent") or "")
-            wl = outcomes_vs(c, parent) if parent else None
-            lost = set(wl[1]) if wl else set()
-            failed = sorted((r for r in recs if float(r.get("score") or 0) < 0.5),
-                            key=lambda r: str(r.get("example_id")) not in lost)
-            shown += [(c["name"], "failed", r) for r in failed[:2 if c is best else 1]]
-            if c is best:
-                shown += [(c["name"], "successful", r) for r in recs if float(r.get("score") or 0) >= 0.5][:1]
-        budget = max_chars - len(text)
-        if shown and budget > 300:
-            per = budget // len(shown) - 40
-            text += "\n## Traces (failed ones from several candidates, one successful of the best)\n" + "\n\n".join(
-                f"[{name}, {kind}]\n{render_trace(r, per)}" for name, kind, r in shown)
-    return text[:max_chars]
-
+# LLM proposers: the prompt, the reply, the endpoints
 
 EDIT_HELP = """Edit blocks against the parent's source, one per change, each exactly:
 <<<<<<< SEARCH
@@ -297,8 +164,8 @@ def _llm_proposer(name, domain, ask, digest_chars, reply_format="any", transport
                 text, usage, finish = ask(prompt)
                 valid_text(text, f"the {name} reply")  # a lone surrogate (a JSON "\\ud800"): a failed call
             except Exception as e:
-                detail = f": {_short(getattr(e, 'body', ''), 200)}" if getattr(e, "body", "") else ""
-                propose.errors.append(f"{name} call {i + 1}/{k}: {type(e).__name__}: {_short(e, 300)}{detail}")
+                detail = f": {short(getattr(e, 'body', ''), 200)}" if getattr(e, "body", "") else ""
+                propose.errors.append(f"{name} call {i + 1}/{k}: {type(e).__name__}: {short(e, 300)}{detail}")
                 if isinstance(e, transport_errors):
                     break
                 continue

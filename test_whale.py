@@ -88,6 +88,7 @@ import torch
 
 import agent_jail
 import agent_proposer
+import archive_view
 import chat_format
 import engine
 import int8
@@ -3620,7 +3621,7 @@ def test_agent_workspace_outcome_tables_failures_guide_and_hypotheses(tmp_path):
     assert guide.startswith("---\nname: ") and DOMAIN.SKILL in guide and "new/cand_1.py" in guide
     assert str(sandbox.MAX_PROMPT_CHARS) in guide and "paired sign" in guide
     c1, c0 = arch[1], arch[0]
-    won, lost = proposers.outcomes_vs(c1, c0)
+    won, lost = archive_view.outcomes_vs(c1, c0)
     table = (work / "OUTCOMES.md").read_text()
     assert f"cand_001 | cand_000 | {c1['scores']['success']:.3f} | {c0['scores']['success']:.3f} | {len(won)} | 0 |" in table
     tsv = [x.split("\t") for x in (work / "outcomes.tsv").read_text().splitlines()]
@@ -3840,9 +3841,9 @@ def archive_with_history(d):
 def test_archive_digest_shows_diffs_outcomes_and_traces_of_several_candidates(tmp_path):
     d = str(tmp_path / "arch")
     arch = archive_with_history(d)
-    text = proposers.archive_digest(d, 16000)
+    text = archive_view.archive_digest(d, 16000)
     c1, c0 = arch[1], arch[0]
-    won, lost = proposers.outcomes_vs(c1, c0)
+    won, lost = archive_view.outcomes_vs(c1, c0)
     assert won and not lost  # QUALITY 0.5 beats 0.2 on exactly the examples with u in [0.2, 0.5)
     assert f"### cand_001: success {c1['scores']['success']:.3f} vs its parent cand_000" in text
     assert f"better on {len(won)}, worse on 0 of 40" in text and f"better on: {won[0]}, " in text
@@ -3853,7 +3854,7 @@ def test_archive_digest_shows_diffs_outcomes_and_traces_of_several_candidates(tm
     traced = set(re.findall(r"^\[(cand_\d+), failed\]", text, re.M))
     assert len(traced) >= 2 and "### example" in text                      # failed traces of several
     for budget in (2000, 6000, 40000):
-        assert len(proposers.archive_digest(d, budget)) <= budget
+        assert len(archive_view.archive_digest(d, budget)) <= budget
 
 
 def test_openai_reply_cut_by_the_length_limit_is_recorded_as_cut(tmp_path):
