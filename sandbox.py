@@ -99,7 +99,8 @@ Deliberately left out: seccomp filters, cgroups, a pid namespace, per-rollout pr
 
 The child runs sandbox_child.py (the protocol, the lock-down, the audit hook, the rollout
 threads), read from an inherited descriptor (_BOOT), as __main__ with --child; this file is the
-parent: it spawns the child (the lock-down before exec is isolation.py's), pumps its messages and answers its calls.
+parent: it spawns the child, pumps its messages and answers its calls. The steps between fork
+and exec (namespaces, tmpfs covers, Landlock, nobody, rlimits) are isolation.py's.
 """
 import json
 import os
