@@ -1,6 +1,7 @@
 """tools/: what a user runs beside the method, kept out of the reader's way.
 
 report.py (one HTML page per run), results.py (tables and claims over a grid of runs),
-bench.py (speed, as ratios measured side by side) and headroom.py (h0 against hand-picked
+bench.py (speed, as ratios measured side by side), e2e.sh (one whale.py command timed at two
+commits), gpu_check.sh (bench and a tiny run on a GPU) and headroom.py (h0 against hand-picked
 harnesses). None of them is part of the algorithm; whale.py only calls report.py at the end.
 """
