@@ -32,6 +32,7 @@ RULES = """Rules (from the paper's proposer skill):
 
 
 def short(x, n):
+    """str(x) cut to n characters, saying how many were cut."""
     s = str(x)
     n = max(0, int(n))
     return s if len(s) <= n else s[:n] + f" ...[{len(s) - n} more chars]"
@@ -78,6 +79,7 @@ def source_diff(parent_src, src, a="parent", b="candidate", context=1):
 
 
 def id_list(xs, n=12):
+    """The first n ids, comma-separated, and how many more there are."""
     return ", ".join(map(str, xs[:n])) + (f" (+{len(xs) - n} more)" if len(xs) > n else "") if xs else "none"
 
 
