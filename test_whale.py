@@ -168,6 +168,7 @@ def tiny_reference(tmp_path_factory, tiny_harness):
     out = tmp_path_factory.mktemp("ref") / "whale"
     r = run_whale("--domain", "searchqa", "--method", "whale", "--out", str(out), *TINY, "--harness", tiny_harness)
     assert r.returncode == 0, r.stderr[-3000:]
+    (out.parent / "stdout.txt").write_text(r.stdout)  # beside the run, not in it
     return out
 
 
@@ -4440,6 +4441,7 @@ def test_budget_stagewise_weight_share_matches_one_fixed_cycle():
 @pytest.mark.xdist_group("tiny_reference")
 def test_tiny_whale_run_writes_a_valid_summary(tiny_reference):
     s = check_run(tiny_reference, "whale")
+    assert f"report: {tiny_reference / 'report.html'}" in (tiny_reference.parent / "stdout.txt").read_text()
     assert s["cycles"] >= 1 and s["steps"] >= 2  # it alternated and ended after a weight phase
     steps = [json.loads(x) for x in (tiny_reference / "metrics.jsonl").read_text().splitlines()]
     assert any(x["event"] == "rollout_step" and x["opt_steps"] > 0 for x in steps)  # it really trained
@@ -4449,9 +4451,10 @@ def test_tiny_whale_run_writes_a_valid_summary(tiny_reference):
 @pytest.mark.parametrize("method", ["harness-only", "fst", "stagewise", "eval"])  # weight-only: the knobs test's run
 def test_tiny_run_of_each_method_writes_a_valid_summary(tmp_path, method, tiny_harness):
     out = tmp_path / method
-    # harness-only spends all 32 rollouts on candidates at 4 each; 16 buys the incoming harness's
-    # evaluation and at least one iteration of 2 candidates, all that this check reads
-    small = ["--budget", "16"] if method == "harness-only" else []
+    # the least budget that still runs every phase check_run reads (4 rollouts a candidate, 8 an RSFT
+    # step): harness-only's incoming harness and one iteration of 2 candidates; stagewise's one step
+    # and its harness stage; fst's two steps (its weight phase ends by the schedule) and a candidate
+    small = {"harness-only": ["--budget", "16"], "stagewise": ["--budget", "16"], "fst": ["--budget", "24"]}.get(method, [])
     r = run_whale("--domain", "searchqa", "--method", method, "--out", str(out), *TINY, *small, "--harness", tiny_harness)
     assert r.returncode == 0, r.stderr[-3000:]
     check_run(out, method)
@@ -4475,39 +4478,6 @@ def finishes_like_the_reference(run, tiny_reference):
         [(x["event"], x["rollouts"]) for x in ref_rows if x["event"] != "start"]
 
 
-@pytest.mark.slow
-@pytest.mark.xdist_group("tiny_reference")
-def test_sigkill_anywhere_then_resume_matches_an_uninterrupted_run(tmp_path, tiny_reference, tiny_harness):
-    """kill -9 during sampling, then (in the resumed process) during a harness evaluation, then
-    while a checkpoint is being written (before or between its renames): the third --resume must
-    finish with the same rollout count, steps, cycles, accepted harnesses and events as the
-    uninterrupted run. One run killed three times costs about one run; each kill comes later in
-    the run than the one before (test_sigkill_in_the_update_... kills in the SFT update)."""
-    run = tmp_path / "killed"
-    lines = []
-    for k, point in enumerate(["sampling:3", "harness_eval:2", "checkpoint_swap:3"]):
-        args = ("--resume", str(run)) if k else ("--domain", "searchqa", "--method", "whale", "--out", str(run),
-                                                  *TINY, "--harness", tiny_harness)
-        r = run_whale(*args, env={"WHALE_CRASH_AT": point})
-        assert r.returncode == -signal.SIGKILL, (point, r.returncode, r.stderr[-2000:])
-        assert not (run / "summary.json").exists()
-        lines.append(len((run / "metrics.jsonl").read_text().splitlines()))
-        if k == 0:
-            with open(run / "metrics.jsonl", "a") as f:  # the kill also tore the line being written
-                f.write('{"t": 1.0, "event": "rollout_st')
-            assert "in progress or stopped" in report.write_report(run).read_text()  # a killed run has a page too
-    assert lines[0] < lines[1] < lines[2], lines  # every resume got further before its kill
-    r = run_whale("--resume", str(run))
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert f"run directory {run}: stop it any time, `python whale.py --resume {run}` continues" in r.stdout
-    # the page counts the process starts metrics.jsonl kept (a start logged after the last checkpoint
-    # of a killed process is rolled back with the rest of its lines): at least one resume
-    starts = sum(json.loads(x)["event"] == "start" for x in (run / "metrics.jsonl").read_text().splitlines())
-    assert starts >= 2 and f"report: {run / 'report.html'}" in r.stdout
-    assert f"resumed {starts - 1}×" in (run / "report.html").read_text()
-    finishes_like_the_reference(run, tiny_reference)
-
-
 def interrupt_after_first_step(args):
     """python whale.py ARGS, interrupted with Ctrl-C (SIGINT) once it has logged its first RSFT
     step's line; returns (exit code, stderr)."""
@@ -4526,27 +4496,47 @@ def interrupt_after_first_step(args):
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("tiny_reference")
-def test_sigkill_in_the_update_then_ctrl_c_then_resume_matches_even_if_the_report_cannot_be_written(
-        tmp_path, tiny_reference, tiny_harness):
-    """kill -9 in the first SFT update; the resumed process does that step again and is stopped
-    with Ctrl-C (SIGINT) once it has logged it: exit 130, the last stderr line says how to go on,
-    no traceback. A folder then stands where report.html goes: the second resume still finishes
-    like the uninterrupted run, and says in one warning that the page was not written. (One run
-    interrupted twice, for the time of about one run.)"""
+def test_sigkill_and_ctrl_c_anywhere_then_resume_matches_an_uninterrupted_run(tmp_path, tiny_reference, tiny_harness):
+    """One run stopped five times, then finished: kill -9 in its first SFT update (a torn metrics
+    line left behind); Ctrl-C (SIGINT) once the resumed process has done that step again and
+    logged it (exit 130, the last stderr line says how to go on, no traceback); then kill -9
+    during sampling, during a harness evaluation, and while a checkpoint is being written (before
+    or between its renames), each later in the run than the one before. A folder then stands
+    where report.html goes. The last --resume must finish with the same rollout count, steps,
+    cycles, accepted harnesses and events as the uninterrupted run, and say in one warning that
+    the page was not written. (Six processes for the time of about one run and a half.)"""
     run = tmp_path / "killed"
-    r = run_whale("--domain", "searchqa", "--method", "whale", "--out", str(run), *TINY, "--harness", tiny_harness,
-                  env={"WHALE_CRASH_AT": "sft:1"})
-    assert r.returncode == -signal.SIGKILL, (r.returncode, r.stderr[-2000:])
-    code, err = interrupt_after_first_step(["--resume", str(run)])
-    assert code == 130 and "Traceback" not in err, err[-3000:]
-    assert err.strip().splitlines()[-1] == "whale: interrupted; `python whale.py --resume <run directory>` continues"
-    assert not (run / "summary.json").exists()
+    lines = []
+    for k, point in enumerate(["sft:1", "ctrl-c", "sampling:3", "harness_eval:2", "checkpoint_swap:3"]):
+        args = ("--resume", str(run)) if k else ("--domain", "searchqa", "--method", "whale", "--out", str(run),
+                                                  *TINY, "--harness", tiny_harness)
+        if point == "ctrl-c":
+            code, err = interrupt_after_first_step(args)
+            assert code == 130 and "Traceback" not in err, err[-3000:]
+            assert err.strip().splitlines()[-1] == \
+                "whale: interrupted; `python whale.py --resume <run directory>` continues"
+        else:
+            r = run_whale(*args, env={"WHALE_CRASH_AT": point})
+            assert r.returncode == -signal.SIGKILL, (point, r.returncode, r.stderr[-2000:])
+        assert not (run / "summary.json").exists()
+        lines.append(len((run / "metrics.jsonl").read_text().splitlines()))
+        if k == 0:
+            with open(run / "metrics.jsonl", "a") as f:  # the kill also tore the line being written
+                f.write('{"t": 1.0, "event": "rollout_st')
+            assert "in progress or stopped" in report.write_report(run).read_text()  # a killed run has a page too
+    assert lines[1] < lines[2] < lines[3] < lines[4], lines  # every resume got further before it stopped
     (run / "report.html").unlink(missing_ok=True)
     (run / "report.html").mkdir()
     r = run_whale("--resume", str(run))
     assert r.returncode == 0, r.stderr[-3000:]
+    assert f"run directory {run}: stop it any time, `python whale.py --resume {run}` continues" in r.stdout
     assert "warning: report.html not written" in r.stderr and (run / "summary.json").exists()
     finishes_like_the_reference(run, tiny_reference)
+    # the page counts the process starts metrics.jsonl kept (a start logged after the last checkpoint
+    # of a killed process is rolled back with the rest of its lines): at least one resume
+    (run / "report.html").rmdir()
+    starts = sum(json.loads(x)["event"] == "start" for x in (run / "metrics.jsonl").read_text().splitlines())
+    assert starts >= 2 and f"resumed {starts - 1}×" in report.write_report(run).read_text()
 
 
 KNOBS = ["--method", "weight-only", *TINY, "--replay-steps", "2", "--sft-epochs", "2", "--val-every", "1"]
@@ -5185,6 +5175,7 @@ def test_bad_input_int8_outside_the_cpu_hf_engine(flags, tmp_path):
     ([sys.executable, "tools/bench.py", "--only", "evl"], "unknown section(s) evl"),
     ([sys.executable, "tools/bench.py", "--device", "tpu"], "--device tpu: use cpu"),
     ([sys.executable, "tools/bench.py", "--only", "eval", "--questions", "-2"], "--questions must be >= 0"),
+    ([sys.executable, "tools/bench.py", "--only", "eval", "--max-tokens", "0"], "--max-tokens must be >= 1"),
     ([sys.executable, "tools/bench.py", "--only", "eval", "--harnesses", "h9"], "--harnesses takes h0 and/or long"),
 ])
 def test_bad_input_of_bench_and_gpu_check(cmd, needle):

@@ -135,6 +135,8 @@ def main():
     ap.add_argument("--harnesses", default="h0,long", help="eval: which of h0, long ('' = only the phase-A step)")
     ap.add_argument("--phase-a", default="default", choices=sorted(PHASE_A),
                     help="eval: the phase-A step's settings: whale.py's defaults, or the phase-A study's learning regime")
+    ap.add_argument("--max-tokens", type=int, default=48,
+                    help="eval: the new-token cap of each rollout (whale.py's --max-tokens; the CPU dry run of gpu_check.sh: 16)")
     ap.add_argument("--questions", type=int, default=0,
                     help="eval: test questions x 8 (default 64, 8 with --quick; phase A: a quarter of it); memory: 16, 4 with --quick")
     ap.add_argument("--memory-child", default="", help=argparse.SUPPRESS)  # memory(): one run in its own process
@@ -152,6 +154,9 @@ def main():
         raise SystemExit(2)
     if set(filter(None, args.harnesses.split(","))) - {"h0", "long"}:
         print(f"bench.py: --harnesses takes h0 and/or long, not {args.harnesses!r}", file=sys.stderr)
+        raise SystemExit(2)
+    if args.max_tokens < 1:
+        print(f"bench.py: --max-tokens must be >= 1, not {args.max_tokens}", file=sys.stderr)
         raise SystemExit(2)
     if args.questions < 0:
         print(f"bench.py: --questions must be >= 0 (0 = the default), not {args.questions}", file=sys.stderr)
@@ -182,7 +187,8 @@ def main():
         memory(args.model, args.questions or (4 if q else 16))
     if "eval" in only:  # restores the weights it trains
         n_q = args.questions or (8 if q else 64)
-        eval_workload(model, tok, n_q, max(1, n_q // 4), args.harnesses.split(","), PHASE_A[args.phase_a])
+        eval_workload(model, tok, n_q, max(1, n_q // 4), args.harnesses.split(","), PHASE_A[args.phase_a],
+                      args.max_tokens)
     if "sft" in only:  # last: it changes the weights
         sft(model, prompts, q, peak)
     print(f"matmul_fp32_gflops_after: {matmul_gflops():.1f}")
@@ -318,8 +324,10 @@ PHASE_A = {"default": dict(harness="h0", temperature=0.3, train_layers=4, lr=3e-
                          temperature=0.7, train_layers=0, lr=1e-5, kept=4)}
 
 
-def eval_workload(model, tok, n_questions, n_phase_a, harnesses=("h0", "long"), phase_a=PHASE_A["default"]):
-    """The real workload, the samplers side by side (same weights, same seeds, interleaved):
+def eval_workload(model, tok, n_questions, n_phase_a, harnesses=("h0", "long"), phase_a=PHASE_A["default"],
+                  max_tokens=48):
+    """The real workload, the samplers side by side (same weights, same seeds, interleaved), each
+    rollout capped at max_tokens new tokens (48: whale.py's default; `--max-tokens`):
     landed and fast (engine.SAMPLERS) in fp32, fast with a cache copy per row ("full", as before
     shared_prefix.py), and on a CPU the fast one in int8 (int8.Int8Linear).
 
@@ -360,7 +368,8 @@ def eval_workload(model, tok, n_questions, n_phase_a, harnesses=("h0", "long"), 
         order = ("landed", "full", "fast", "int8") if h_name == "h0" else ("int8", "fast", "full", "landed")  # none always first
         for s in (s for s in order if s in engines):
             before = collections.Counter(engines[s].work)
-            res = rollout.evaluate(engines[s], searchqa, source, examples, 8, seed=0, sampling=sampling, max_tokens=48)
+            res = rollout.evaluate(engines[s], searchqa, source, examples, 8, seed=0, sampling=sampling,
+                                  max_tokens=max_tokens)
             w = engines[s].work - before
             rate[s] = res["rollouts"] / res["seconds"]
             frac = least_flops(res["records"], n_body, n_head) / res["seconds"] / 1e9 / peak
@@ -402,7 +411,7 @@ def eval_workload(model, tok, n_questions, n_phase_a, harnesses=("h0", "long"), 
         records = []  # the step's rollouts, kept as rs_sft.rollout_step makes them (it returns only metrics)
         rollout.run = lambda *a, **k: records.extend(real_run(*a, **k)) or records
         t = time.time()
-        cfg = rs_sft.Config(batch=n_phase_a, group=8, minibatch=16, micro_batch=8, max_tokens=48,
+        cfg = rs_sft.Config(batch=n_phase_a, group=8, minibatch=16, micro_batch=8, max_tokens=max_tokens,
                             max_kept_per_prompt=phase_a["kept"], share_prompts=s != "landed")
         m = rs_sft.rollout_step(engines[s], searchqa, step_harness, pool, rs_sft.new_loader(len(pool), 0),
                                 opt, cfg, seed=(0, "A", 0), sampling={**sampling, "temperature": phase_a["temperature"]})
