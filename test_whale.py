@@ -4689,8 +4689,10 @@ def test_trackers_after_sigkill_and_resume_hold_every_metrics_row_once(tmp_path,
     import collections
     import tracking
     run, env = tmp_path / "tracked", {"WANDB_MODE": "offline", "WANDB_SILENT": "true"}
-    r = run_whale("--domain", "searchqa", "--method", "whale", "--out", str(run), *TINY, "--harness", tiny_harness,
-                  "--tracker", "tensorboard,mlflow,wandb", env={**env, "WHALE_CRASH_AT": "checkpoint:2"})
+    # (--budget 24: one RSFT step, then an iteration of the harness phase ends the run: every kind of row)
+    r = run_whale("--domain", "searchqa", "--method", "whale", "--out", str(run), *TINY, "--budget", "24",
+                  "--harness", tiny_harness, "--tracker", "tensorboard,mlflow,wandb",
+                  env={**env, "WHALE_CRASH_AT": "checkpoint:2"})
     assert r.returncode == -signal.SIGKILL, (r.returncode, r.stderr[-2000:])
     sent = json.loads((run / "tracker.json").read_text())["sent"]
     kept = json.loads((run / "checkpoint" / "state.json").read_text())["metrics_lines"]
