@@ -3998,8 +3998,10 @@ else:
 '''
 
 
+# the proposers' whole runs: they test the proposer's plumbing, not the answers, so the model's
+# replies stop at 16 tokens (the harness's answer usually fits) and every evaluation is 1-2 rollouts
 E2E = ["--budget", "32", "--prompts-per-step", "2", "--group", "4", "--candidates", "2", "--harness-examples", "2",
-       "--harness-n", "1", "--test-limit", "2", "--test-n", "1", "--val-limit", "1", "--val-n", "1", "--max-tokens", "32",
+       "--harness-n", "1", "--test-limit", "2", "--test-n", "1", "--val-limit", "1", "--val-n", "1", "--max-tokens", "16",
        "--temperature", "0.3", "--schedule", "fixed-steps:1,2", "--train-layers", "1"]
 
 
