@@ -1919,6 +1919,16 @@ def test_searchqa_primitives_reach_where_designed():
     assert "is not in the search result" in llm.calls[1][-1]["content"]
     llm = scripted_llm(then="<answer>Old Mill</answer>")  # only the question's words, twice: kept
     assert fix.run({"question": "What is the Old Mill?"}, llm, tools) == "Old Mill" and len(llm.calls) == 2
+    # the third votes over its first turn's 5 replies: the answer most give (any case or punctuation)
+    vote = load_harness(hsrc.splice(h0, "run", P["run"][2]))
+    llm = scripted_llm(["<answer>Ivo</answer>", "<answer>Marek Hal</answer>", "no tag", "<answer>marek hal.</answer>",
+                        "<answer>Ivo Hal</answer>"], then="<answer>never asked</answer>")
+    assert vote.run({"question": "Who claimed it?"}, llm, tools) == "Marek Hal" and len(llm.calls) == 5
+    llm = scripted_llm(["<answer>Ivo</answer>", "<answer>Hal</answer>"], then="no tag")  # a tie: the earlier reply
+    assert vote.run({"question": "Who claimed it?"}, llm, tools) == "Ivo" and len(llm.calls) == 5
+    llm = scripted_llm(["<search>roof</search>", "", "", "", ""], then="<answer>Hal</answer>")  # no answer: next turn
+    assert vote.run({"question": "Who claimed it?"}, llm, tools) == "Hal" and len(llm.calls) == 6
+    assert "Search result:" in llm.calls[5][-1]["content"]
     # the new make_query repeats names and numbers; the new EXAMPLES and USER_TEMPLATE fill in
     mq = load_harness(hsrc.splice(h0, "make_query", P["make_query"][2]))
     assert mq.make_query("Who sold the Old Mill in 1890?") == "sold the Old Mill in 1890 Old Mill 1890"
@@ -5329,7 +5339,7 @@ def test_report_cli_writes_an_index_of_a_grid_and_refuses_a_bad_path(tiny_refere
 
 @pytest.mark.slow
 @pytest.mark.parametrize("preset,n_cells", [("cpu", 18), ("cpu-long", 4), ("cpu-long-search", 1), ("cpu-long-look", 1),
-                                            ("cpu-claim", 3)])
+                                            ("cpu-long-vote", 1), ("cpu-claim", 3)])
 def test_every_run_all_preset_is_a_valid_whale_command(tmp_path, preset, n_cells):
     """run_all.sh's cells, as whale.py would get them, pass run_setup.check_args (a flag misspelt
     in a preset would otherwise surface only when its grid starts). run_all.sh runs from an

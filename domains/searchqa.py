@@ -503,6 +503,58 @@ PRIMITIVES = {
         messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": result + NUDGE}]
     return None
 ''',
+        # Self-consistency: at T 0.3 the 8 replies to one harness question often disagree, and the
+        # answer most of them give is right more often than one reply is (harness split, the first
+        # 32 questions x 8 under cand_005 of results/runs/cpu-long-look seed 0: a reply 0.086, the
+        # plurality answer 0.125; at T 0.7 0.066 vs 0.125). The second alternative's repair, then a
+        # vote over the first turn's replies; it costs that many more llm calls a rollout.
+        '''def run(task, llm, tools):
+    """The second alternative's loop and repair, its first turn asked 5 times: the answer most
+    replies give wins (compared without case and punctuation; a tie goes to the earliest reply).
+    No answer in any of them: the next turn follows the first reply (its search request, NUDGE)."""
+    import collections
+    import re
+    question = task["question"]
+    votes = 5  # llm calls of the first turn, each its own sample
+    shown = []
+
+    def look_up(query):
+        text = format_passages(question, tools.search(query, **RETRIEVAL))
+        shown.append(text)
+        return text
+
+    def repair(answer):
+        evidence = " ".join(line.partition(": ")[2] for text in shown for line in text.splitlines())
+        at = evidence.lower().find(answer.lower())
+        if at >= 0 and re.search(r"(^|\\s)[A-Z]$", answer):  # "John D" -> "John D. Rockefeller"
+            tail = re.match(r"\\.?(?:\\s+[A-Z][\\w'-]*)+", evidence[at + len(answer):])
+            answer = answer + tail.group(0) if tail else answer
+        if re.fullmatch(r"\\d{4}", answer) and re.search(r"\\b(date|day)\\b", question.lower()):
+            month = r"(?:January|February|March|April|May|June|July|August|September|October|November|December)"
+            date = re.search(month + r" \\d{1,2}, " + answer + r"|\\d{1,2} " + month + " " + answer, evidence)
+            answer = date.group(0) if date else answer
+        return answer
+
+    def key(answer):
+        return " ".join(re.findall(r"\\w+", answer.lower()))
+
+    messages = [{"role": "system", "content": SYSTEM_PROMPT}]
+    for ex in EXAMPLES:
+        messages += [{"role": "user", "content": USER_TEMPLATE.format(question=ex["question"], passages=ex["passages"])},
+                     {"role": "assistant", "content": f"<answer>{ex['answer']}</answer>"}]
+    passages = look_up(make_query(question))
+    messages.append({"role": "user", "content": USER_TEMPLATE.format(question=question, passages=passages)})
+    for turn in range(MAX_TURNS):
+        replies = [llm(messages, max_tokens=MAX_TOKENS) for _ in range(votes if turn == 0 else 1)]
+        answers = [repair(a) for a in (extract_answer(r, question) for r in replies) if a is not None]
+        if answers:
+            counts = collections.Counter(key(a) for a in answers)
+            return max(answers, key=lambda a: counts[key(a)])  # max keeps the first of equals
+        m = re.search(r"<search>(.*?)</search>", replies[0], re.DOTALL)
+        result = f"Search result:\\n{look_up(m.group(1).strip())}\\n\\n" if m else ""
+        messages += [{"role": "assistant", "content": replies[0]}, {"role": "user", "content": result + NUDGE}]
+    return None
+''',
     ],
 }
 PROMPT_AXES = {"SYSTEM_PROMPT", "USER_TEMPLATE", "EXAMPLES", "NUDGE"}
@@ -521,7 +573,7 @@ a list of dict(question, passages, answer)); make_query(question) (query rewriti
 (dict of k and max_chars); format_passages(question, passages) (how the search result is shown);
 NUDGE (the message after tool output or a reply without an answer); extract_answer(reply,
 question) (answer parsing, None = no answer); MAX_TURNS (llm calls per task); run (the loop
-itself: the menu's versions check the answer against the evidence shown). The model is
+itself: the menu's versions check the answer against the evidence shown, or vote). The model is
 small: short contexts, worked examples, copied spans and forgiving parsing help it most.
 Rules: run(task, llm, tools) -> str | None; standard library only; never hard-code answers,
 question text or dataset names; do not try to read files, the network or the verifier.
