@@ -1,0 +1,103 @@
+"""Seed harness h0 for searchqa: deliberately weak, like the paper's.
+
+It searches once with the question as the query, shows the model only the top-1 passage cut
+to 200 characters, and gives it at most two turns to answer inside <answer></answer>. Instead
+of answering, the model may ask for one more search with <search>query</search>; the result
+comes back followed by NUDGE. No tag in the last turn means no answer (None).
+One worked example comes first as an earlier chat turn: without it a 135M model never writes
+the tag at all, so every reward would be 0 and weight training would have nothing to learn from.
+
+Axes: the top-level names the harness search replaces, one at a time:
+  SYSTEM_PROMPT, USER_TEMPLATE   prompt text; the template gets {question} and {passages}
+  EXAMPLES                       worked examples shown before the real question
+  make_query(question)           query rewriting
+  RETRIEVAL                      search parameters: k passages, max_chars of each
+  format_passages(question, p)   how the search result is shown to the model
+  NUDGE                          the message after tool output or a reply without an answer
+  extract_answer(reply, question)  answer parsing: str, or None when there is no answer
+  MAX_TURNS                      llm calls per task
+Standard library only. Contract: run(task, llm, tools) -> str | None.
+"""
+import re
+
+SYSTEM_PROMPT = ("You answer questions by copying the answer from the search result. "
+                 "The answer is a short span of one to five words, copied exactly. Do not explain.")
+USER_TEMPLATE = (
+    "Answer the question using the search result.\n\n"
+    "Search result:\n{passages}\n\n"
+    "Question: {question}\n\n"
+    "If you need more information, write <search>query</search>. "
+    "Otherwise give your final answer inside <answer></answer>."
+)
+EXAMPLES = [
+    dict(question="Who designed the bridge over the bay?",
+         passages="[1] Harbour bridge: The bridge over the bay was designed by the engineer Anna Berg "
+                  "and built by a local company.",
+         answer="Anna Berg"),
+    dict(question="On what date did the bridge open?",
+         passages="[1] Harbour bridge: After four years of work the bridge opened on May 12, 1937, "
+                  "with a parade across its deck.",
+         answer="May 12, 1937"),
+]
+RETRIEVAL = dict(k=1, max_chars=1000)  # the whole top passage: most paragraphs are < 1000 chars
+NUDGE = "Give your final answer inside <answer></answer>."
+MAX_TURNS = 2
+MAX_TOKENS = 64  # per llm call; answers are a few words
+
+
+def make_query(question):
+    return question
+
+
+def format_passages(question, passages):
+    import math
+    import re
+    stem = lambda w: w[:5]
+    q = {stem(w) for w in re.findall(r"\w+", question.lower()) if len(w) > 2} - \
+        {"what", "which", "when", "where", "whom", "whose", "how", "the", "and", "did", "does", "was", "were"}
+    lines = []
+    for line in passages.splitlines():
+        head, _, text = line.partition(": ")
+        if not text:  # "No results."
+            lines.append(line)
+            continue
+        title = {stem(w) for w in re.findall(r"\w+", head.lower())}
+        sentences = [x for x in re.split(r"(?<=[.!?])\s+", text) if x.strip()] or [text]
+        bags = [{stem(w) for w in re.findall(r"\w+", x.lower())} for x in sentences]
+        weight = lambda w: math.log((1 + len(bags)) / sum(w in b for b in bags)) + (0.2 if w in title else 1.0)
+        scores = [sum(weight(w) for w in q & b) for b in bags]
+        lines.append(f"{head}: {sentences[scores.index(max(scores))]}")
+    return "\n".join(lines)
+
+
+def extract_answer(reply, question):
+    import re
+    m = re.search(r"<answer>(.*?)(?:</answer>|$)", reply, re.DOTALL)
+    text = (m.group(1) if m else reply).strip()
+    text = re.sub(r"^(the )?(final )?answer( is)?[:\s]*", "", text, flags=re.IGNORECASE)
+    words = re.split(r"\n|[.;] |, (?:which|who|and|but) ", text)[0].split()
+    return " ".join(words[:8]).strip(" \"',.") or None
+
+
+def run(task, llm, tools):
+    question = task["question"]
+
+    def look_up(query):
+        return format_passages(question, tools.search(query, **RETRIEVAL))
+
+    messages = [{"role": "system", "content": SYSTEM_PROMPT}]
+    for ex in EXAMPLES:  # worked examples, as earlier turns of the chat
+        messages += [{"role": "user", "content": USER_TEMPLATE.format(question=ex["question"], passages=ex["passages"])},
+                     {"role": "assistant", "content": f"<answer>{ex['answer']}</answer>"}]
+    passages = look_up(make_query(question))
+    messages.append({"role": "user", "content": USER_TEMPLATE.format(question=question, passages=passages)})
+    for _ in range(MAX_TURNS):
+        reply = llm(messages, max_tokens=MAX_TOKENS)
+        answer = extract_answer(reply, question)
+        if answer is not None:
+            return answer
+        # no answer yet: run the search the model asked for, if any, then nudge it to answer
+        m = re.search(r"<search>(.*?)</search>", reply, re.DOTALL)
+        result = f"Search result:\n{look_up(m.group(1).strip())}\n\n" if m else ""
+        messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": result + NUDGE}]
+    return None
