@@ -2758,6 +2758,40 @@ def test_phase_a_replay_buffer_keeps_the_last_steps_and_trains_on_them(hf):
     assert m1["replay_sequences"] == 4 and m1["opt_steps"] == 1  # the defaults: this step's kept set, once
 
 
+def test_phase_a_study_chooses_by_its_registered_rules_and_its_table_is_the_committed_one(tmp_path):
+    """results/phase-a/study.py: the 64-step run takes the stage-1 regime with the largest val gain
+    (never R3/M3), the seed-1 rerun the learning regime (> 1.96 SE) with the largest gain, and
+    both wait until their regimes have finished; math's M<k> are chosen among themselves. The
+    README's table is what study.py writes from the committed runs (no number typed by hand)."""
+    spec = importlib.util.spec_from_file_location("study", ROOT / "results/phase-a/study.py")
+    study = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(study)
+
+    def runs(gains):  # name -> (gain, se): finished runs, as load() returns them
+        return {k: {"summary": {"test_gain": g, "test_gain_se": se}} for k, (g, se) in gains.items()}
+
+    stage1 = {"R1": (0.01, 0.01), "R2": (0.02, 0.02), "R3": (0.09, 0.01), "R4": (0.03, 0.01),
+              "R5": (0.00, 0.01), "R6": (0.025, 0.005)}
+    assert study.best_stage1(runs(stage1)) == "R4"  # R3's larger gain is not a candidate
+    with pytest.raises(SystemExit, match="R6 missing"):
+        study.best_stage1(runs({k: v for k, v in stage1.items() if k != "R6"}))
+    with pytest.raises(SystemExit, match="not all finished"):
+        study.best_learning(runs(stage1))  # R7, R8 still to run
+    everything = runs({**stage1, "R7": (0.05, 0.03), "R8": (0.04, 0.01)})
+    assert study.best_learning(everything) == "R3"  # R7's larger gain is under 1.96 SE
+    assert study.best_learning(runs({**stage1, "R3": (0.0, 0.1), "R4": (0.0, 0.1), "R6": (0.0, 0.1),
+                                     "R7": (0.0, 0.1), "R8": (0.0, 0.1)})) == ""  # none learns
+    math = runs({"M" + k[1:]: v for k, v in stage1.items()} | {"M7": (0.5, 0.1)})
+    assert study.best_stage1({**everything, **math}, study.MATH_STAGE1) == "M4"
+    assert study.best_learning({**math, "R3": everything["R3"]}, study.MATH_STAGE1 + ("M7",)) == "M7"
+    assert study.verdict("MC1", {"test_gain": 0.02, "test_gain_se": 0.015}) == "**confirmed**"
+    assert study.verdict("M1", {"test_gain": 0.02, "test_gain_se": 0.015}) == "no"
+    readme = tmp_path / "README.md"
+    shutil.copy(ROOT / "results/phase-a/README.md", readme)  # its markers name the folder as run.sh does
+    study.into_readme(readme, Path("results/phase-a/runs"), study.table(study.load(ROOT / "results/phase-a/runs")))
+    assert readme.read_text() == (ROOT / "results/phase-a/README.md").read_text()
+
+
 def test_loader_never_repeats_within_an_epoch():
     loader = rs_sft.new_loader(10, 3)
     seen = rs_sft.next_batch(loader, 4) + rs_sft.next_batch(loader, 4) + rs_sft.next_batch(loader, 2)

@@ -5,7 +5,7 @@
 # is skipped and an interrupted one resumes, so `bash results/phase-a/run.sh` continues the study
 # in any sitting. R7, R8 and the seed-1 confirmation C1 are chosen from the earlier runs by study.py,
 # by the rules of the README.
-#   bash results/phase-a/run.sh            # stage 1 (R1-R6), R7, R8, C1, then math's M1, M3, M4, M2, M5, M6
+#   bash results/phase-a/run.sh            # stage 1 (R1-R6), R7, R8, C1, then math's M1, M3, M4, M2, M5, M6, M7, MC1
 #   bash results/phase-a/run.sh R1 R4      # some regimes only
 #   bash results/phase-a/run.sh N1         # the newcomer's 16-step run (README, item 5)
 set -euo pipefail
@@ -41,10 +41,16 @@ regime() {  # the flags of a regime, on top of base
     # math (item 2): R1, R3 and R4 from math's h0 at the cap the README's rule chose (48); the other
     # regimes (M2, M5, M6) only if one of these learns (M1 did: README, 2026-12-03)
     M[1-6]) echo "$(regime "R${1#M}" | sed "s/--harness [^ ]*//") --domain math --max-tokens 48" ;;
-    *) echo "unknown regime $1 (R1-R8, C1, N1, M1-M6)" >&2; exit 2 ;;
+    # then math's length run and confirmation, chosen as R7 and C1 are, among M1-M6 (M7) and M1-M7 (MC1)
+    M7) best=$(python results/phase-a/study.py --best --math "$out")
+        echo "$(regime "$best" | sed "s/--budget [0-9]*//") --budget $((64 * 128))" ;;
+    MC1) best=$(python results/phase-a/study.py --confirm --math "$out")
+         [ -n "$best" ] || { echo "no math regime learns: nothing to confirm" >&2; return 1; }
+         echo "$(regime "$best") --seed 1" ;;
+    *) echo "unknown regime $1 (R1-R8, C1, N1, M1-M7, MC1)" >&2; exit 2 ;;
   esac
 }
-for r in ${*:-R1 R2 R3 R4 R5 R6 R7 R8 C1 M1 M3 M4 M2 M5 M6}; do
+for r in ${*:-R1 R2 R3 R4 R5 R6 R7 R8 C1 M1 M3 M4 M2 M5 M6 M7 MC1}; do
   dir=$out/$r
   if [ -f "$dir/summary.json" ]; then echo "done: $dir"; continue; fi
   if [ -f "$dir/config.json" ]; then

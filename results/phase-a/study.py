@@ -5,6 +5,7 @@ The table of issue #32's phase-A study, from the runs' own files (never typed by
     python results/phase-a/study.py results/phase-a/runs --readme results/phase-a/README.md
     python results/phase-a/study.py results/phase-a/runs --best          # stage 1's best regime (for R7/R8)
     python results/phase-a/study.py results/phase-a/runs --confirm       # the regime the seed-1 rerun repeats
+    python results/phase-a/study.py results/phase-a/runs --best --math   # the same for math's M1-M7 (M7, MC1)
 
 Per regime (a run directory results/phase-a/runs/R<k>): what phase A had to learn from (kept
 rollouts and trained tokens per RSFT step), the health figure (share of replies at the token cap),
@@ -23,6 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository's
 from tools.results import into_readme  # noqa: E402
 
 STAGE1 = ("R1", "R2", "R3", "R4", "R5", "R6")
+# math's study (item 2) is the same regimes from math's h0, named M<k>; it has no R8 (no H_s in math)
+MATH_STAGE1 = tuple("M" + k[1:] for k in STAGE1)
 
 
 def load(root: Path) -> dict:
@@ -43,27 +46,28 @@ def learns(s) -> bool:
 def verdict(name, s) -> str:
     """The rule's word for a finished run: a regime learns above 1.96 SE; the seed-1 rerun C1
     confirms it when its own gain is positive and above 1 SE."""
-    if name.startswith("C"):
+    if name in ("C1", "MC1"):
         return "**confirmed**" if s["test_gain"] > s["test_gain_se"] else "not confirmed"
     return "**learns**" if learns(s) else "no"
 
 
-def best_stage1(runs) -> str:
-    """R7 and R8 take the settings of the stage-1 regime with the largest val gain. R3 is not a
-    candidate (amendment 2026-12-02): 64 of its 4x larger steps (~9 h) cannot finish in a sitting."""
-    done = {k: r["summary"] for k, r in runs.items() if k in STAGE1 and r["summary"]}
-    missing = [k for k in STAGE1 if k not in done]
+def best_stage1(runs, stage1=STAGE1) -> str:
+    """R7 and R8 (math: M7) take the settings of the stage-1 regime with the largest val gain. R3
+    is not a candidate (amendment 2026-12-02): 64 of its 4x larger steps (~9 h) cannot finish in a sitting."""
+    done = {k: r["summary"] for k, r in runs.items() if k in stage1 and r["summary"]}
+    missing = [k for k in stage1 if k not in done]
     if missing:
-        raise SystemExit(f"study.py: stage 1 is not finished ({', '.join(missing)} missing): R7/R8 wait for it")
-    return max((k for k in done if k != "R3"), key=lambda k: done[k]["test_gain"])
+        raise SystemExit(f"study.py: stage 1 is not finished ({', '.join(missing)} missing): "
+                         "the 64-step runs wait for it")
+    return max((k for k in done if k[1:] != "3"), key=lambda k: done[k]["test_gain"])
 
 
-def best_learning(runs) -> str:
+def best_learning(runs, regimes=STAGE1 + ("R7", "R8")) -> str:
     """The regime the seed-1 confirmation reruns: the largest gain among those above 1.96 SE
-    (R1-R8, once all have finished), or '' when none learns."""
-    done = {k: r["summary"] for k, r in runs.items() if k in STAGE1 + ("R7", "R8") and r["summary"]}
-    if len(done) < 8:
-        raise SystemExit("study.py: R1-R8 are not all finished: the seed-1 confirmation waits for them")
+    (R1-R8, or math's M1-M7, once all have finished), or '' when none learns."""
+    done = {k: r["summary"] for k, r in runs.items() if k in regimes and r["summary"]}
+    if len(done) < len(regimes):
+        raise SystemExit(f"study.py: {regimes[0]}-{regimes[-1]} are not all finished: the seed-1 confirmation waits for them")
     learning = [k for k in done if learns(done[k])]
     return max(learning, key=lambda k: done[k]["test_gain"]) if learning else ""
 
@@ -107,12 +111,16 @@ def main():
     p.add_argument("--readme", type=Path, help="also write the table between this README's results.py markers")
     p.add_argument("--best", action="store_true", help="print stage 1's regime with the largest val gain")
     p.add_argument("--confirm", action="store_true", help="print the learning regime to rerun at seed 1 ('' if none)")
+    p.add_argument("--math", action="store_true", help="--best / --confirm among math's regimes (M1-M6, M7)")
     a = p.parse_args()
     if not a.root.is_dir():
         raise SystemExit(f"study.py: no such folder {a.root}")
     runs = load(a.root)
     if a.best or a.confirm:
-        print(best_stage1(runs) if a.best else best_learning(runs))
+        if a.math:
+            print(best_stage1(runs, MATH_STAGE1) if a.best else best_learning(runs, MATH_STAGE1 + ("M7",)))
+        else:
+            print(best_stage1(runs) if a.best else best_learning(runs))
         return
     text = table(runs)
     print(text)
