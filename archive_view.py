@@ -26,6 +26,8 @@ RULES = """Rules (from the paper's proposer skill):
 - Never hard-code answers, examples, or dataset names; the harness must work on unseen tasks.
 - Import only the Python standard library.
 - Keep the entry point `def run(task, llm, tools)` returning the final answer (str or None).
+  `llm(messages, max_tokens=256, stop=None, n=None)` returns the reply text; n=k returns k
+  replies to the same prompt, sampled together (cheaper than k calls; each counts as a call).
   The harness may not touch the model, the data, the verifier, or the environment's rules
   (in chess the model chooses the moves, never the harness).
 - You never run the benchmark yourself; you only write harness files."""

@@ -116,6 +116,7 @@ from sandbox_child import (ANSWER_CHARS, ERROR_CHARS, MAX_DEPTH, MAX_MSG, STACK_
 
 MAX_PROMPT_CHARS = 262_144   # all message contents of one llm() call
 MAX_MESSAGES = 256           # messages in one llm() call (each adds chat-template tokens of its own)
+MAX_SAMPLES = 16             # replies one llm(..., n=) call may ask for (each counts as a call)
 MAX_TOOL_ARGS = 65_536       # bytes of JSON arguments of one tool call
 RESULT_CHARS = 2_000         # of a tool result, as recorded (the harness gets all of it)
 FLUSH_S = 0.05               # pending llm() calls go out once no new one came for this long ...
@@ -313,7 +314,8 @@ def _call_seed(seed, k):
 
 
 def _llm_request(msg, max_llm_tokens):
-    """Validate one llm() call from the child -> (messages, max_tokens, stop); ValueError if bad."""
+    """Validate one llm() call from the child -> (messages, max_tokens, stop, n); ValueError if bad.
+    n: None for one reply (a str), else that many replies to the same prompt (a list of str)."""
     messages = msg.get("messages")
     if isinstance(messages, str):
         messages = [{"role": "user", "content": messages}]
@@ -338,7 +340,10 @@ def _llm_request(msg, max_llm_tokens):
         raise ValueError("stop must be None, a str or a list of at most 16 non-empty str")
     for s in stop:
         valid_text(s, "a stop string")
-    return messages, min(max_tokens, max_llm_tokens), stop
+    n = msg.get("n")
+    if not (n is None or (type(n) is int and 1 <= n <= MAX_SAMPLES)):
+        raise ValueError(f"n must be None or an int from 1 to {MAX_SAMPLES}")
+    return messages, min(max_tokens, max_llm_tokens), stop, n
 
 
 def run_rollouts(source, jobs, llm_batch, make_tools_for, *, rollout_timeout=60.0, batch_timeout=900.0,
@@ -367,7 +372,10 @@ def run_rollouts(source, jobs, llm_batch, make_tools_for, *, rollout_timeout=60.
 
     In the harness, a refused or failed llm()/tools.<name>() call raises ToolError (the
     sandbox defines that name in the harness module); llm() takes exactly (messages,
-    max_tokens=256, stop=None): sampling settings belong to the parent.
+    max_tokens=256, stop=None, n=None): sampling settings belong to the parent. n=k asks for k
+    replies to one prompt, sampled in the same batch with seeds of their own (one prefill, one
+    shared prompt cache: self-consistency at far less than k calls' cost); each is a call of
+    the trace and of max_llm_calls, and the harness gets a list of k texts.
     """
     n = len(jobs)
     recs = [{"rid": j["rid"], "answer": None, "status": None, "error": None, "calls": [],
@@ -474,7 +482,11 @@ def run_rollouts(source, jobs, llm_batch, make_tools_for, *, rollout_timeout=60.
         try:
             if st[i]["n_llm"] > max_llm_calls:
                 raise ValueError(f"llm call budget ({max_llm_calls}) exhausted")
-            st[i]["call"] = _llm_request(msg, max_llm_tokens)
+            call = _llm_request(msg, max_llm_tokens)
+            if st[i]["n_llm"] + (call[3] or 1) - 1 > max_llm_calls:  # n replies are n calls
+                raise ValueError(f"llm call budget ({max_llm_calls}) exhausted")
+            st[i]["n_llm"] += (call[3] or 1) - 1
+            st[i]["call"] = call
         except ValueError as e:
             return reply(i, False, f"llm: {e}")
         waiting[i] = clock()
@@ -483,26 +495,31 @@ def run_rollouts(source, jobs, llm_batch, make_tools_for, *, rollout_timeout=60.
     def flush():
         nonlocal busy
         order = sorted(waiting)
-        calls = []
+        calls, first = [], []  # a rollout's n replies are n consecutive calls, from first[k]
         for i in order:
-            messages, max_tokens, stop = st[i]["call"]
-            calls.append({"rid": jobs[i]["rid"], "messages": messages, "max_tokens": max_tokens,
-                          "stop": stop, "seed": _call_seed(jobs[i].get("seed", 0), len(recs[i]["calls"]))})
+            messages, max_tokens, stop, n_replies = st[i]["call"]
+            first.append(len(calls))
+            for j in range(n_replies or 1):  # seeds by call number, as n separate llm() calls get
+                calls.append({"rid": jobs[i]["rid"], "messages": messages, "max_tokens": max_tokens, "stop": stop,
+                              "seed": _call_seed(jobs[i].get("seed", 0), len(recs[i]["calls"]) + j)})
         t = time.monotonic()
         outs = llm_batch(calls)
         t = time.monotonic() - t
         busy += t
         assert len(outs) == len(calls), "llm_batch must answer every call"
-        for i, call, out in zip(order, calls, outs):
+        for i, a, b in zip(order, first, first[1:] + [len(calls)]):
             del waiting[i]
-            st[i]["used"] += t / len(calls)  # its share of the batch (see the docstring)
-            if "error" in out:  # refused by the engine side, e.g. over the context: nothing sampled
-                reply(i, False, f"llm: {out['error']}"[:ERROR_CHARS])
+            st[i]["used"] += t * (b - a) / len(calls)  # its share of the batch (see the docstring)
+            refused = [out["error"] for out in outs[a:b] if "error" in out]
+            if refused:  # by the engine side, e.g. over the context: nothing sampled
+                reply(i, False, f"llm: {refused[0]}"[:ERROR_CHARS])
                 continue
-            recs[i]["calls"].append({"messages": call["messages"], "prompt_ids": out["prompt_ids"],
-                                     "completion_ids": out["completion_ids"], "text": out["text"],
-                                     "finish": out["finish"]})
-            reply(i, True, out["text"])
+            for call, out in zip(calls[a:b], outs[a:b]):
+                recs[i]["calls"].append({"messages": call["messages"], "prompt_ids": out["prompt_ids"],
+                                         "completion_ids": out["completion_ids"], "text": out["text"],
+                                         "finish": out["finish"]})
+            texts = [out["text"] for out in outs[a:b]]
+            reply(i, True, texts if st[i]["call"][3] else texts[0])
 
     def on_message(msg):
         nonlocal phase, t_phase

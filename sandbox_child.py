@@ -341,9 +341,10 @@ def _child_main(rfd, wfd):
         return reply["value"]
 
     def make_llm(i):
-        def llm(messages, max_tokens=256, stop=None):
-            """One model call; the parent applies the chat template and samples."""
-            return call(i, {"kind": "llm", "messages": messages, "max_tokens": max_tokens, "stop": stop})
+        def llm(messages, max_tokens=256, stop=None, n=None):
+            """One model call; the parent applies the chat template and samples. n=k: a list of
+            k replies to the same prompt, sampled together."""
+            return call(i, {"kind": "llm", "messages": messages, "max_tokens": max_tokens, "stop": stop, "n": n})
         return llm
 
     def make_tools(i, names):

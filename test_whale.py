@@ -242,11 +242,14 @@ def load_harness(source):
 
 def scripted_llm(replies=(), then=""):
     """The llm() a harness calls, scripted: the replies in order, then `then` for every further
-    call. llm.calls holds the messages of each call (a string or a list of chat messages)."""
+    call. llm.calls holds the messages of each call (a string or a list of chat messages); n=k
+    takes the next k replies as a list, k calls, as the sandbox's llm() does."""
     queue = list(replies)
 
-    def llm(messages, max_tokens=256, stop=None):
-        assert isinstance(messages, (str, list))
+    def llm(messages, max_tokens=256, stop=None, n=None):
+        assert isinstance(messages, (str, list)) and (n is None or (type(n) is int and n >= 1))
+        if n is not None:
+            return [llm(messages, max_tokens, stop) for _ in range(n)]
         llm.calls.append(messages)
         return queue.pop(0) if queue else then
     llm.calls = []
@@ -671,6 +674,28 @@ def test_two_call_trajectory_records_exact_tokens(hf):
             {"role": "user", "content": "Context: " + hit["result"] + "\nAnswer in <answer></answer>."}]
     # the task the harness saw has no reference answer in it
     assert all(set(e["task"]) == {"question"} for e in ex)
+
+
+@pytest.mark.slow
+def test_n_replies_on_the_model_are_the_replies_of_n_separate_calls(hf):
+    """llm(msgs, n=5) in one batch (one prompt, 5 rows) samples exactly what 5 llm() calls one
+    after another do (each its own batch): the seeds are the calls', and the sampler's rows do
+    not depend on what else is in the batch. So the voting harness costs one batch, not five."""
+    harness = '''
+def run(task, llm, tools):
+    msgs = [{"role": "user", "content": "In one word, about: " + task["question"]}]
+    return "|".join(REPLIES)
+'''
+    together = harness.replace("REPLIES", "llm(msgs, max_tokens=12, n=5)")
+    apart = harness.replace("REPLIES", "[llm(msgs, max_tokens=12) for _ in range(5)]")
+    ex = searchqa.load_split("val")[:2]
+    sampling = {"temperature": 1.0, "top_k": 20, "top_p": 1.0}
+    a, b = (rollout.run(hf, searchqa, src, ex, 2, seed=3, sampling=sampling) for src in (together, apart))
+    for x, y in zip(a, b):
+        assert x["status"] == y["status"] == "ok" and len(x["calls"]) == 5
+        assert [c["completion_ids"] for c in x["calls"]] == [c["completion_ids"] for c in y["calls"]]
+        assert x["answer"] == y["answer"]
+    assert len({r["answer"] for r in a}) > 1 and any(len(set(r["answer"].split("|"))) > 1 for r in a)  # sampled
 
 
 @pytest.mark.slow
@@ -1529,6 +1554,41 @@ def run(task, llm, tools):
     rec = run_sandboxed(src, n=1, max_llm_calls=10)[0]  # the 7 invalid attempts count too
     assert rec["status"] == "ok" and rec["answer"] == "bad,bad,bad,bad,bad,bad,bad,3"
     assert len(rec["calls"]) == 3
+
+
+@pytest.mark.slow
+def test_llm_n_replies_are_n_calls_in_one_batch_with_the_seeds_of_n_separate_calls():
+    """llm(..., n=k): k replies to one prompt in ONE batch (so the engine prefills it once), each
+    recorded as a call with the seed the k-th separate llm() call would get, k calls of the
+    budget; a bad n is refused like any bad argument."""
+    votes = '''
+def run(task, llm, tools):
+    out = []
+    for bad in (0, 17, True, "3", 2.0):
+        try:
+            llm("hi", n=bad)
+        except ToolError:
+            out.append("bad")
+    one = llm("first")
+    three = llm("vote", n=3)
+    try:
+        llm("more", n=4)  # 5 refused + 1 + 3 = 9 of 11 calls; this attempt is the 10th: 4 is over
+    except ToolError as e:
+        out.append("budget" if "budget" in str(e) else str(e))
+    return ",".join(out) + "|" + repr(one) + "|" + repr(three) + "|" + repr(llm("last", n=1))
+'''
+    log = []
+    rec = run_sandboxed(votes, n=1, log=log, max_llm_calls=11)[0]
+    assert rec["status"] == "ok", rec
+    assert rec["answer"] == "bad,bad,bad,bad,bad,budget|'fake'|['fake', 'fake', 'fake']|['fake']"
+    assert [len(calls) for _, calls in log] == [1, 3, 1]  # the 3 replies went out together
+    separate = '''
+def run(task, llm, tools):
+    return ",".join(llm(p) for p in ("first", "vote", "vote", "vote", "last"))
+'''
+    rec2 = run_sandboxed(separate, n=1)[0]
+    assert [c["completion_ids"] for c in rec["calls"]] == [c["completion_ids"] for c in rec2["calls"]]  # seeds
+    assert [c["messages"][-1]["content"] for c in rec["calls"]] == ["first", "vote", "vote", "vote", "last"]
 
 
 @pytest.mark.slow

@@ -507,15 +507,16 @@ PRIMITIVES = {
         # answer most of them give is right more often than one reply is (harness split, the first
         # 32 questions x 8 under cand_005 of results/runs/cpu-long-look seed 0: a reply 0.086, the
         # plurality answer 0.125; at T 0.7 0.066 vs 0.125). The second alternative's repair, then a
-        # vote over the first turn's replies; it costs that many more llm calls a rollout.
+        # vote over the first turn's replies, sampled together (llm(..., n=5): one prefill, one
+        # shared prompt cache), each a call of the trace.
         '''def run(task, llm, tools):
-    """The second alternative's loop and repair, its first turn asked 5 times: the answer most
+    """The second alternative's loop and repair, 5 replies to its first turn: the answer most
     replies give wins (compared without case and punctuation; a tie goes to the earliest reply).
     No answer in any of them: the next turn follows the first reply (its search request, NUDGE)."""
     import collections
     import re
     question = task["question"]
-    votes = 5  # llm calls of the first turn, each its own sample
+    votes = 5  # replies to the first turn: one llm call, sampled together
     shown = []
 
     def look_up(query):
@@ -545,7 +546,7 @@ PRIMITIVES = {
     passages = look_up(make_query(question))
     messages.append({"role": "user", "content": USER_TEMPLATE.format(question=question, passages=passages)})
     for turn in range(MAX_TURNS):
-        replies = [llm(messages, max_tokens=MAX_TOKENS) for _ in range(votes if turn == 0 else 1)]
+        replies = llm(messages, max_tokens=MAX_TOKENS, n=votes if turn == 0 else 1)
         answers = [repair(a) for a in (extract_answer(r, question) for r in replies) if a is not None]
         if answers:
             counts = collections.Counter(key(a) for a in answers)

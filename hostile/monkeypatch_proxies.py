@@ -4,7 +4,7 @@ EXPECT: {"status": "ok", "error": null, "answer": "fake|fake|patched", "n_calls"
 
 
 def run(task, llm, tools):
-    llm.__defaults__ = (10 ** 9, None)
+    llm.__defaults__ = (10 ** 9, None, None)
     a = llm("hi")  # the parent caps max_tokens whatever the proxy sends
     call = next(c.cell_contents for c in llm.__closure__ if callable(c.cell_contents))
     rid = next(c.cell_contents for c in llm.__closure__ if isinstance(c.cell_contents, int))

@@ -18,6 +18,8 @@ Prints one `name: value` line per measurement:
     through the sandbox, the landed sampler, the fast one and the fast one sampling from int8
     weights (`--rollout-precision int8`, CPU) side by side, then one phase-A step (rollouts +
     SFT update) the same way; see `eval_workload` for what is printed and what the limit is;
+  - vote (only with --only vote): the menu's voting searchqa harness (5 replies to its first
+    turn) with those replies asked as one llm(..., n=5) call vs as 5 llm() calls, the same seeds;
   - memory (only with --only memory): peak RSS of one long-context evaluation (16 questions x 8)
     per sampler, each in its own process: landed, fast with a cache copy per row, fast;
   - deadline (only with --only deadline): what rollouts are charged against their
@@ -32,6 +34,7 @@ Prints one `name: value` line per measurement:
     python tools/bench.py --only eval --questions 8 --harnesses long  # a smaller part of it
     python tools/bench.py --only eval --harnesses '' --phase-a study  # one phase-A step of the study's regime
     python tools/bench.py --only memory           # peak memory per sampler (~10 min on 2 cores)
+    python tools/bench.py --only vote --questions 16  # llm(n=5) vs 5 calls in the voting harness
 
 The limit (eval section): on a CPU a rollout's time is matmul time, so no sampler can beat
 (matmul peak) / (the FLOPs the rollouts need): 2N per prompt position, a prefix shared by
@@ -138,13 +141,14 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=48,
                     help="eval: the new-token cap of each rollout (whale.py's --max-tokens; the CPU dry run of gpu_check.sh: 16)")
     ap.add_argument("--questions", type=int, default=0,
-                    help="eval: test questions x 8 (default 64, 8 with --quick; phase A: a quarter of it); memory: 16, 4 with --quick")
+                    help="eval: test questions x 8 (default 64, 8 with --quick; phase A: a quarter of it); "
+                         "memory and vote: 16, 4 with --quick")
     ap.add_argument("--memory-child", default="", help=argparse.SUPPRESS)  # memory(): one run in its own process
     args = ap.parse_args()
     if args.memory_child:
         return memory_child(args.memory_child, args.model, args.questions)
     only = set(args.only.split(","))
-    sections = {"rollout", "decode", "sandbox", "multiturn", "sft", "deadline", "eval", "memory"}
+    sections = {"rollout", "decode", "sandbox", "multiturn", "sft", "deadline", "eval", "memory", "vote"}
     if only - sections:
         print(f"bench.py: unknown section(s) {', '.join(sorted(only - sections))}; "
               f"choose from {', '.join(sorted(sections))}", file=sys.stderr)
@@ -172,7 +176,7 @@ def main():
     n_params += model.lm_head.weight.numel() if model.config.tie_word_embeddings else 0
 
     P, G, NEW = (8, 8, 16) if q else (32, 8, 32)
-    prompts = squad_prompts(e, P) if only - {"eval", "deadline", "memory"} else []
+    prompts = squad_prompts(e, P) if only - {"eval", "deadline", "memory", "vote"} else []
     if "rollout" in only:
         rollout_workload(e, model, prompts, G, NEW, n_params, peak)
     if "decode" in only:
@@ -185,6 +189,8 @@ def main():
         deadline(e, 8 if q else 64, 4 if q else 16)
     if "memory" in only:
         memory(args.model, args.questions or (4 if q else 16))
+    if "vote" in only:
+        vote(e, args.questions or (4 if q else 16), args.max_tokens)
     if "eval" in only:  # restores the weights it trains
         n_q = args.questions or (8 if q else 64)
         eval_workload(model, tok, n_q, max(1, n_q // 4), args.harnesses.split(","), PHASE_A[args.phase_a],
@@ -447,6 +453,32 @@ def eval_workload(model, tok, n_questions, n_phase_a, harnesses=("h0", "long"), 
         print(f"phase_a_sft_speedup: {sft_seconds['landed'] / sft_seconds['fast']:.2f} (update + health, whole / shared)")
     if "int8" in seconds:
         print(f"phase_a_int8_speedup: {seconds['fast'] / seconds['int8']:.2f} (fast fp32 / int8 seconds)")
+
+
+def vote(e, n_questions, max_tokens):
+    """Self-consistency's cost: searchqa's voting `run` (PRIMITIVES["run"][2], spliced into h0)
+    on n_questions test questions x 8 at whale.py's sampling, its 5 first-turn replies asked as
+    one llm(..., n=5) call (one batch: the prompt prefilled once, one cache for its rows) and as
+    5 llm() calls one after another (5 batches), apart first. Prints vote_<way>_seconds (and the
+    llm calls in the traces: the same both ways), vote_same_tokens (the seeds are the calls', so
+    both ways sample the same tokens), vote_mean and vote_speedup (apart / together)."""
+    import harness_source
+    from domains import searchqa
+    together = harness_source.splice(open(searchqa.H0).read(), "run", searchqa.PRIMITIVES["run"][2])
+    one_call = "llm(messages, max_tokens=MAX_TOKENS, n=votes if turn == 0 else 1)"
+    assert one_call in together, "the voting run changed: update bench.py's vote()"
+    apart = together.replace(one_call, "[llm(messages, max_tokens=MAX_TOKENS) for _ in range(votes if turn == 0 else 1)]")
+    examples = searchqa.load_split("test")[:n_questions]
+    res = {}
+    for way, source in (("apart", apart), ("together", together)):
+        res[way] = rollout.evaluate(e, searchqa, source, examples, 8, seed=0, max_tokens=max_tokens,
+                                    sampling={"temperature": 0.3, "top_k": 20, "top_p": 1.0})
+        calls = sum(len(r["calls"]) for r in res[way]["records"])
+        print(f"vote_{way}_seconds: {res[way]['seconds']:.1f} ({res[way]['rollouts']} rollouts, {calls} llm calls)")
+    tokens = [[[c["completion_ids"] for c in r["calls"]] for r in res[w]["records"]] for w in ("apart", "together")]
+    print(f"vote_same_tokens: {tokens[0] == tokens[1]}")
+    print(f"vote_mean: {res['together']['mean']:.3f} +- {res['together']['se']:.3f} (apart {res['apart']['mean']:.3f})")
+    print(f"vote_speedup: {res['apart']['seconds'] / res['together']['seconds']:.2f} (5 calls / one call with n=5)")
 
 
 def memory(model_name, n_questions):
