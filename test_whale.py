@@ -5364,6 +5364,20 @@ def test_report_of_a_tiny_run_shows_every_phase_candidate_trace_and_the_final_ha
     assert not re.search(r'(src|href)="(https?:|//)', page)
 
 
+def test_report_trace_shows_a_prompt_once_for_the_replies_to_it():
+    """A voting rollout (llm(..., n=3), then a second turn): the prompt is shown once, at its
+    first call, every reply is shown, and the second turn's new prompt is shown in full."""
+    ask = [{"role": "user", "content": "Who built the <roof>?"}]
+    again = ask + [{"role": "assistant", "content": "no idea"}, {"role": "user", "content": "Look again."}]
+    calls = [{"messages": ask, "text": f"reply {k}", "finish": "stop"} for k in range(3)]
+    calls.append({"messages": again, "text": "<answer>Ivo</answer>", "finish": "stop"})
+    page = report.render_trace({"example_id": 7, "calls": calls, "answer": "Ivo", "score": 1.0, "status": "ok"},
+                               "successful")
+    assert page.count("Who built the &lt;roof&gt;?") == 2  # call 1 and, inside its history, call 4
+    assert page.count("(the messages of llm call 1 again)") == 2 and "Look again." in page
+    assert all(f"reply {k}" in page for k in range(3)) and "&lt;answer&gt;Ivo&lt;/answer&gt;" in page
+
+
 @pytest.mark.slow
 @pytest.mark.xdist_group("tiny_reference")
 def test_report_escapes_cuts_and_renders_runs_in_progress_and_without_traces(tiny_reference, tmp_path):

@@ -782,7 +782,7 @@ def render_trace(r, label):
                f'{esc(r.get("example_id"))} #{esc(r.get("sample", 0))} · score {num(r.get("score"), 2)} · status '
                f'{esc(r.get("status"))} · {len(calls)} llm call(s), {len(tools)} tool call(s) · answer '
                f'<code>{clip(r.get("answer"), 120)}</code></summary>')
-    parts = []
+    parts, prev, shown_at = [], None, 0
     for i, call in enumerate(calls, 1):
         call = _as_dict(call)
         msgs = call.get("messages")
@@ -790,6 +790,10 @@ def render_trace(r, label):
         first, last = (msgs, []) if len(msgs) <= 8 else (msgs[:2], msgs[-6:])  # a long chat: its start and end
         skipped = f'<p class=dim>({len(msgs) - 8} messages in between not shown)</p>' if last else ""
         shown = "".join(map(_message, first)) + skipped + "".join(map(_message, last))
+        if msgs == prev:  # another reply to the same prompt (llm(..., n=k), or a plain retry)
+            shown = f'<p class=dim>(the messages of llm call {shown_at} again)</p>'
+        else:
+            prev, shown_at = msgs, i
         parts.append(f'<div class="call"><p><b>llm call {i}</b> <span class=dim>finish: {esc(call.get("finish", "?"))}'
                      f'</span></p>{shown}<div class="msg completion"><span class="role">completion</span>'
                      f'<pre>{clip(call.get("text"), 2000)}</pre></div></div>')
