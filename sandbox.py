@@ -480,8 +480,6 @@ def run_rollouts(source, jobs, llm_batch, make_tools_for, *, rollout_timeout=60.
     def on_llm(i, msg):
         st[i]["n_llm"] += 1  # every attempt counts, valid or not
         try:
-            if st[i]["n_llm"] > max_llm_calls:
-                raise ValueError(f"llm call budget ({max_llm_calls}) exhausted")
             call = _llm_request(msg, max_llm_tokens)
             if st[i]["n_llm"] + (call[3] or 1) - 1 > max_llm_calls:  # n replies are n calls
                 raise ValueError(f"llm call budget ({max_llm_calls}) exhausted")
