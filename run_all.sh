@@ -12,7 +12,8 @@
 #                                            # (results/runs/cpu-long-vote)
 #   bash run_all.sh cpu-claim                # the joint claim where phase A learns (results/phase-a): whale,
 #                                            # harness-only, weight-only searchqa at cpu-long's budget with the
-#                                            # study's regime (full fine-tuning, lr 1e-5, T 0.7)
+#                                            # study's regime (full fine-tuning, lr 1e-5, T 0.7); math's
+#                                            # cells too (`bash run_all.sh cpu-claim math`, registered later)
 #   bash run_all.sh cpu                      # embedded 135M model on a CPU (search QA and math 7-26 min
 #                                            # a cell here; chess ~50 min on h0, hours once its search
 #                                            # accepts a multi-turn retry harness)
@@ -64,8 +65,9 @@ case "$preset" in
                  --val-n 2 --test-subset 32 --max-tokens 48 --temperature 0.7 --lr 1e-5 --train-layers 0
                  --max-kept-per-prompt 4)
          adaptive=adaptive:w=4,pw=4,min_w=4,min_h=3,max_h=6
-         domains=${*:-"searchqa"}; methods=${METHODS:-"whale harness-only weight-only"}
-         grid=(--domains "$domains" --methods "$methods") ;;
+         domains=${*:-"searchqa math"}; methods=${METHODS:-"whale harness-only weight-only"}
+         # the tables cover the registered grid, both domains, whichever cells this call runs
+         grid=(--domains "searchqa math" --methods "whale harness-only weight-only") ;;
   paper) common=(--engine vllm --device cuda --budget 40960 --prompts-per-step 256 --group 8
                  --harness-examples 256 --harness-n 1 --candidates 3 --schedule fixed:0.6,6 --lr 1e-7 --minibatch 64
                  --micro-batch 8 --train-layers 0 --max-tokens 1024 --test-subset 0 --val-limit 0 --val-n 8

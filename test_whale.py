@@ -5447,7 +5447,7 @@ def test_report_cli_writes_an_index_of_a_grid_and_refuses_a_bad_path(tiny_refere
 
 @pytest.mark.slow
 @pytest.mark.parametrize("preset,n_cells", [("cpu", 18), ("cpu-long", 4), ("cpu-long-search", 1), ("cpu-long-look", 1),
-                                            ("cpu-long-vote", 1), ("cpu-claim", 3)])
+                                            ("cpu-long-vote", 1), ("cpu-claim", 6)])
 def test_every_run_all_preset_is_a_valid_whale_command(tmp_path, preset, n_cells):
     """run_all.sh's cells, as whale.py would get them, pass run_setup.check_args (a flag misspelt
     in a preset would otherwise surface only when its grid starts). run_all.sh runs from an
@@ -5463,7 +5463,8 @@ def test_every_run_all_preset_is_a_valid_whale_command(tmp_path, preset, n_cells
     assert r.returncode == 0, r.stderr
     argvs = [a.split("\n") for a in calls.read_text().split("--end--\n") if a]
     cells = [a[1:-1] for a in argvs if a[0] == "whale.py"]
-    # SEEDS=0: one cell per domain x method (cpu: 3 x 6; cpu-long: searchqa x 4; the menu grids: harness-only)
+    # SEEDS=0: one cell per domain x method (cpu: 3 x 6; cpu-long: searchqa x 4; the menu grids: harness-only;
+    # cpu-claim: searchqa and math x 3)
     assert len(cells) == n_cells and all("--out" in c for c in cells), [c[c.index("--out") + 1] for c in cells]
     for argv in cells:
         run_setup.check_args(run_setup.parse_args(whale.Args, argv))
