@@ -5475,6 +5475,17 @@ def test_every_run_all_preset_is_a_valid_whale_command(tmp_path, preset, n_cells
     assert all(readme.count(m) == 1 for m in results.markers(f"results/runs/{preset}"))
 
 
+def test_readme_gives_each_files_true_length():
+    """The README's file list gives each file's length (`wc -l`) so that a reader can plan what to
+    read; the numbers drift with every edit unless something checks them."""
+    text = (ROOT / "README.md").read_text()
+    listed = re.findall(r"\*\*([\w/]+\.py)\*\* \((\d+)\)", text) + re.findall(r"`([\w/]+\.py)` \(?(\d+)\)?", text)
+    assert len(listed) > 20
+    for name, n in listed:
+        path = ROOT / name if (ROOT / name).exists() else ROOT / "domains" / name
+        assert len(path.read_text().splitlines()) == int(n), f"README says {name} has {n} lines: fix the number"
+
+
 COMMITTED_GRIDS = sorted([*(ROOT / "results" / "runs").iterdir(), ROOT / "results" / "preset" / "runs"])
 
 
