@@ -7,6 +7,7 @@ when two files are the same program.
     differs_only_in(base, candidate, names) -> (ok, why)          # FST's prompt-only rule
     static_check(source) -> reason or None                        # can this be a harness at all?
     hypothesis(source) -> str or None                             # its docstring's first line
+    with_hypothesis(source, line) -> source                       # that line put first, the code untouched
 
 Everything works on the source text with `ast`; nothing here runs harness code (sandbox.py
 does). meta_harness.py uses it to validate and deduplicate candidates, primitives.py and
@@ -179,3 +180,26 @@ def hypothesis(source):
     except (SyntaxError, ValueError):
         return None
     return doc.strip().splitlines()[0][:300] if doc.strip() else None
+
+
+def with_hypothesis(source, line):
+    """The source with `line` as its docstring's new first line, the old docstring kept below
+    it (a proposer that edits code, not prose, says what it changed and the lineage stays
+    readable: newest first). Code is untouched, so normalized() is unchanged. A docstring that
+    is not a plain triple-quoted literal is left alone; no docstring: one is added."""
+    line = " ".join(str(line).replace("\\", "/").replace('"""', "'''").split()) + " " * str(line).endswith('"')
+    try:
+        body = ast.parse(source).body
+    except (SyntaxError, ValueError):
+        return source
+    if not (body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+            and isinstance(body[0].value.value, str)):
+        return f'"""{line}"""\n' + source
+    lines = source.split("\n")
+    first = body[0].lineno - 1
+    opening = re.match(r'\s*"""', lines[first])
+    if not opening or body[0].col_offset != 0:
+        return source
+    at = opening.end()
+    lines[first] = lines[first][:at] + line + "\n\n" + lines[first][at:]
+    return "\n".join(lines)

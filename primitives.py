@@ -12,7 +12,8 @@ harness-split traces. A proposal, in this order:
             candidates (their changes against their own parents), grafted onto the parent;
   retry     near misses (within two examples of the parent) one swap further;
   pair      two alternatives of different axes at once on the parent.
-Every candidate says how it was made (kind, axes, parents: meta_harness keeps it in meta.json).
+Every candidate says how it was made (kind, axes, parents: meta_harness keeps it in meta.json),
+and its docstring's first line says it too (its hypothesis in summary.jsonl and the report).
 The same archive gives the same proposals (seeded by its size), so a resumed search proposes
 what the crashed one would have; once nothing new is left, .exhausted ends the phase.
 
@@ -25,7 +26,7 @@ import re
 from collections import Counter
 
 import harness_archive
-from harness_source import normalized, splice, top_level_names
+from harness_source import normalized, splice, top_level_names, with_hypothesis
 
 TOP_DONORS = 8  # how many top candidates may give an axis to a combination
 
@@ -256,10 +257,10 @@ def proposer(domain, rng_seed=0):
                     if normalized(src) in seen:  # never repeat an archived source
                         continue
                     seen.add(normalized(src))
-                    out.append(dict(source=src, proposer="primitives", parent=parent["name"], axis=axis,
-                                    kind="swap", axes=[axis], parents=[parent["name"]],
-                                    note=f"{axis}: alternative {j + 1}/{len(domain.PRIMITIVES[axis])} "
-                                         f"on {parent['name']} (failures of the parent: {hint})"))
+                    note = (f"{axis}: alternative {j + 1}/{len(domain.PRIMITIVES[axis])} "
+                            f"on {parent['name']} (failures of the parent: {hint})")
+                    out.append(dict(source=with_hypothesis(src, note), proposer="primitives", parent=parent["name"],
+                                    axis=axis, kind="swap", axes=[axis], parents=[parent["name"]], note=note))
                     break
             order = list(queues)  # later rounds: one more per axis, in rank order
         # The single swaps on the best are used up: combine, retry near misses, pair (issue 33:
@@ -277,10 +278,10 @@ def proposer(domain, rng_seed=0):
                     continue
                 seen.add(normalized(src))
                 names = [a for a, _ in changes]
-                out.append(dict(source=src, proposer="primitives", parent=parents[0], axis="+".join(names),
-                                kind=kind, axes=names, parents=parents,
-                                note=f"{kind}: {' + '.join(names)} on {parents[0]}"
-                                     f"{' from ' + ', '.join(parents[1:]) if parents[1:] else ''} ({how})"))
+                note = (f"{kind}: {' + '.join(names)} on {parents[0]}"
+                        f"{' from ' + ', '.join(parents[1:]) if parents[1:] else ''} ({how})")
+                out.append(dict(source=with_hypothesis(src, note), proposer="primitives", parent=parents[0],
+                                axis="+".join(names), kind=kind, axes=names, parents=parents, note=note))
                 if len(out) >= k:
                     break
         if not out:

@@ -10,6 +10,8 @@
 #                                            # implicated axis tried whole (results/runs/cpu-long-look)
 #   bash run_all.sh cpu-long-vote            # the same cells again, the menu holding a voting loop
 #                                            # (results/runs/cpu-long-vote)
+#   bash run_all.sh cpu-long-typed           # the same cells again, the vote checked against the
+#                                            # evidence (results/runs/cpu-long-typed)
 #   bash run_all.sh cpu-claim                # the joint claim where phase A learns (results/phase-a): whale,
 #                                            # harness-only, weight-only searchqa at cpu-long's budget with the
 #                                            # study's regime (full fine-tuning, lr 1e-5, T 0.7); math's
@@ -47,7 +49,8 @@ case "$preset" in
   # cpu-long-look: those cells again with the acceptance test's second look (--confirm-examples 64, the
   # default since; the grids before it ran without one, hence --confirm-examples 0 for them).
   # cpu-long-vote: the look cells again, searchqa's menu holding a `run` that votes over 5 replies
-  cpu-long|cpu-long-search|cpu-long-look|cpu-long-vote) common=(--budget 4992 --prompts-per-step 16 --group 8 --harness-examples 64 --harness-n 2
+  # cpu-long-typed: the vote cells again, that vote checked against the evidence (a number, a time)
+  cpu-long|cpu-long-search|cpu-long-look|cpu-long-vote|cpu-long-typed) common=(--budget 4992 --prompts-per-step 16 --group 8 --harness-examples 64 --harness-n 2
                  --candidates 3 --schedule fixed-steps:8,3 --test-limit 200 --test-n 8 --val-limit 32
                  --val-n 2 --test-subset 32 --max-tokens 48 --temperature 0.3 --lr 3e-4 --train-layers 4
                  --max-kept-per-prompt 2)
@@ -73,7 +76,7 @@ case "$preset" in
                  --micro-batch 8 --train-layers 0 --max-tokens 1024 --test-subset 0 --val-limit 0 --val-n 8
                  --temperature 1.0 --test-limit 0)
          adaptive=adaptive ;;
-  *) echo "usage: bash run_all.sh cpu|cpu-long|cpu-long-search|cpu-long-look|cpu-long-vote|cpu-claim|paper [domain ...]" >&2
+  *) echo "usage: bash run_all.sh cpu|cpu-long|cpu-long-search|cpu-long-look|cpu-long-vote|cpu-long-typed|cpu-claim|paper [domain ...]" >&2
      exit 2 ;;
 esac
 

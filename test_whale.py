@@ -1988,6 +1988,19 @@ def test_searchqa_primitives_reach_where_designed():
     assert vote.run({"question": "Who claimed it?"}, llm, tools) == "Ivo" and len(llm.calls) == 5
     llm = scripted_llm(["<search>roof</search>", "", "", "", ""], then="<answer>Hal</answer>")  # no answer: next turn
     assert vote.run({"question": "Who claimed it?"}, llm, tools) == "Hal" and len(llm.calls) == 6
+    # ... checked against the evidence when the question asks for a number or a time: the span of
+    # that kind alone, a year widened to the text's date, and none in any reply: the text's span
+    # of that kind among the question's words (a number the question gives is not the answer)
+    mill = types.SimpleNamespace(search=lambda query, k=1, max_chars=200: (
+        "[1] Old Mill: In 1850 the mill had 20,000 visitors, four owners and seven millers. "
+        "It was sold on 8 February 1890 to the town."))
+    asked = [("How many visitors did the mill have?", "<answer>20,000 visitors</answer>", "20,000"),
+             ("How many millers worked at the mill?", "<answer>1.4</answer>", "seven"),
+             ("How many millers worked at the mill in 1850?", "<answer>1850</answer>", "seven"),
+             ("When was the mill sold?", "<answer>1890</answer>", "8 February 1890"),
+             ("Who bought the mill?", "<answer>the town</answer>", "the town")]  # no kind: the plain vote
+    for question, reply, answer in asked:
+        assert vote.run({"question": question}, scripted_llm(then=reply), mill) == answer, question
     assert "Search result:" in llm.calls[5][-1]["content"]
     # the new make_query repeats names and numbers; the new EXAMPLES and USER_TEMPLATE fill in
     mq = load_harness(hsrc.splice(h0, "make_query", P["make_query"][2]))
@@ -3219,6 +3232,10 @@ def test_primitives_menu_provenance_is_written(tmp_path):
         assert meta["parents"][0] == meta["parent"] and meta["axis"] == "+".join(meta["axes"])
         assert {k: summary[c["name"]][k] for k in ("kind", "axes", "parents")} == \
             {k: meta[k] for k in ("kind", "axes", "parents")}
+        # its docstring says how it was made (the hypothesis the report shows), the old one below
+        assert summary[c["name"]]["hypothesis"] == hsrc.hypothesis(c["source"]) == " ".join(meta["note"].split())
+        parent_doc = ast.get_docstring(ast.parse(next(p for p in arch if p["name"] == meta["parent"])["source"]))
+        assert ast.get_docstring(ast.parse(c["source"])).endswith(parent_doc)
         kinds.add(meta["kind"])
     assert kinds >= {"swap", "combine"}  # 8 iterations x 3 outlast the 7 single swaps
     combo = next(c for c in arch if c["meta"].get("kind") == "combine")  # the report shows how it was made
@@ -5447,7 +5464,8 @@ def test_report_cli_writes_an_index_of_a_grid_and_refuses_a_bad_path(tiny_refere
 
 @pytest.mark.slow
 @pytest.mark.parametrize("preset,n_cells", [("cpu", 18), ("cpu-long", 4), ("cpu-long-search", 1), ("cpu-long-look", 1),
-                                            ("cpu-long-vote", 1), ("cpu-claim", 6)])
+                                            ("cpu-long-vote", 1), ("cpu-long-typed", 1),
+                                            ("cpu-claim", 6)])
 def test_every_run_all_preset_is_a_valid_whale_command(tmp_path, preset, n_cells):
     """run_all.sh's cells, as whale.py would get them, pass run_setup.check_args (a flag misspelt
     in a preset would otherwise surface only when its grid starts). run_all.sh runs from an
