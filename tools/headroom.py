@@ -10,6 +10,13 @@ without it a domain's default combination below is used.
 
     python tools/headroom.py --domain math --screen --split harness --limit 64 --n 2
 
+    python tools/headroom.py --domain searchqa --combo run=2 --split harness --n 4 --seed 100 \
+        --base results/runs/cpu-long-vote/searchqa-harness-only-s0/archive.zip:phase00/cand_026/harness.py
+
+--base starts from another harness instead of h0 (a file, or ARCHIVE.zip:MEMBER for a candidate
+inside a committed run's archive): the line above is how searchqa's checked vote was measured
+against the plain vote it replaced (results/README.md, cpu-long-typed).
+
 --screen scores h0 and every single-axis alternative on the same examples and seeds, prints
 each one's gain over h0 with its paired SE, then splices the best alternative of every axis
 whose gain is positive into one combination and scores that (greedy, not a search over all
@@ -46,6 +53,7 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--model", default="embedded")
+    ap.add_argument("--base", default="", help="start from this harness instead of h0: a file, or ARCHIVE.zip:MEMBER")
     ap.add_argument("--screen", action="store_true", help="score every single-axis alternative, then the greedy combo")
     ap.add_argument("--only", choices=["h0", "combo"], default="",
                     help="score just one of the two (a long chess evaluation split over two sittings); "
@@ -55,7 +63,7 @@ def main():
     import harness_source
     import rollout
     domain = importlib.import_module(f"domains.{a.domain}")
-    h0 = open(domain.H0).read()
+    h0 = read_base(a.base) if a.base else open(domain.H0).read()
     if a.screen:
         return screen(a, domain, h0)
     combo, spec = h0, a.combo or DEFAULT_COMBO.get(a.domain, "")
@@ -77,13 +85,27 @@ def main():
             continue
         r = runs[name] = rollout.evaluate(e, domain, src, examples, a.n, seed=a.seed, sampling=sampling,
                                           max_tokens=a.max_tokens)
-        print(f"{a.domain} {a.split}[:{len(examples)}] T={a.temperature} {name}: mean@{a.n} = "
+        label = "base" if name == "h0" and a.base else name
+        print(f"{a.domain} {a.split}[:{len(examples)}] T={a.temperature} {label}: mean@{a.n} = "
               f"{100 * r['mean']:.1f} ± {100 * r['se']:.1f}  ({r['seconds']:.0f} s)", flush=True)
     print(f"combo: {spec}")
     if a.only:
         return
     gain, se = gain_over(runs["h0"], runs["combo"])
     print(f"gain: {100 * gain:+.1f} ± {100 * se:.1f} (paired SE)")
+
+
+def read_base(spec):
+    """A harness's source from a file, or from a member of a zip (a run's archive.zip)."""
+    import zipfile
+    path, _, member = spec.partition(".zip:")
+    try:
+        if member:
+            with zipfile.ZipFile(path + ".zip") as z:
+                return z.read(member).decode()
+        return open(spec).read()
+    except (OSError, KeyError, zipfile.BadZipFile) as e:
+        raise SystemExit(f"headroom.py: cannot read --base {spec}: {e}")
 
 
 def gain_over(base, r):
