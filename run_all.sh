@@ -60,7 +60,9 @@ case "$preset" in
          [ "$preset" = cpu-long ] || { domains=searchqa; methods=harness-only; }
          grid=(--domains "$domains" --methods "$methods")  # results.py's coverage table: this grid
          # issue 33's proposer against the menu it replaced: the same cells, paired per seed
-         if [ "$preset" != cpu-long ]; then grid+=(--against results/runs/cpu-long); fi ;;
+         if [ "$preset" != cpu-long ]; then grid+=(--against results/runs/cpu-long); fi
+         # and the typed grid against the vote grid it changes one thing of (same seeds, same paths up to it)
+         if [ "$preset" = cpu-long-typed ]; then grid+=(--against results/runs/cpu-long-vote); fi ;;
   # cpu-claim: issue #32's claim grid (results/phase-a/README.md, stage 2), written before its runs: cpu-long's
   # budget, schedule and evaluations with the phase-A regime the study found to learn (R6-R8's flags)
   cpu-claim) common=(--budget 4992 --prompts-per-step 16 --group 8 --harness-examples 64 --harness-n 2

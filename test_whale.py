@@ -5087,6 +5087,21 @@ def test_results_against_pairs_the_same_cells_of_two_grids():
     assert results.against(new, other, "a", "b") == ""  # nothing in common: no table
 
 
+def test_results_against_two_grids_gives_a_table_each(tmp_path):
+    """--against twice (cpu-long-typed against cpu-long and against cpu-long-vote, its parent grid):
+    one table per grid, on committed runs, and the command line in the page rebuilds both."""
+    r = subprocess.run([sys.executable, "tools/results.py", "results/runs/cpu-long-vote", "--out", str(tmp_path),
+                        "--against", "results/runs/cpu-long", "--against", "results/runs/cpu-long-look",
+                        "--domains", "searchqa", "--methods", "harness-only"],
+                       capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    page = (tmp_path / "RESULTS.md").read_text()
+    assert "--against results/runs/cpu-long --against results/runs/cpu-long-look" in page
+    for other in ("cpu-long", "cpu-long-look"):
+        assert page.count(f"### Against results/runs/{other}\n") == 1
+        assert f"| searchqa | harness-only | 0, 1, 2 | " in page and f"| cpu-long-vote - {other} (points) |" in page
+
+
 def test_results_verdicts_curves_and_coverage_use_the_same_questions(tmp_path):
     ids = [e["id"] for e in searchqa.load_split("test")[:4]]  # four test questions; the curves use test[:2]
 

@@ -627,7 +627,7 @@ a list of dict(question, passages, answer)); make_query(question) (query rewriti
 (dict of k and max_chars); format_passages(question, passages) (how the search result is shown);
 NUDGE (the message after tool output or a reply without an answer); extract_answer(reply,
 question) (answer parsing, None = no answer); MAX_TURNS (llm calls per task); run (the loop
-itself: the menu's versions check the answer against the evidence shown, or vote). The model is
+itself: the menu's versions check the answer against the evidence shown, one after a vote). The model is
 small: short contexts, worked examples, copied spans and forgiving parsing help it most.
 Rules: run(task, llm, tools) -> str | None; standard library only; never hard-code answers,
 question text or dataset names; do not try to read files, the network or the verifier.
