@@ -187,14 +187,15 @@ def with_hypothesis(source, line):
     it (a proposer that edits code, not prose, says what it changed and the lineage stays
     readable: newest first). Code is untouched, so normalized() is unchanged. A docstring that
     is not a plain triple-quoted literal is left alone; no docstring: one is added."""
-    line = " ".join(str(line).replace("\\", "/").replace('"""', "'''").split()) + " " * str(line).endswith('"')
+    line = " ".join(str(line).replace("\\", "/").replace('"""', "'''").split())
     try:
         body = ast.parse(source).body
     except (SyntaxError, ValueError):
         return source
     if not (body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
             and isinstance(body[0].value.value, str)):
-        return f'"""{line}"""\n' + source
+        pad = " " if line.endswith('"') else ""  # a quote next to the closing ones would end the literal early
+        return f'"""{line}{pad}"""\n' + source
     lines = source.split("\n")
     first = body[0].lineno - 1
     opening = re.match(r'\s*"""', lines[first])

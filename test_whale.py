@@ -2981,6 +2981,17 @@ def quiet(_):
 
 # ---- source surgery ----------------------------------------------------------------------------
 
+def test_with_hypothesis_puts_a_line_first_and_leaves_the_code():
+    """A primitives candidate's docstring says how it was made (with_hypothesis): any line, quotes
+    and backslashes included, becomes the first line of a parsable docstring, the old one below."""
+    for line in ['RETRIEVAL: alternative 1/5 on cand_003', 'ends in a quote"', 'x"""y', "back\\slash", "two\nlines"]:
+        for src in (H0, "def run(task, llm, tools):\n    return None\n"):
+            out = hsrc.with_hypothesis(src, line)
+            assert hsrc.normalized(out) == hsrc.normalized(src) and hsrc.static_check(out) is None
+            assert hsrc.hypothesis(out) == " ".join(line.replace("\\", "/").replace('"""', "'''").split())
+            assert ast.get_docstring(ast.parse(out)).endswith(ast.get_docstring(ast.parse(src)) or "")
+
+
 def test_splice_replaces_exactly_one_definition():
     src = textwrap.dedent('''\
         """doc"""
