@@ -516,11 +516,13 @@ PRIMITIVES = {
         # (checked vote >= plain vote, else no change), on all 128 harness questions x 4 under
         # that cand_026: the plain vote 0.113, the checked vote 0.166, +5.3 ± 2.0 (paired SE).
         '''def run(task, llm, tools):
-    """The third alternative's vote, checked against the evidence shown when the question asks for
-    a number ("how many/much") or a time ("when", "what year"): a reply counts only with a span of
-    that kind that is in the evidence (the span alone: "20,000 warriors" -> "20,000"; a year
-    widened to the evidence's whole date), and when no reply has one, the evidence's span of that
-    kind with most of the question's words around it answers. Other questions: the plain vote."""
+    """The second alternative's loop and repair, 5 replies to its first turn, the answer most give
+    wins; checked against the evidence shown when the question asks for a number ("how many/much")
+    or a time ("when", "what year"): a reply counts only with a span of that kind that is in the
+    evidence and not in the question (the span alone: "20,000 warriors" -> "20,000"; a year widened
+    to the evidence's whole date), and when no reply has one, the evidence's span of that kind
+    nearest the question's words answers. Other questions: the plain vote (a tie goes to the
+    earliest reply; no answer in any reply: the next turn follows the first one)."""
     import collections
     import re
     question = task["question"]
