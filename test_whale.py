@@ -2006,7 +2006,7 @@ def test_searchqa_primitives_reach_where_designed():
     assert vote.run({"question": "Who claimed it?"}, llm, tools) == "Hal" and len(llm.calls) == 6
     # ... checked against the evidence when the question asks for a number or a time: the span of
     # that kind alone, a year widened to the text's date, and none in any reply: the text's span
-    # of that kind among the question's words (a number the question gives is not the answer)
+    # of that kind nearest the question's words (a number the question gives is not the answer)
     mill = types.SimpleNamespace(search=lambda query, k=1, max_chars=200: (
         "[1] Old Mill: In 1850 the mill had 20,000 visitors, four owners and seven millers. "
         "It was sold on 8 February 1890 to the town."))
@@ -5110,7 +5110,7 @@ def test_results_against_two_grids_gives_a_table_each(tmp_path):
     assert "--against results/runs/cpu-long --against results/runs/cpu-long-look" in page
     for other in ("cpu-long", "cpu-long-look"):
         assert page.count(f"### Against results/runs/{other}\n") == 1
-        assert f"| searchqa | harness-only | 0, 1, 2 | " in page and f"| cpu-long-vote - {other} (points) |" in page
+        assert "| searchqa | harness-only | 0, 1, 2 | " in page and f"| cpu-long-vote - {other} (points) |" in page
 
 
 def test_results_verdicts_curves_and_coverage_use_the_same_questions(tmp_path):
