@@ -1947,17 +1947,16 @@ def test_searchqa_h0_and_primitives_splice():
 
 
 def test_headroom_base_is_a_candidate_of_a_committed_run(tmp_path):
-    """tools/headroom.py --base reads a harness from a file or from a run's archive.zip (how the
+    """tools/headroom.py --base reads a harness from a file or from a run's archive (packed) (how the
     checked vote was measured against cpu-long-vote s0's cand_026); a wrong one is one line."""
     from tools import headroom
     run_dir = ROOT / "results/runs/cpu-long-vote/searchqa-harness-only-s0"
-    vote = headroom.read_base(f"{run_dir}/archive.zip:phase00/cand_026/harness.py")
+    vote = headroom.read_base(f"{run_dir}:phase00/cand_026")
     assert hsrc.static_check(vote) is None
     assert "n=votes" in vote and hsrc.static_check(hsrc.splice(vote, "run", searchqa.PRIMITIVES["run"][2])) is None
     (tmp_path / "h.py").write_text(vote)
     assert headroom.read_base(str(tmp_path / "h.py")) == vote
-    for bad in (f"{run_dir}/archive.zip:phase00/cand_999/harness.py",
-                str(tmp_path / "missing.zip:x.py"), str(tmp_path / "missing.py")):
+    for bad in (f"{run_dir}:phase00/cand_999", f"{tmp_path}:phase00/cand_001", str(tmp_path / "missing.py")):
         with pytest.raises(SystemExit, match=r"^headroom.py: cannot read --base [^\n]+$"):
             headroom.read_base(bad)
 

@@ -11,10 +11,10 @@ without it a domain's default combination below is used.
     python tools/headroom.py --domain math --screen --split harness --limit 64 --n 2
 
     python tools/headroom.py --domain searchqa --combo run=2 --split harness --n 4 --seed 100 \
-        --base results/runs/cpu-long-vote/searchqa-harness-only-s0/archive.zip:phase00/cand_026/harness.py
+        --base results/runs/cpu-long-vote/searchqa-harness-only-s0:phase00/cand_026
 
---base starts from another harness instead of h0 (a file, or ARCHIVE.zip:MEMBER for a candidate
-inside a committed run's archive): the line above is how searchqa's checked vote was measured
+--base starts from another harness instead of h0 (a file, or RUN_DIR:CANDIDATE for a candidate
+in a run's archive, packed or not): the line above is how searchqa's checked vote was measured
 against the plain vote it replaced (results/README.md, cpu-long-typed).
 
 --screen scores h0 and every single-axis alternative on the same examples and seeds, prints
@@ -53,7 +53,7 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--model", default="embedded")
-    ap.add_argument("--base", default="", help="start from this harness instead of h0: a file, or ARCHIVE.zip:MEMBER")
+    ap.add_argument("--base", default="", help="start from this harness instead of h0: a file, or RUN_DIR:CANDIDATE (e.g. ...-s0:phase00/cand_026)")
     ap.add_argument("--screen", action="store_true", help="score every single-axis alternative, then the greedy combo")
     ap.add_argument("--only", choices=["h0", "combo"], default="",
                     help="score just one of the two (a long chess evaluation split over two sittings); "
@@ -96,15 +96,18 @@ def main():
 
 
 def read_base(spec):
-    """A harness's source from a file, or from a member of a zip (a run's archive.zip)."""
-    import zipfile
-    path, _, member = spec.partition(".zip:")
+    """A harness's source from a file, or RUN_DIR:CANDIDATE for a candidate in a run's archive
+    (archive/ or archive.zip, via harness_archive.unpacked_archive)."""
+    import harness_archive
+    run_dir, _, cand = spec.partition(":")
     try:
-        if member:
-            with zipfile.ZipFile(path + ".zip") as z:
-                return z.read(member).decode()
+        if cand:
+            folder = harness_archive.unpacked_archive(run_dir)
+            if folder is None:
+                raise OSError(f"no archive/ or archive.zip in {run_dir}")
+            return open(os.path.join(folder, cand, "harness.py")).read()
         return open(spec).read()
-    except (OSError, KeyError, zipfile.BadZipFile) as e:
+    except OSError as e:
         raise SystemExit(f"headroom.py: cannot read --base {spec}: {e}")
 
 
