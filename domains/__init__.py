@@ -1,6 +1,6 @@
 """domains/: one file per task family (searchqa, math, chess; template.py is the commented
 example to copy). Each holds its data splits, tools, verifier, seed harness <name>_h0.py and the
-axes the harness search may change.
+axes the harness search may change (a long menu of them may live in <name>_menu.py).
 
 This file holds what they share: the list of domain names (what --domain accepts) and the record
 check every load_split of a data file runs, so that a data file a fork brings (WHALE_DATA) fails
@@ -10,9 +10,10 @@ from pathlib import Path
 
 
 def names():
-    """The domains: every domains/<name>.py except the seed harnesses (<name>_h0.py) and _private files."""
+    """The domains: every domains/<name>.py except seed harnesses (<name>_h0.py), search menus
+    (<name>_menu.py) and _private files."""
     return sorted(p.stem for p in Path(__file__).parent.glob("*.py")
-                  if not p.stem.startswith("_") and not p.stem.endswith("_h0"))
+                  if not p.stem.startswith("_") and not p.stem.endswith(("_h0", "_menu")))
 
 
 def check_records(records, path, task_keys, answer_keys):
