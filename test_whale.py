@@ -125,6 +125,7 @@ ROOT = Path(__file__).resolve().parent  # the repository (pytest puts it on sys.
 # Every test that takes a session fixture which is a whole whale.py run (tiny_reference,
 # knobs_reference) or a download (bigbench_sdist) carries @pytest.mark.xdist_group(<fixture>): under
 # pytest-xdist (.ci/run: -n 2 --dist loadgroup) they share one worker and so one copy of it.
+# The tests whose attacks aim at PWNED (/tmp/whale_pwned) share xdist_group("pwned") the same way.
 
 @pytest.fixture(scope="session")
 def hf():
@@ -1099,7 +1100,8 @@ def test_self_proposer_uses_the_engines_chat_format(tiny_models, monkeypatch):
 HOSTILE = sorted((ROOT / "hostile").glob("*.py"))
 
 
-PWNED = Path("/tmp/whale_pwned")
+PWNED = Path("/tmp/whale_pwned")  # one path every attack aims at: its tests share an xdist_group ("pwned"),
+# so that under pytest-xdist one test's attack never lands while another asserts it did not
 
 
 CAP = 64  # max_llm_tokens used throughout
@@ -1241,6 +1243,7 @@ def test_hostile_suite_is_complete():
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("pwned")
 @pytest.mark.parametrize("path", HOSTILE, ids=lambda p: p.stem)
 def test_hostile_harness(path, monkeypatch, hostile_files, request):
     monkeypatch.setenv("WHALE_TEST_SECRET", "hunter2")  # must never reach the child
@@ -1280,6 +1283,7 @@ BYPASS = [p for p in HOSTILE if expectation(p, "EXPECT_WITHOUT_LANDLOCK")]
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("pwned")
 @pytest.mark.parametrize("path", BYPASS, ids=lambda p: p.stem)
 def test_without_landlock_the_attack_gets_through(path, monkeypatch, hostile_files):
     """The same attacks with the kernel file layer switched off (a test-only variable) succeed:
@@ -1359,6 +1363,7 @@ def test_landlock_binds_when_the_parent_is_not_root(hostile_files):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("pwned")
 def test_landlock_binds_when_the_child_stays_root(monkeypatch, hostile_files):
     """Root without a mount namespace (a container without CAP_SYS_ADMIN): if nobody cannot reach
     the interpreter the child stays root, and Landlock is the file layer that still holds."""

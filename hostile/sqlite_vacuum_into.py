@@ -3,14 +3,20 @@ EXPECT: {"status": "error", "error": "unable to open database", "answer": null, 
 EXPECT_WITHOUT_LANDLOCK: {"status": "ok", "error": null, "answer": "written", "pwned": true}
 """
 import sqlite3
+import threading
+
+# the batch's two rollouts are threads of one interpreter: one at a time, or the second opens the
+# file while the first is still writing it ("file is not a database") instead of finding it written
+ONE_AT_A_TIME = threading.Lock()
 
 
 def run(task, llm, tools):
     db = sqlite3.connect(":memory:")
     db.execute("CREATE TABLE t (a)")
-    try:
-        db.execute("VACUUM INTO '/tmp/whale_pwned'")
-    except sqlite3.OperationalError as e:
-        if "already exists" not in str(e):  # the other rollout of the batch was first
-            raise
+    with ONE_AT_A_TIME:
+        try:
+            db.execute("VACUUM INTO '/tmp/whale_pwned'")
+        except sqlite3.OperationalError as e:
+            if "already exists" not in str(e):  # the other rollout of the batch was first
+                raise
     return "written"
