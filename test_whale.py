@@ -179,12 +179,14 @@ SHARED_RUNS = {"tiny_reference", "knobs_reference", "bigbench_sdist"}  # session
 def test_every_test_of_a_shared_run_is_in_its_xdist_group():
     """A test that takes one of SHARED_RUNS carries @pytest.mark.xdist_group(<that fixture>), so that
     pytest-xdist makes the run once; a missing mark would not fail anything, only cost CI a whole
-    run, so it is checked here."""
+    run, so it is checked here. Likewise xdist_group("pwned") on exactly the tests that read PWNED."""
     tests = {n: f for n, f in globals().items() if n.startswith("test_") and callable(f)}
     for name, f in tests.items():
         takes = set(inspect.signature(f).parameters) & SHARED_RUNS
         groups = {m.args[0] for m in getattr(f, "pytestmark", []) if m.name == "xdist_group"}
-        assert groups == takes, (name, takes, groups)
+        assert groups - {"pwned"} == takes, (name, takes, groups)
+        # and a test that looks at PWNED (an attack's target, shared by all) runs on the worker the others do
+        assert ("pwned" in groups) == bool(re.search(r"\bPWNED\.\w", inspect.getsource(f))), name  # .exists()...
     assert sum(bool(set(inspect.signature(f).parameters) & SHARED_RUNS) for f in tests.values()) >= 10
 
 
