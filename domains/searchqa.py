@@ -10,7 +10,9 @@ The parent process owns all of this; a harness only sees task = {"question"} and
     search(query, k=1, max_chars=200) -> str   top-k passages as "[i] Title: text", each cut
                                                to max_chars (k <= 10, max_chars <= 2000)
 and its answer is scored by SQuAD exact match against any gold span. Left out: SQuAD's F1
-(the recipe needs a binary reward) and dense retrieval.
+(the recipe needs a binary reward) and dense retrieval. The seed harness is searchqa_h0.py, the
+harness search's menu (PRIMITIVES, PROMPT_AXES) searchqa_menu.py; SKILL below is the task as a
+proposer reads it.
 """
 import gzip
 import json
@@ -20,8 +22,7 @@ import string
 import threading
 
 from domains import check_records
-# the harness search space (PRIMITIVES, PROMPT_AXES): ~480 lines of harness source, its own file
-from domains.searchqa_menu import PRIMITIVES, PROMPT_AXES  # noqa: F401  (part of the domain's interface)
+from domains.searchqa_menu import PRIMITIVES, PROMPT_AXES  # noqa: F401  (the domain's interface; ~480 lines)
 
 NAME = "searchqa"
 HERE = os.path.dirname(os.path.abspath(__file__))
