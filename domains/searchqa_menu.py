@@ -5,7 +5,8 @@ defines exactly that name, spliced into the current harness in place of the old 
 (harness_source.splice), so the proposer (primitives.py) only ever picks among these strings.
 domains/searchqa.py re-exports PRIMITIVES and PROMPT_AXES: the domain's interface is unchanged.
 Left out: anything a harness could not write itself; the strings are ordinary harness code,
-checked by the same static check and sandbox as any proposer's candidate.
+checked by the same static check and sandbox as any proposer's candidate. How far this menu
+takes a harness-only search: results/README.md, "The cpu-long-typed grid".
 """
 
 # Written for a 135M model: short spans copied from the text, forgiving answer parsing,
@@ -481,4 +482,5 @@ PRIMITIVES = {
 ''',
     ],
 }
+# the axes that are only prompt text: all that --method fst's prompt-only search may change
 PROMPT_AXES = {"SYSTEM_PROMPT", "USER_TEMPLATE", "EXAMPLES", "NUDGE"}
