@@ -32,8 +32,8 @@ agent_proposer.py and agent_jail.py.)
 
 Here: reading and writing those files (a crash never leaves half a JSON file; a line cut by a
 crash is skipped), the ledger, scores from rollout records, the paper's choice (rank_key:
-success desc, mean turns asc), the Pareto frontier, and a finished run's archive packed as one
-archive.zip (results/ keeps those) and unpacked again. The search itself is meta_harness.py.
+success desc, mean turns asc), the Pareto frontier, and a finished run packed as one run.zip
+(results/ keeps those) and unpacked again. The search itself is meta_harness.py.
 """
 import json
 import os
@@ -221,47 +221,99 @@ def drop_token_ids(obj):
 
 
 # -----------------------------------------------------------------------------
-# A finished run's archive, packed: results/ keeps one archive.zip per run instead of the folder
+# A finished run, packed: results/ keeps a run as two files, run.zip (its record: config.json,
+# summary.json, metrics.jsonl, harnesses/, archive/) and report.html beside it to browse, so that
+# the tree a reader opens is the code. Readers go through unpacked_run / unpacked_archive.
 
-ZIP_TIME = (1980, 1, 1, 0, 0, 0)  # every member gets this time, so packing the same folder gives the same bytes
+ZIP_TIME = (1980, 1, 1, 0, 0, 0)  # every member gets this time, so packing the same files gives the same bytes
+RUN_RECORD = ("config.json", "summary.json", "metrics.jsonl", "harnesses", "archive", "archive.zip")
 
 
-def pack_archive(run_dir):
-    """run_dir/archive/ -> run_dir/archive.zip (names sorted, times fixed, deflated), then the
-    folder is removed. A finished run's record: a run that is still going needs the folder."""
-    import shutil
+def _write_zip(target, members):
+    """members: (name, bytes) pairs -> target (names sorted, times fixed, deflated), atomically."""
     import zipfile
-    folder, target = os.path.join(run_dir, "archive"), os.path.join(run_dir, "archive.zip")
-    if not os.path.isdir(folder):
-        return None
     tmp = target + ".tmp"
     with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED, compresslevel=9) as z:
-        for root, dirs, files in os.walk(folder):
-            dirs.sort()
-            for name in sorted(files):
-                path = os.path.join(root, name)
-                info = zipfile.ZipInfo(os.path.relpath(path, folder), ZIP_TIME)
-                info.compress_type, info.external_attr = zipfile.ZIP_DEFLATED, 0o644 << 16
-                with open(path, "rb") as f:
-                    z.writestr(info, f.read())
+        for name, data in sorted(members):
+            info = zipfile.ZipInfo(name, ZIP_TIME)
+            info.compress_type, info.external_attr = zipfile.ZIP_DEFLATED, 0o644 << 16
+            z.writestr(info, data)
     os.replace(tmp, target)
-    shutil.rmtree(folder)
+
+
+def _files(folder, prefix):
+    """(prefix + path relative to folder, bytes) for every file below folder."""
+    for root, _, files in os.walk(folder):
+        for name in files:
+            path = os.path.join(root, name)
+            with open(path, "rb") as f:
+                yield prefix + os.path.relpath(path, folder).replace(os.sep, "/"), f.read()
+
+
+def pack_run(run_dir):
+    """A finished run's record (RUN_RECORD: its archive/ folder or an older archive.zip's members
+    go under archive/) -> run_dir/run.zip, then those files are removed; report.html, and
+    checkpoints that results/ never keeps, stay. None when there is no summary.json (a run still
+    going needs its files) or it is packed already."""
+    import shutil
+    import zipfile
+    run_dir = os.fspath(run_dir)
+    if not os.path.isfile(os.path.join(run_dir, "summary.json")):
+        return None
+    members = []
+    for name in RUN_RECORD:
+        path = os.path.join(run_dir, name)
+        if name == "archive.zip" and os.path.isfile(path):
+            with zipfile.ZipFile(path) as z:
+                members += [("archive/" + m, z.read(m)) for m in z.namelist() if not m.endswith("/")]
+        elif os.path.isdir(path):
+            members += list(_files(path, name + "/"))
+        elif os.path.isfile(path):
+            with open(path, "rb") as f:
+                members.append((name, f.read()))
+    target = os.path.join(run_dir, "run.zip")
+    _write_zip(target, members)
+    for name in RUN_RECORD:  # only once run.zip is whole (_write_zip renames it into place)
+        path = os.path.join(run_dir, name)
+        if os.path.isdir(path):
+            shutil.rmtree(path)
+        elif os.path.exists(path):
+            os.remove(path)
     return target
 
 
-def unpacked_archive(run_dir):
-    """The folder that holds run_dir's archive: archive/ itself, or a temporary copy unpacked
-    from archive.zip (removed when this process ends); None when the run has neither.
-    (To unpack one by hand: python -m zipfile -e archive.zip archive/)"""
+_UNPACKED = {}  # zip file -> its temporary copy, so that a process unpacks each one once
+
+
+def _unzipped(packed):
+    """A temporary folder holding the zip file's members (removed when this process ends)."""
     import atexit
     import shutil
     import tempfile
     import zipfile
-    folder, packed = os.path.join(run_dir, "archive"), os.path.join(run_dir, "archive.zip")
-    if os.path.isdir(folder) or not os.path.isfile(packed):
-        return folder if os.path.isdir(folder) else None
-    tmp = tempfile.mkdtemp(prefix="whale_archive_")
-    atexit.register(shutil.rmtree, tmp, True)
-    with zipfile.ZipFile(packed) as z:
-        z.extractall(tmp)
-    return tmp
+    key = (os.path.realpath(packed), os.stat(packed).st_mtime_ns)
+    if key not in _UNPACKED:
+        tmp = tempfile.mkdtemp(prefix="whale_unpacked_")
+        atexit.register(shutil.rmtree, tmp, True)
+        with zipfile.ZipFile(packed) as z:
+            z.extractall(tmp)
+        _UNPACKED[key] = tmp
+    return _UNPACKED[key]
+
+
+def unpacked_run(run_dir):
+    """The folder that holds run_dir's record: run_dir itself, or a temporary copy unpacked from
+    its run.zip. (By hand: python -m zipfile -e run.zip DIR)"""
+    packed = os.path.join(run_dir, "run.zip")
+    return _unzipped(packed) if os.path.isfile(packed) else os.fspath(run_dir)
+
+
+def unpacked_archive(run_dir):
+    """The folder that holds run_dir's archive: archive/ of the run or of its unpacked run.zip,
+    or a temporary copy of an archive.zip (how results/preset and results/phase-a keep it);
+    None when the run has none of them."""
+    record = unpacked_run(run_dir)
+    folder, packed = os.path.join(record, "archive"), os.path.join(record, "archive.zip")
+    if os.path.isdir(folder):
+        return folder
+    return _unzipped(packed) if os.path.isfile(packed) else None

@@ -90,7 +90,7 @@ for domain in $domains; do
   for method in $methods; do
     for seed in $seeds; do
       out="results/runs/$preset/$domain-$method-s$seed"
-      if [ -f "$out/summary.json" ]; then echo "done: $out"; continue; fi
+      if [ -f "$out/summary.json" ] || [ -f "$out/run.zip" ]; then echo "done: $out"; continue; fi
       if [ -f "$out/config.json" ]; then
         python whale.py --resume "$out"
       else
@@ -98,7 +98,7 @@ for domain in $domains; do
         [ "$method" = whale-adaptive ] && flags=(--method whale --schedule "$adaptive")
         python whale.py --domain "$domain" --seed "$seed" --out "$out" "${common[@]}" "${model[@]}" "${flags[@]}"
       fi
-      python tools/results.py "$out" --pack  # the committed record: archive/ -> archive.zip (no weights)
+      python tools/results.py "$out" --pack  # the committed record: run.zip + report.html (no weights)
     done
   done
 done

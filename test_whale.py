@@ -78,6 +78,7 @@ import textwrap
 import threading
 import time
 import types
+import zipfile
 import zlib
 from pathlib import Path
 
@@ -5104,6 +5105,39 @@ def test_results_against_pairs_the_same_cells_of_two_grids():
     assert results.against(new, other, "a", "b") == ""  # nothing in common: no table
 
 
+@pytest.mark.slow
+def test_a_packed_run_reads_as_the_run_it_was(tmp_path):
+    """results.py --pack turns a finished run into run.zip + report.html (a committed grid's run is
+    two files); results.py, report.py and unpacked_archive read it as they read the folder, an older
+    archive.zip goes in under archive/, packing twice gives the same bytes, a running run stays."""
+    src = ROOT / "results" / "runs" / "cpu-long-typed" / "searchqa-harness-only-s0"
+    run = tmp_path / "grid" / "s0"
+    run.mkdir(parents=True)
+    with zipfile.ZipFile(src / "run.zip") as z:  # the committed run, unpacked, its archive as the older archive.zip
+        z.extractall(run)
+    harness_archive._write_zip(str(run / "archive.zip"), harness_archive._files(str(run / "archive"), ""))
+    shutil.rmtree(run / "archive")
+    (run / "report.html").write_text("page")
+    before = results.load(tmp_path / "grid")
+    running = tmp_path / "grid" / "s1"
+    shutil.copytree(run, running)
+    (running / "summary.json").unlink()
+    r = subprocess.run([sys.executable, "tools/results.py", str(tmp_path / "grid"), "--pack"], capture_output=True,
+                       text=True, cwd=ROOT, timeout=120)
+    assert r.returncode == 0 and r.stdout.count("/run.zip") == 1, r.stderr
+    assert sorted(p.name for p in run.iterdir()) == ["report.html", "run.zip"]
+    assert (running / "config.json").exists() and not (running / "run.zip").exists()  # not finished: not packed
+    after = results.load(tmp_path / "grid")
+    assert [(a["cfg"], a["sum"], a["metrics"]) for a in after] == [(b["cfg"], b["sum"], b["metrics"]) for b in before]
+    with zipfile.ZipFile(run / "run.zip") as z, zipfile.ZipFile(src / "run.zip") as committed:
+        assert sorted(z.namelist()) == sorted(committed.namelist())
+        assert all(z.read(n) == committed.read(n) for n in z.namelist())
+    assert (run / "run.zip").read_bytes() == (src / "run.zip").read_bytes()  # names sorted, times fixed
+    folder = harness_archive.unpacked_archive(run)
+    assert "phase00" in os.listdir(folder) and report.read_run(run)["phases"][0]["candidates"]
+    assert report.find_runs(tmp_path / "grid") == [run, running] and report.read_run(run)["config"]["seed"] == 0
+
+
 def test_results_against_two_grids_gives_a_table_each(tmp_path):
     """--against twice (cpu-long-typed against cpu-long and against cpu-long-vote, its parent grid):
     one table per grid, on committed runs, and the command line in the page rebuilds both."""
@@ -5564,8 +5598,10 @@ def test_every_committed_run_has_its_report_and_the_index_links_them(grid):
     for d in runs:
         assert (d / "report.html").exists(), f"{d} has no report.html: run python tools/report.py {grid.relative_to(ROOT)}"
         page = (d / "report.html").read_text()
-        cfg = json.loads((d / "config.json").read_text())
+        cfg = report.read_run(d)["config"]  # from config.json, or from a packed run's run.zip
         assert f"{cfg['method']} on {cfg['domain']}, seed {cfg['seed']}" in page
+        if grid.parent == ROOT / "results" / "runs":  # a finished grid's run is two files (results.py --pack)
+            assert sorted(p.name for p in d.iterdir()) == ["report.html", "run.zip"], d
         assert f'href="{d.name}/report.html"' in index
         if (d / "archive").is_dir():  # committed without traces.jsonl (git ignores them): the page says so
             assert "traces not kept" in page and "traces not kept" in report.render_run(report.read_run(d))

@@ -21,8 +21,8 @@ The page follows the run's order:
 
 Everything the page shows comes from the run directory (run_dir.py and harness_archive.py describe
 it) through the readers in the first section below (read_run, read_phase, read_candidate,
-read_traces): the only functions that know the run's file names. A committed run's archive is
-packed into archive.zip (results/); read_run reads it through harness_archive.unpacked_archive. They
+read_traces): the only functions that know the run's file names. A committed run is packed
+into run.zip (results/); read_run reads it through harness_archive.unpacked_run. They
 tolerate missing and extra fields: old runs, runs in progress, resumed runs, runs whose traces
 were not kept (the cpu grid's runs were committed without traces.jsonl; the page says so).
 Fields the page does not know are listed as "other fields", so new ones show up.
@@ -49,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python tools/x.
 
 # the run's own acceptance test, and a packed archive read (meta_harness needs only the standard library)
 from harness_source import hypothesis
-from harness_archive import unpacked_archive
+from harness_archive import unpacked_archive, unpacked_run
 from meta_harness import sign_test
 
 HERE = Path(__file__).resolve().parents[1]  # the repository root
@@ -127,13 +127,14 @@ def read_phase(archive_dir):
 def read_run(run_dir):
     """Everything the page needs from a run directory; a missing file gives None or []."""
     d = Path(run_dir)
-    archive = unpacked_archive(d)  # archive/, or a temporary copy of a committed run's archive.zip
+    record = Path(unpacked_run(d))  # the run directory, or a temporary copy of a committed run's run.zip
+    archive = unpacked_archive(d)
     archive = Path(archive) if archive else d / "archive"
     phases = [read_phase(p) for p in sorted(archive.iterdir()) if p.is_dir()] if archive.is_dir() else []
-    harness_dir = d / "harnesses"
+    harness_dir = record / "harnesses"
     harnesses = {p.name: read_text(p, "") for p in sorted(harness_dir.glob("*.py"))} if harness_dir.is_dir() else {}
-    return dict(dir=str(d), name=d.name, config=_as_dict(read_json(d / "config.json")),
-                summary=read_json(d / "summary.json"), metrics=read_jsonl(d / "metrics.jsonl"),
+    return dict(dir=str(d), name=d.name, config=_as_dict(read_json(record / "config.json")),
+                summary=read_json(record / "summary.json"), metrics=read_jsonl(record / "metrics.jsonl"),
                 state=read_json(d / "checkpoint" / "state.json"), harnesses=harnesses, phases=phases)
 
 
@@ -142,12 +143,12 @@ def run_files_mtime(run_dir):
     d = Path(run_dir)
     paths = [d / "metrics.jsonl", d / "summary.json", d / "config.json", d / "checkpoint" / "state.json"]
     paths += list((d / "archive").glob("*/iterations.jsonl")) + list((d / "archive").glob("*/summary.jsonl"))
-    paths.append(d / "archive.zip")
+    paths += [d / "archive.zip", d / "run.zip"]
     return max([p.stat().st_mtime for p in paths if p.exists()] + [0.0])
 
 
 def is_run_dir(path):
-    return (Path(path) / "metrics.jsonl").exists() or (Path(path) / "config.json").exists()
+    return any((Path(path) / name).exists() for name in ("metrics.jsonl", "config.json", "run.zip"))
 
 
 def find_runs(grid_dir):
@@ -956,7 +957,7 @@ def main(argv=None):
             return 1
         return 0
     if not find_runs(path):
-        print(f"report: error: no run directory (with metrics.jsonl or config.json) under {path}", file=sys.stderr)
+        print(f"report: error: no run directory (with metrics.jsonl, config.json or run.zip) under {path}", file=sys.stderr)
         return 2
     index, n = write_index(path, force=a.force)
     print(f"{index} ({n} runs)")

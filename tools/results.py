@@ -2,9 +2,9 @@
 Tables and curves from finished runs: <root>/RESULTS.md and <root>/curve_<domain>.png beside the runs.
 
     python tools/results.py results/runs/cpu --out results/runs/cpu [--readme README.md]
-    python tools/results.py results/runs/cpu --pack     # each finished run's archive/ -> archive.zip
+    python tools/results.py results/runs/cpu --pack     # each finished run -> run.zip (+ report.html)
 
-Reads every <run>/summary.json (+ config.json, metrics.jsonl) below the given folder and
+Reads every finished run's summary.json (+ config.json, metrics.jsonl; or its run.zip) below the given folder and
 reports, per domain and method, the mean over seeds with a 95% confidence interval
 (Student t over seeds; with one seed only the mean) of the final test mean@8, the test
 mean@8 of the checkpoint chosen on validation, and, labelled, the paper's best-on-test
@@ -56,12 +56,20 @@ def fmt(xs):
     return f"{m:.1f}" if ci is None else f"{m:.1f} ± {ci:.1f}"
 
 
+def finished_runs(root: Path):
+    """The finished runs under root (or root itself): a summary.json, or packed into run.zip."""
+    own = [root] if (root / "summary.json").exists() or (root / "run.zip").exists() else []
+    return own or sorted({p.parent for pattern in ("*/summary.json", "*/run.zip") for p in root.glob(pattern)})
+
+
 def load(root: Path):
+    import harness_archive
     runs = []
-    for s in sorted(root.glob("*/summary.json")):
-        cfg = json.loads((s.parent / "config.json").read_text())
-        metrics = [json.loads(x) for x in (s.parent / "metrics.jsonl").read_text().splitlines()]
-        runs.append({"dir": s.parent, "cfg": cfg, "sum": json.loads(s.read_text()), "metrics": metrics})
+    for d in finished_runs(root):
+        record = Path(harness_archive.unpacked_run(d))  # the run itself, or its run.zip unpacked
+        cfg = json.loads((record / "config.json").read_text())
+        metrics = [json.loads(x) for x in (record / "metrics.jsonl").read_text().splitlines()]
+        runs.append({"dir": d, "cfg": cfg, "sum": json.loads((record / "summary.json").read_text()), "metrics": metrics})
     return runs
 
 
@@ -132,7 +140,7 @@ def diagnostics(runs):
     """What each side had to learn from, per cell (mean over seeds): phase A's RSFT steps, training
     reward, kept rollouts and trained (model-written) tokens per step and optimizer steps (from
     metrics.jsonl); phase B's proposed candidates, how many were valid, and accepted (from the
-    run's archive, folder or archive.zip)."""
+    run's archive, folder or packed)."""
     import harness_archive
     cells = {}
     for r in runs:
@@ -437,19 +445,19 @@ def into_readme(path: Path, root, body: str):
 
 
 def pack(root: Path):
-    """Pack the archive of every finished run under root (or root itself) into its archive.zip,
-    and drop its curve.png (report.html draws the curve): a run record of a handful of files."""
+    """Pack every finished run under root (or root itself) into its run.zip and drop its
+    curve.png (report.html draws the curve): a run record of two files, run.zip and report.html."""
     import harness_archive
-    for s in sorted([root / "summary.json"] if (root / "summary.json").exists() else root.glob("*/summary.json")):
-        if harness_archive.pack_archive(s.parent):
-            print(f"packed {s.parent}/archive.zip")
-        (s.parent / "curve.png").unlink(missing_ok=True)
+    for d in finished_runs(root):
+        if harness_archive.pack_run(d):
+            print(f"packed {d}/run.zip")
+        (d / "curve.png").unlink(missing_ok=True)
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("root", help="folder holding run directories")
-    ap.add_argument("--pack", action="store_true", help="only pack each finished run's archive/ into archive.zip")
+    ap.add_argument("--pack", action="store_true", help="only pack each finished run into its run.zip")
     ap.add_argument("--out", default="", help="where RESULTS.md and the curves go (default: ROOT itself)")
     ap.add_argument("--readme", default="", help="also write the summary (the main table and the claims) into "
                     "this file, between its two marker lines for this root (see markers)")
@@ -463,7 +471,7 @@ def main():
         return pack(Path(a.root))
     runs = load(Path(a.root))
     if not runs:
-        raise SystemExit(f"results.py: no finished runs (summary.json) under {a.root}")
+        raise SystemExit(f"results.py: no finished runs (summary.json or run.zip) under {a.root}")
     # a typo in the grid would print a coverage table of empty cells
     bad = [d for d in a.domains.split() if not (ROOT / "domains" / f"{d}.py").exists()]
     if bad:
@@ -481,7 +489,7 @@ def main():
     for where in a.against:
         other = load(Path(where))
         if not other:
-            raise SystemExit(f"results.py: --against: no finished runs (summary.json) under {where}")
+            raise SystemExit(f"results.py: --against: no finished runs (summary.json or run.zip) under {where}")
         cell_labels(other)
         versus[where] = against(runs, other, a.root, where)
     more_flags = (f" --readme {a.readme}" if a.readme else "") + "".join(f" --against {w}" for w in a.against)
