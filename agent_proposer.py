@@ -33,6 +33,7 @@ import tempfile
 import time
 
 import harness_archive
+import harness_source
 from primitives import failure_signatures
 from archive_view import DIGEST_CHARS, RULES, archive_digest, id_list, outcomes_vs, render_trace, short
 
@@ -40,31 +41,136 @@ MAX_CANDIDATE_BYTES = 200_000  # a harness file is ~3-5 kB; anything this big is
 KEEP_BYTES = 1 << 20           # archive files up to this size are restorable after an agent call
 
 
-def snapshot(root, keep_bytes=0):
-    """{path relative to root: (kind, size, digest, data)} for everything under root. kind is
-    file | dir | link | other; symbolic links are recorded (digest = their target), never
-    followed; data = the bytes of regular files up to keep_bytes (to restore them), else None."""
-    out = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in dirnames + filenames:
-            path = os.path.join(dirpath, name)
-            rel = os.path.relpath(path, root)
+SNAP_ENTRIES = 20_000      # entries one snapshot records; past that it stops and says so
+SNAP_DEPTH = 32            # directory levels it looks into
+SNAP_FILE_BYTES = 4 << 20  # bytes of one file it reads (the digest covers them, the size and the mtime)
+SNAP_BYTES = 128 << 20     # bytes of all files it reads together
+
+
+def walk(root, max_depth=SNAP_DEPTH, max_entries=SNAP_ENTRIES, problems=None, prune=None):
+    """(path, lstat) for everything under root, without recursion and without following links;
+    at most max_depth levels and max_entries entries, each limit reached is one line in
+    `problems`; a directory for which prune(path) is true is neither listed nor entered. An
+    entry that vanishes or cannot be read is skipped."""
+    stack, n = [(root, 0)], 0
+    while stack:
+        d, depth = stack.pop()
+        try:
+            with os.scandir(d) as it:
+                entries = sorted(it, key=lambda e: e.name)
+        except OSError:
+            continue
+        for e in entries:
+            if n >= max_entries:
+                if problems is not None:
+                    problems.append(f"{root}: more than {max_entries} entries; the rest not looked at")
+                return
+            if prune and e.is_dir(follow_symlinks=False) and prune(e.path):
+                continue
+            n += 1
             try:
-                st = os.lstat(path)
-                if stat.S_ISLNK(st.st_mode):
-                    out[rel] = ("link", 0, os.readlink(path), None)
-                elif stat.S_ISDIR(st.st_mode):
-                    out[rel] = ("dir", 0, "", None)
-                elif stat.S_ISREG(st.st_mode):
-                    with open(path, "rb") as f:
-                        data = f.read()
-                    out[rel] = ("file", len(data), hashlib.sha256(data).hexdigest(),
-                                data if len(data) <= keep_bytes else None)
-                else:
-                    out[rel] = ("other", 0, "", None)
+                st = os.lstat(e.path)
+            except OSError:
+                continue
+            yield e.path, st
+            if stat.S_ISDIR(st.st_mode):
+                if depth + 1 < max_depth:
+                    stack.append((e.path, depth + 1))
+                elif problems is not None:
+                    problems.append(f"{os.path.relpath(e.path, root)}: deeper than {max_depth} levels; not looked into")
+
+
+def _read_at_most(path, limit):
+    """The first `limit` bytes of a regular file (O_NOFOLLOW | O_NONBLOCK: a link or a fifo swapped
+    in is refused, never followed or waited on), or None."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        return f.read(limit)
+
+
+def snapshot(root, keep_bytes=0, problems=None):
+    """{path relative to root: (kind, size, digest, data)} for everything under root, with the
+    limits above (each one reached is a line in `problems`). kind is file | dir | link | other;
+    symbolic links are recorded (digest = their target), never followed; a file's digest covers
+    its first SNAP_FILE_BYTES (its size, allocated blocks and mtime besides: a sparse 64 GB file
+    costs what it allocates, nothing); data = the bytes of files up to keep_bytes (to restore
+    them), else None."""
+    out, budget = {}, SNAP_BYTES
+    problems = [] if problems is None else problems
+    for path, st in walk(root, problems=problems):
+        rel = os.path.relpath(path, root)
+        if stat.S_ISLNK(st.st_mode):
+            try:
+                out[rel] = ("link", 0, os.readlink(path), None)
             except OSError:
                 out[rel] = ("other", 0, "unreadable", None)
+        elif stat.S_ISDIR(st.st_mode):
+            out[rel] = ("dir", 0, "", None)
+        elif stat.S_ISREG(st.st_mode):
+            data = _read_at_most(path, max(0, min(SNAP_FILE_BYTES, budget))) or b""
+            budget -= len(data)
+            if st.st_size > len(data) and budget <= 0:
+                problems.append(f"{root}: over {SNAP_BYTES} bytes read; later files compared by size and mtime only")
+                budget = 0
+            digest = f"{hashlib.sha256(data).hexdigest()}:{st.st_blocks}:{st.st_mtime_ns}"
+            out[rel] = ("file", st.st_size, digest, data if st.st_size <= keep_bytes and len(data) == st.st_size
+                        else None)
+        else:
+            out[rel] = ("other", 0, "", None)
+    problems[:] = list(dict.fromkeys(problems))
     return out
+
+
+def remove_tree(top):
+    """rm -rf top, not following links, for a tree of any depth: each directory's contents are
+    moved up into `top` (renamed), then it is removed; no recursion and no long paths. Returns
+    what could not be removed ([] when top is gone)."""
+    if not os.path.lexists(top):
+        return []
+    if not os.path.isdir(top) or os.path.islink(top):
+        try:
+            os.unlink(top)
+            return []
+        except OSError as e:
+            return [f"{top}: {e.strerror}"]
+    stuck, n = {}, 0
+    while True:
+        try:
+            with os.scandir(top) as it:
+                entries = [e for e in it if e.name not in stuck]
+        except OSError as e:
+            return [f"{top}: {e.strerror}"]
+        dirs = []
+        for e in entries:
+            try:
+                if e.is_dir(follow_symlinks=False):
+                    dirs.append(e.name)
+                else:
+                    os.unlink(e.path)
+            except OSError as err:
+                stuck[e.name] = err.strerror
+        if not dirs:
+            break
+        for d in dirs:
+            path = os.path.join(top, d)
+            try:
+                with os.scandir(path) as it:
+                    for e in it:
+                        n += 1
+                        os.rename(e.path, os.path.join(top, f".rm{n}"))
+                os.rmdir(path)
+            except OSError as err:
+                stuck[d] = err.strerror
+    try:
+        os.rmdir(top)
+        return []
+    except OSError as e:
+        return [f"{top}: {e.strerror}"] + [f"{top}/{name}: {why}" for name, why in sorted(stuck.items())[:8]]
 
 
 def changed_paths(before, after):
@@ -76,10 +182,7 @@ def changed_paths(before, after):
 
 
 def _remove(path):
-    if os.path.isdir(path) and not os.path.islink(path):
-        shutil.rmtree(path, ignore_errors=True)
-    elif os.path.lexists(path):
-        os.unlink(path)
+    remove_tree(path)
 
 
 def restore(root, before, after):
@@ -115,18 +218,34 @@ def _list(pairs, n=8):
     return shown + (f" and {len(pairs) - n} more" if len(pairs) > n else "")
 
 
-def collect_candidates(new_dir, k, max_bytes=MAX_CANDIDATE_BYTES):
+def collect_candidates(new_dir, k, max_bytes=MAX_CANDIDATE_BYTES, max_entries=100_000):
     """(files, problems): [(name, source)] for regular files new/cand_N.py directly under
-    new_dir, in number order, the first k; problems = why any other entry was ignored."""
+    new_dir, in number order, the first k; problems = why any other entry was ignored (a bad
+    file costs that file only; entries not named like a candidate are one line together). At
+    most max_entries names are looked at."""
     files, problems = [], []
-    names = sorted(os.listdir(new_dir), key=lambda f: [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", f)])
+    try:
+        with os.scandir(new_dir) as it:
+            names = [e.name for _, e in zip(range(max_entries + 1), it)]
+    except OSError as e:
+        return [], [f"new/: unreadable ({e.strerror})"]
+    if len(names) > max_entries:
+        problems.append(f"new/: more than {max_entries} entries; the rest not looked at")
+        names = names[:max_entries]
+    other = sorted(n for n in names if not re.fullmatch(r"cand_\w+\.py", n))
+    if other:
+        problems.append(f"new/: {len(other)} entries not named new/cand_N.py ("
+                        + ", ".join(short(n, 60) for n in other[:5]) + (", ..." if len(other) > 5 else "") + ")")
+    names = sorted(set(names) - set(other), key=lambda f: [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", f)])
     for name in names:
         path = os.path.join(new_dir, name)
-        st = os.lstat(path)
-        if not re.fullmatch(r"cand_\w+\.py", name):
-            problems.append(f"new/{name}: not named new/cand_N.py")
-        elif stat.S_ISLNK(st.st_mode):
-            problems.append(f"new/{name}: a symbolic link (to {os.readlink(path)!r}), not a file")
+        try:
+            st = os.lstat(path)
+        except OSError as e:
+            problems.append(f"new/{name}: unreadable ({e.strerror})")
+            continue
+        if stat.S_ISLNK(st.st_mode):
+            problems.append(f"new/{name}: a symbolic link, not a file")
         elif not stat.S_ISREG(st.st_mode):
             problems.append(f"new/{name}: not a regular file")
         elif st.st_size > max_bytes:
@@ -134,13 +253,11 @@ def collect_candidates(new_dir, k, max_bytes=MAX_CANDIDATE_BYTES):
         elif len(files) >= k:
             problems.append(f"new/{name}: more than the {k} files asked for")
         else:
-            try:  # O_NOFOLLOW: a link swapped in after the check is refused, not followed
-                fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-                with os.fdopen(fd, "rb") as f:
-                    data = f.read(max_bytes + 1)
-                files.append((name, data[:max_bytes].decode("utf-8", "replace")))
-            except OSError as e:
-                problems.append(f"new/{name}: unreadable ({e.strerror})")
+            data = _read_at_most(path, max_bytes + 1)  # a link or fifo swapped in after the check: refused
+            if data is None or len(data) > max_bytes:
+                problems.append(f"new/{name}: changed while being read")
+            else:
+                files.append((name, data.decode("utf-8", "replace")))
     return files, problems
 
 
@@ -165,13 +282,13 @@ def agent_usage(stdout):
     text = (stdout or "").strip()
     try:
         objs = [json.loads(text)]
-    except ValueError:
+    except (ValueError, RecursionError):  # (RecursionError: absurdly nested output)
         objs = []
         for line in text.splitlines():
             if line.strip().startswith("{"):
                 try:
                     objs.append(json.loads(line))
-                except ValueError:
+                except (ValueError, RecursionError):
                     pass
     for o in objs:
         if not isinstance(o, dict):
@@ -297,9 +414,10 @@ description: Write new harness files for a Meta-Harness search from this copy of
   counts model and tool time, a call budget. A refused call raises ToolError in the harness.
 - The harness runs jailed: standard library only, no files outside its scratch directory, no
   network, no processes.
-- You (the agent) run jailed too: you can read the system and this directory, write only this
-  directory and your HOME, and connect only to TCP port 443. The data, the test split and the
-  run directory are not readable; do not look for them.
+- You (the agent) run jailed too, as an unprivileged user: you can read the system and this
+  directory, write only this directory and your HOME, and reach the network only through the
+  HTTPS proxy in HTTPS_PROXY, to your API's host. The data, the test split and the run directory
+  are not readable; do not look for them.
 
 ## What the rules check, in order
 - the file parses and defines run(task, llm, tools) at top level; it imports only the
@@ -341,8 +459,10 @@ def command_prompt(domain, archive_dir, k, digest_chars=DIGEST_CHARS):
         f"{archive_digest(archive_dir, digest_chars, with_traces=False)}\n")
 
 
-def command_proposer(domain, command, timeout, digest_chars, workdir_root=None, env_names=(), private=()):
+def command_proposer(domain, command, timeout, digest_chars, workdir_root=None, env_names=(), private=(),
+                     hosts=None):
     import agent_jail
+    hosts = agent_jail.DEFAULT_HOSTS if hosts is None else tuple(hosts)
 
     def propose(archive_dir, k):
         propose.errors = []
@@ -352,11 +472,18 @@ def command_proposer(domain, command, timeout, digest_chars, workdir_root=None, 
         prompt = command_prompt(domain, archive_dir, k, digest_chars)
         propose.stats["calls"] += 1
         propose.stats["prompt_chars"] += len(prompt)
+
+        def step(what, fn, default=None):  # one failing step costs its own report, never the candidates
+            try:
+                return fn()
+            except Exception as e:
+                propose.errors.append(f"integrity: {what} failed ({type(e).__name__}: {short(str(e), 200)})")
+                return default
         # root/archive: its copy (cwd); root/home: its HOME and TMPDIR. Both writable, nothing else.
         root = tempfile.mkdtemp(prefix="whale-agent-", dir=workdir_root)
         work, home = os.path.join(root, "archive"), os.path.join(root, "home")
         out = err = ""
-        files, rc, timed_out, t0 = [], None, False, time.time()
+        files, rc, timed_out, network, t0 = [], None, False, [], time.time()
         try:
             os.makedirs(work)
             os.makedirs(home)
@@ -374,8 +501,9 @@ def command_proposer(domain, command, timeout, digest_chars, workdir_root=None, 
             # namespace (all it starts ends with the call), Landlock, a scrubbed environment.
             try:
                 res = agent_jail.run_agent(command.replace("{prompt_file}", shlex.quote(path)), work, home, prompt,
-                                           timeout, env_names, private=_private_paths(archive_dir, private))
-                out, err, rc, timed_out = res["out"], res["err"], res["rc"], res["timed_out"]
+                                           timeout, env_names, private=_private_paths(archive_dir, private),
+                                           hosts=hosts)
+                out, err, rc, timed_out, network = res["out"], res["err"], res["rc"], res["timed_out"], res["network"]
                 propose.errors += [f"command: {n}" for n in res["notes"]]
                 if timed_out:
                     propose.errors.append(f"command: timed out after {timeout:g}s; collecting what it wrote")
@@ -383,28 +511,39 @@ def command_proposer(domain, command, timeout, digest_chars, workdir_root=None, 
                     tail = [x for x in (err or out or "").splitlines() if x.strip()][-20:]
                     propose.errors.append(f"command: exit status {rc}")
                     propose.errors += [f"command: stderr: {short(x, 240)}" for x in tail]
+                refused = list(dict.fromkeys(f"{n['host']}:{n['port']}: {n['why']}" if n["host"] else n["why"]
+                                             for n in network if not n["allowed"]))
+                propose.errors += [f"network: refused {x}" for x in refused[:8]]
             except OSError as e:
                 res = {}
                 propose.errors.append(f"command: could not start: {e}")
-            outside = writes_outside(archive_dir, since, skip=[root, archive_dir], tmp=not res.get("landlock"),
-                                     more=[p for p in private if os.path.isdir(p)])
+            # What the agent wrote first: nothing below may cost the candidates.
+            files, problems = step("reading new/", lambda: collect_candidates(os.path.join(work, "new"), k), ([], []))
+            for p in problems:
+                propose.errors.append(f"integrity: ignored {p}")
+            outside = step("looking for writes outside its copy", lambda: writes_outside(
+                archive_dir, since, skip=[root, archive_dir], tmp=not res.get("landlock"),
+                more=[p for p in private if os.path.isdir(p)]), [])
             if outside:
                 propose.errors.append("integrity: written outside its copy during the call (by the agent or "
                                       f"another process): {_list([(p, 'written') for p in outside])}")
-            # The real archive first: nothing the agent did there may reach selection.
-            undone = restore(archive_dir, archive_before, snapshot(archive_dir))
+            # The real archive: nothing the agent did there may reach selection.
+            undone = step("checking the archive", lambda: restore(archive_dir, archive_before, snapshot(archive_dir)),
+                          [])
             if undone:
                 propose.errors.append("integrity: the archive itself changed while the agent ran (it works in a "
                                       f"copy): {_list(undone)}")
-            files, problems = collect_candidates(os.path.join(work, "new"), k)
-            for p in problems:
-                propose.errors.append(f"integrity: ignored {p}")
-            elsewhere = [(p, how) for p, how in changed_paths(work_before, snapshot(work))
-                         if p != "new" and not p.startswith("new" + os.sep)]
+            limits = []
+            elsewhere = step("comparing its copy", lambda: [
+                (p, how) for p, how in changed_paths(work_before, snapshot(work, problems=limits))
+                if p != "new" and not p.startswith("new" + os.sep)], [])
             if elsewhere:
                 propose.errors.append(f"integrity: the agent changed files outside new/ (ignored): {_list(elsewhere)}")
+            propose.errors += [f"integrity: {x}" for x in limits[:4]]
         finally:
-            shutil.rmtree(root, ignore_errors=True)
+            left = remove_tree(root)
+            if left:
+                propose.errors.append(f"integrity: its copy could not be removed: {_list([(x, 'left') for x in left])}")
         seconds = time.time() - t0
         propose.stats["seconds"] += seconds
         usage = agent_usage(out)
@@ -413,10 +552,7 @@ def command_proposer(domain, command, timeout, digest_chars, workdir_root=None, 
             propose.stats[key] += usage[key]
         cands = []
         for fname, src in files:
-            try:
-                doc = (ast.get_docstring(ast.parse(src)) or "").strip()
-            except (SyntaxError, ValueError):
-                doc = ""
+            doc = (harness_source.docstring(src) or "").strip()
             m = re.search(r"^\s*parent:\s*(cand_\d{3,})\b", doc, re.M | re.I)
             cands.append(dict(source=src, proposer="command", format="file",
                               parent=m.group(1) if m and m.group(1) in names else (best["name"] if best else None),
@@ -424,15 +560,15 @@ def command_proposer(domain, command, timeout, digest_chars, workdir_root=None, 
         propose.stats["completion_chars"] += len(out or "") + sum(len(c["source"]) for c in cands)
         if not cands:
             propose.errors.append("command: no new/cand_*.py files were written")
-        # What the agent was told and said, and one line per call, in the real archive.
+        # What the agent was told and said (its output is already bounded), and one line per call.
         with open(os.path.join(archive_dir, "PROPOSE.md"), "w") as f:
             f.write(prompt)
         with open(os.path.join(archive_dir, "PROPOSE.log"), "w") as f:
             f.write((out or "") + ("\n--- stderr ---\n" + err if err else ""))
         harness_archive.append_jsonl(os.path.join(archive_dir, "proposer_calls.jsonl"), dict(
             time=round(t0, 3), command=command, exit=rc, timed_out=timed_out, seconds=round(seconds, 3),
-            files=[f for f, _ in files], errors=list(propose.errors), usage={k_: v for k_, v in usage.items()
-                                                                            if k_ != "errors"}))
+            files=[f for f, _ in files], errors=list(propose.errors), network=network[:50],
+            usage={k_: v for k_, v in usage.items() if k_ != "errors"}))
         return cands
     propose.stats = dict(calls=0, prompt_chars=0, completion_chars=0, prompt_tokens=0, completion_tokens=0,
                          cost_usd=0.0, seconds=0.0)
@@ -454,33 +590,22 @@ def writes_outside(archive_dir, since, skip=(), tmp=True, more=(), max_entries=2
     copy would write: the archive's parent, the directories in `more` (whale.py: the run
     directory), the repository and, with tmp, the top level of the temporary directory (other
     processes write there too: only asked when the agent ran without its Landlock jail, which
-    refuses /tmp). `skip`: directories not to report."""
+    refuses /tmp). `skip`: directories not to report. Walked with walk()'s limits."""
     repo = os.path.dirname(os.path.realpath(__file__))
-    roots = [(os.path.dirname(os.path.abspath(archive_dir)), 99), *[(d, 99) for d in more], (repo, 99)] + \
-        [(tempfile.gettempdir(), 0)] * tmp
+    roots = [(os.path.dirname(os.path.abspath(archive_dir)), SNAP_DEPTH), *[(d, SNAP_DEPTH) for d in more],
+             (repo, SNAP_DEPTH)] + [(tempfile.gettempdir(), 1)] * tmp
     skip = [os.path.realpath(p) for p in skip]
-    found, seen = [], 0
+    found = []
     for top, depth in roots:
         top = os.path.realpath(top)
-        for dirpath, dirnames, filenames in os.walk(top):
-            level = dirpath[len(top):].count(os.sep)
-            dirnames[:] = [d for d in dirnames if d != ".git"
-                           and not any(_inside(os.path.join(dirpath, d), s) for s in skip)]
-            names = dirnames + filenames
-            if level >= depth:
-                dirnames[:] = []
-            for name in names:
-                path = os.path.join(dirpath, name)
-                seen += 1
-                try:
-                    st = os.lstat(path)
-                except OSError:
-                    continue
-                if max(st.st_mtime, st.st_ctime) >= since and not any(_inside(path, s) for s in skip) \
-                        and path not in found:
-                    found.append(path)
-            if seen > max_entries:
-                break
+        if any(_inside(top, s) for s in skip):
+            continue
+        prune = lambda p: os.path.basename(p) == ".git" or any(_inside(p, s) for s in skip)
+        for path, st in walk(top, max_depth=depth, max_entries=max_entries, prune=prune):
+            if any(_inside(path, s) for s in skip):
+                continue
+            if max(st.st_mtime, st.st_ctime) >= since and path not in found:
+                found.append(path)
     return sorted(found)
 
 

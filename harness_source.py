@@ -6,11 +6,15 @@ when two files are the same program.
     normalized(source) -> str                                     # equal for the same program
     differs_only_in(base, candidate, names) -> (ok, why)          # FST's prompt-only rule
     static_check(source) -> reason or None                        # can this be a harness at all?
-    hypothesis(source) -> str or None                             # its docstring's first line
+    parse(source) -> ast.Module                                   # ast.parse, bounded (SyntaxError otherwise)
+    docstring(source), hypothesis(source) -> str or None          # its docstring, and that's first line
     with_hypothesis(source, line) -> source                       # that line put first, the code untouched
 
 Everything works on the source text with `ast`; nothing here runs harness code (sandbox.py
-does). meta_harness.py uses it to validate and deduplicate candidates, primitives.py and
+does). Every parse goes through parse(), which turns a source too deep or too large to parse
+(a 90,000-link attribute chain, 100,000 unary minus signs) into a SyntaxError, and refuses trees
+deeper than MAX_AST_DEPTH, so that nothing recursive here or in its callers (ast.dump,
+ast.unparse, the report) can meet a RecursionError on a candidate's source. meta_harness.py uses it to validate and deduplicate candidates, primitives.py and
 tools/headroom.py to splice the domains' PRIMITIVES in. What it leaves out: names bound inside
 `if`/`try` blocks at top level (a search axis is a plain top-level def, class or assignment),
 and any judgement of what a change does (that is the evaluation's job).
@@ -22,6 +26,26 @@ import textwrap
 from collections import Counter
 
 from sandbox import valid_text  # the one text rule (lone surrogates), at every boundary
+
+MAX_AST_DEPTH = 100  # a harness nests a few dozen levels; ast.unparse recurses ~3 frames a level
+
+
+def parse(source):
+    """ast.parse(source), or SyntaxError for a source that cannot be checked safely: nested
+    deeper than MAX_AST_DEPTH, or so deep or large that parsing itself runs out of stack or
+    memory (those are a candidate's fault, never the run's)."""
+    try:
+        tree = ast.parse(source)
+    except (RecursionError, MemoryError) as e:
+        raise SyntaxError(f"too deeply nested or too large to parse ({type(e).__name__})") from None
+    stack = [(tree, 0)]
+    while stack:  # (iterative: the depth is what is being checked)
+        node, depth = stack.pop()
+        if depth > MAX_AST_DEPTH:
+            raise SyntaxError(f"nested deeper than {MAX_AST_DEPTH} levels", ("<harness>", getattr(node, "lineno", 1),
+                                                                             1, ""))
+        stack.extend((child, depth + 1) for child in ast.iter_child_nodes(node))
+    return tree
 
 
 def _defined_names(node):
@@ -42,7 +66,7 @@ def top_level_names(source):
     """{name: (first_line, last_line)} for every top-level def/class/assignment, in file order.
     A name bound twice maps to its last binding, the one in effect after import."""
     out = {}
-    for node in ast.parse(source).body:
+    for node in parse(source).body:
         for name in _defined_names(node):
             out.pop(name, None)
             out[name] = _span(node)
@@ -62,10 +86,10 @@ def splice(source, name, new_def_source):
     reformat the file. Raises KeyError if `name` is not defined, ValueError if it cannot be
     spliced cleanly."""
     new_def = textwrap.dedent(new_def_source).strip("\n").rstrip() + "\n"
-    new_tree = ast.parse(new_def)
+    new_tree = parse(new_def)
     if len(new_tree.body) != 1 or _defined_names(new_tree.body[0]) != [name]:
         raise ValueError(f"replacement must be one statement defining exactly {name!r}")
-    tree = ast.parse(source)
+    tree = parse(source)
     hits = [i for i, n in enumerate(tree.body) if name in _defined_names(n)]
     if not hits:
         raise KeyError(f"{name!r} is not defined at top level")
@@ -80,7 +104,7 @@ def splice(source, name, new_def_source):
     lines = _lines(source)
     out = "".join(lines[:start - 1]) + new_def + "".join(lines[end:])
     # Verify by re-parsing: the same statements, one of them swapped for the new one.
-    out_body = ast.parse(out).body
+    out_body = parse(out).body
     want = tree.body[:i] + new_tree.body + tree.body[i + 1:]
     if [ast.dump(n) for n in out_body] != [ast.dump(n) for n in want]:
         raise ValueError(f"splice of {name!r} did not re-parse to the intended program")
@@ -100,7 +124,7 @@ def normalized(source):
     """Canonical form for "is this the same program": the ast dump without comments, layout
     or docstrings (a reworded docstring is not a new candidate worth 128 rollouts)."""
     try:
-        return ast.dump(_strip_docstrings(ast.parse(source)))
+        return ast.dump(_strip_docstrings(parse(source)))
     except (SyntaxError, ValueError):
         return "unparsable:" + source.strip()
 
@@ -108,7 +132,7 @@ def normalized(source):
 def _keyed_statements(source):
     """Top-level statements keyed by the names they bind (unnamed ones: '<stmt>', numbered),
     the module docstring left out (text, no behaviour)."""
-    body = ast.parse(source).body
+    body = parse(source).body
     if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
             and isinstance(body[0].value.value, str):
         body = body[1:]
@@ -152,9 +176,9 @@ def static_check(source):
     except ValueError as e:
         return str(e)
     try:
-        tree = ast.parse(source)
+        tree = parse(source)
     except SyntaxError as e:
-        return f"syntax error: {e.msg} (line {e.lineno})"
+        return f"syntax error: {e.msg}" + (f" (line {e.lineno})" if e.lineno else "")
     except ValueError as e:  # null bytes
         return f"unparsable: {e}"
     runs = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "run"]
@@ -173,13 +197,18 @@ def static_check(source):
     return None
 
 
-def hypothesis(source):
-    """The first line of a harness's module docstring: what its author expected it to do."""
+def docstring(source):
+    """A harness's module docstring, or None (also for a source that does not parse)."""
     try:
-        doc = ast.get_docstring(ast.parse(source)) or ""
+        return ast.get_docstring(parse(source))
     except (SyntaxError, ValueError):
         return None
-    return doc.strip().splitlines()[0][:300] if doc.strip() else None
+
+
+def hypothesis(source):
+    """The first line of a harness's module docstring: what its author expected it to do."""
+    doc = (docstring(source) or "").strip()
+    return doc.splitlines()[0][:300] if doc else None
 
 
 def with_hypothesis(source, line):
@@ -189,7 +218,7 @@ def with_hypothesis(source, line):
     is not a plain triple-quoted literal is left alone; no docstring: one is added."""
     line = " ".join(str(line).replace("\\", "/").replace('"""', "'''").split())
     try:
-        body = ast.parse(source).body
+        body = parse(source).body
     except (SyntaxError, ValueError):
         return source
     if not (body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)

@@ -159,3 +159,132 @@ def preexec(p):
     # Limits last: this forked copy of the parent may already be over RLIMIT_AS (exec resets it).
     for res, lim in p["limits"]:
         resource.setrlimit(res, (lim, lim))
+
+
+# -----------------------------------------------------------------------------
+# seccomp: the system calls a jailed process may make (the agent jail's filter)
+#
+# A classic-BPF program the kernel runs on every system call of the process and of everything
+# it execs (it cannot be removed; installing it needs no_new_privs). It answers from the call's
+# number and its first arguments, never from memory they point to. What this filter refuses:
+# - sockets other than AF_UNIX and plain TCP over IPv4/IPv6 (protocol 0 or 6): no raw, packet,
+#   netlink, UDP, MPTCP, SCTP ... sockets (socketpair: AF_UNIX only); io_uring (its SOCKET op
+#   would go round this filter);
+# - the terminal injections TIOCSTI and TIOCLINUX (a command typed into someone's terminal);
+# - new namespaces (unshare, setns, clone with CLONE_NEW*; clone3 says ENOSYS, its flags are
+#   behind a pointer, and libc then falls back to clone), mounts, pivot_root, chroot;
+# - the kernel's administrative surface: modules, kexec, bpf, perf, keyrings, userfaultfd,
+#   open_by_handle_at, ptrace, hostname, clock, swap, reboot, ioperm/iopl;
+# - system calls of another architecture (a 32-bit call on x86_64): the process is killed.
+# Everything else is allowed: the rest of the jail (uid nobody, no capabilities, Landlock, the
+# namespaces) decides what those calls reach.
+
+SECCOMP_SET_MODE_FILTER_PRCTL, SECCOMP_MODE_FILTER = 22, 2  # prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog)
+RET_ALLOW, RET_KILL_PROCESS, RET_ERRNO = 0x7FFF0000, 0x80000000, 0x00050000
+AF_UNIX, AF_INET, AF_INET6 = 1, 2, 10
+SOCK_STREAM, SOCK_TYPE_MASK, IPPROTO_TCP = 1, 0xF, 6
+TIOCSTI, TIOCLINUX = 0x5412, 0x541C
+CLONE_NEW_ANY = 0x7E020000  # NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET (and NEWTIME's bit 7: below)
+CLONE_NEWTIME = 0x80
+EPERM, ENOSYS = 1, 38
+# audit arch, and the numbers of the calls the filter names, per architecture
+SYSCALLS = {
+    "x86_64": dict(arch=0xC000003E, x32=0x40000000, socket=41, socketpair=53, ioctl=16, clone=56, clone3=435,
+                   deny=dict(unshare=272, setns=308, mount=165, umount2=166, pivot_root=155, chroot=161,
+                             init_module=175, finit_module=313, delete_module=176, kexec_load=246,
+                             kexec_file_load=320, bpf=321, perf_event_open=298, keyctl=250, add_key=248,
+                             request_key=249, userfaultfd=323, open_by_handle_at=304, ptrace=101,
+                             sethostname=170, setdomainname=171, settimeofday=164, clock_settime=227,
+                             adjtimex=159, swapon=167, swapoff=168, reboot=169, acct=163, ioperm=173, iopl=172,
+                             io_uring_setup=425, io_uring_enter=426, io_uring_register=427, fsopen=430,
+                             fsmount=432, move_mount=429, open_tree=428, mount_setattr=442, vhangup=153)),
+    "aarch64": dict(arch=0xC00000B7, x32=None, socket=198, socketpair=199, ioctl=29, clone=220, clone3=435,
+                    deny=dict(unshare=97, setns=268, mount=40, umount2=39, pivot_root=41, chroot=51,
+                              init_module=105, finit_module=273, delete_module=106, kexec_load=104,
+                              kexec_file_load=294, bpf=280, perf_event_open=241, keyctl=219, add_key=217,
+                              request_key=218, userfaultfd=282, open_by_handle_at=265, ptrace=117,
+                              sethostname=161, setdomainname=162, settimeofday=170, clock_settime=112,
+                              adjtimex=171, swapon=224, swapoff=225, reboot=142, acct=89, io_uring_setup=425,
+                              io_uring_enter=426, io_uring_register=427, fsopen=430, fsmount=432, move_mount=429,
+                              open_tree=428, mount_setattr=442, vhangup=58)),
+}
+
+
+def seccomp_program(machine=None):
+    """The agent's filter as bytes (struct sock_filter[]), or None on an architecture without a
+    table above. A tiny assembler: ("ld", offset), ("jeq" | "jset" | "jge", k, label_true,
+    label_false or None = next), ("and", k), ("ret", k), and labels as plain strings."""
+    import platform, struct
+    t = SYSCALLS.get(machine or platform.machine())
+    if t is None:
+        return None
+    arg = lambda i: 16 + 8 * i  # struct seccomp_data: nr, arch, ip, args[6] (the low 32 bits, little-endian)
+    errno = lambda e: RET_ERRNO | e
+    prog = [("ld", 4), ("jeq", t["arch"], None, "kill"), ("ld", 0)]
+    if t["x32"]:
+        prog.append(("jge", t["x32"], "eperm", None))
+    prog += [("jeq", nr, "eperm", None) for nr in t["deny"].values()]
+    prog += [("jeq", t["clone3"], "enosys", None), ("jeq", t["socket"], "socket", None),
+             ("jeq", t["socketpair"], "socketpair", None), ("jeq", t["ioctl"], "ioctl", None),
+             ("jeq", t["clone"], "clone", None), ("ret", RET_ALLOW),
+             "socket", ("ld", arg(0)), ("jeq", AF_UNIX, "allow", None), ("jeq", AF_INET, "inet", None),
+             ("jeq", AF_INET6, "inet", "eperm"),
+             "inet", ("ld", arg(1)), ("and", SOCK_TYPE_MASK), ("jeq", SOCK_STREAM, None, "eperm"),
+             ("ld", arg(2)), ("jeq", 0, "allow", None), ("jeq", IPPROTO_TCP, "allow", "eperm"),
+             "socketpair", ("ld", arg(0)), ("jeq", AF_UNIX, "allow", "eperm"),
+             "ioctl", ("ld", arg(1)), ("jeq", TIOCSTI, "eperm", None), ("jeq", TIOCLINUX, "eperm", "allow"),
+             "clone", ("ld", arg(0)), ("jset", CLONE_NEW_ANY | CLONE_NEWTIME, "eperm", "allow"),
+             "allow", ("ret", RET_ALLOW), "eperm", ("ret", errno(EPERM)), "enosys", ("ret", errno(ENOSYS)),
+             "kill", ("ret", RET_KILL_PROCESS)]
+    at, n = {}, 0
+    for op in prog:  # pass 1: where each label is
+        if isinstance(op, str):
+            at[op] = n
+        else:
+            n += 1
+    out, pc = [], 0
+    for op in prog:  # pass 2: encode; a jump's offsets count from the next instruction
+        if isinstance(op, str):
+            continue
+        pc += 1
+        if op[0] == "ld":
+            out.append(struct.pack("=HBBI", 0x20, 0, 0, op[1]))  # BPF_LD | BPF_W | BPF_ABS
+        elif op[0] == "and":
+            out.append(struct.pack("=HBBI", 0x54, 0, 0, op[1]))  # BPF_ALU | BPF_AND | BPF_K
+        elif op[0] == "ret":
+            out.append(struct.pack("=HBBI", 0x06, 0, 0, op[1]))  # BPF_RET | BPF_K
+        else:
+            code = {"jeq": 0x15, "jge": 0x35, "jset": 0x45}[op[0]]  # BPF_JMP | BPF_K | JEQ/JGE/JSET
+            jt, jf = (0 if lab is None else at[lab] - pc for lab in op[2:4])
+            assert 0 <= jt < 256 and 0 <= jf < 256, op
+            out.append(struct.pack("=HBBI", code, jt, jf, op[1]))
+    return b"".join(out)
+
+
+def install_seccomp(libc, get_errno, program):
+    """Install `program` (seccomp_program's bytes) on this process for good; no_new_privs first
+    (the kernel requires it of a process without CAP_SYS_ADMIN). Raises OSError."""
+    import ctypes  # (loaded by plan(): no file access)
+
+    class Fprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_char_p)]
+    prog = Fprog(len(program) // 8, program)
+    for args, what in (((38, 1, 0, 0, 0), "prctl(PR_SET_NO_NEW_PRIVS)"),
+                       ((SECCOMP_SET_MODE_FILTER_PRCTL, SECCOMP_MODE_FILTER, ctypes.addressof(prog), 0, 0),
+                        "prctl(PR_SET_SECCOMP)")):
+        if libc.prctl(*[ctypes.c_ulong(a) for a in args]) != 0:
+            e = get_errno()
+            raise OSError(e, f"{what}: {os.strerror(e)}")
+
+
+def drop_root(libc, get_errno, last_cap):
+    """As root: empty the capability bounding set (so no exec can regain a capability), then
+    become nobody with no groups; setuid from 0 clears the permitted and effective sets.
+    Raises OSError if any step fails."""
+    for cap in range(last_cap + 1):
+        if libc.prctl(24, cap, 0, 0, 0) != 0:  # PR_CAPBSET_DROP
+            e = get_errno()
+            raise OSError(e, f"prctl(PR_CAPBSET_DROP, {cap}): {os.strerror(e)}")
+    os.setgroups([])
+    os.setresgid(NOBODY, NOBODY, NOBODY)
+    os.setresuid(NOBODY, NOBODY, NOBODY)

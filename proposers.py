@@ -294,14 +294,16 @@ def endpoint_error(base_url, model=None, api_key=None, timeout=10.0):
 
 def make_proposer(name, domain, *, llm_text=None, base_url=None, model=None, api_key=None,
                   api_key_env="OPENAI_API_KEY", command=None, rng_seed=0, max_tokens=4096, timeout=None,
-                  digest_chars=DIGEST_CHARS, reply_format="any", workdir_root=None, agent_env=(), private=()):
+                  digest_chars=DIGEST_CHARS, reply_format="any", workdir_root=None, agent_env=(), private=(),
+                  hosts=None):
     """propose(archive_dir, k) -> [dict(source, proposer, note, [parent, axis, format, reject, raw])].
     The callable carries .stats (calls, chars, tokens, seconds, cost) and .errors (last call).
     max_tokens: the LLM reply's length limit; timeout: seconds per LLM request as a whole, from
     connect to the last byte (openai, default 600) or per agent run with everything it started
     (command, default 1800); reply_format: what the LLM is asked for (file | edit | any; replies
     of either form are accepted); agent_env: names of variables the agent gets besides the
-    basics (agent_jail.py); private: more paths the agent must never read."""
+    basics (agent_jail.py); private: more paths the agent must never read; hosts: what its
+    agent may reach through the jail's egress proxy (None: agent_jail.DEFAULT_HOSTS)."""
     if reply_format not in ("any", "file", "edit"):
         raise ValueError(f"unknown reply format {reply_format!r}; expected any, file or edit")
     if name == "primitives":
@@ -329,7 +331,7 @@ def make_proposer(name, domain, *, llm_text=None, base_url=None, model=None, api
             raise ValueError("the command proposer needs command, e.g. 'claude -p'")
         import agent_proposer  # (imported when asked for: it builds on this file's digest and signatures)
         return agent_proposer.command_proposer(domain, command, timeout or 1800.0, digest_chars, workdir_root,
-                                               agent_env, private)
+                                               agent_env, private, hosts)
     raise ValueError(f"unknown proposer {name!r}; expected primitives, self, openai or command")
 
 
@@ -347,4 +349,5 @@ def from_args(a, domain, engine, run_dir=None):
                          timeout=a.proposer_timeout or None, digest_chars=a.proposer_digest_chars,
                          reply_format=a.proposer_format,
                          agent_env=[x.strip() for x in a.proposer_env.split(",") if x.strip()],
-                         private=[str(run_dir)] if run_dir else [])
+                         private=[str(run_dir)] if run_dir else [],
+                         hosts=[x.strip() for x in a.proposer_hosts.split(",") if x.strip()])

@@ -35,7 +35,9 @@ under torchrun the rank, with rank 0's state broadcast to the others after each 
 
 Left out: keeping every checkpoint (only latest and best-on-validation stay).
 """
+import contextlib
 import datetime
+import errno
 import hashlib
 import json
 import os
@@ -89,22 +91,39 @@ def code_version() -> str:
 
 
 def truncate_metrics(run: Path, lines: int):
-    """Drop metrics lines written after the checkpoint we resume from, and any line a kill cut
-    short (it has no newline or does not parse), so the next row starts on a line of its own.
-    Returns the number of lines kept (the count the resumed run continues from)."""
+    """Drop metrics lines written after the checkpoint we resume from, and a last line a kill cut
+    short (no newline, or it does not parse: dropped with a warning), so the next row starts on a
+    line of its own. A damaged line with lines after it is not a kill's doing: one line (UserError)
+    naming it. Fewer lines than the checkpoint counted (the file cut or emptied from outside): a
+    warning saying how many are gone. Returns the number of lines kept."""
+    from run_setup import UserError
     path = run / "metrics.jsonl"
     if not path.exists():
         return 0
+    raw = path.read_bytes().split(b"\n")
+    torn = raw.pop()  # after the last newline: b"" when the file ends cleanly
+    body = raw[:lines]
     kept = []
-    for line in path.read_text().splitlines(keepends=True)[:lines]:
+    for k, line in enumerate(body):
         try:
-            json.loads(line)
-        except ValueError:
-            break  # a torn line: it and everything after it are redone from the checkpoint
-        if not line.endswith("\n"):
+            row = json.loads(line.decode("utf-8"))
+            if not isinstance(row, dict):
+                raise ValueError("not a JSON object")
+        except (ValueError, RecursionError) as e:
+            if k < len(raw) - 1:  # lines follow it: damage, not a torn write
+                raise UserError(f"{path} line {k + 1} is damaged ({type(e).__name__}); fix or remove that line, "
+                                f"then --resume {run} again (the checkpoint does not need it)") from None
+            torn = line
             break
-        kept.append(line)
-    path.write_text("".join(kept))
+        kept.append(line + b"\n")
+    if torn and len(kept) < lines:
+        print(f"whale: warning: {path}: its last line was cut short ({len(torn)} bytes, a kill while writing); "
+              "dropped, the resumed run writes it again", file=sys.stderr)
+    if len(kept) + (1 if torn and len(kept) < lines else 0) < lines:
+        print(f"whale: warning: {path} has {len(kept)} of the {lines} lines the checkpoint counted: "
+              f"{lines - len(kept)} are gone (cut or emptied from outside); the run goes on, its report lacks them",
+              file=sys.stderr)
+    path.write_bytes(b"".join(kept))
     return len(kept)
 
 
@@ -150,6 +169,20 @@ def save_checkpoint(run: Path, engine, optimizer, state: dict, name: str = "chec
     crash_point("checkpoint_swap")
     os.rename(tmp, target)
     shutil.rmtree(old, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def damaged_file(path, run):
+    """Reading a checkpoint file: any failure (truncated, empty, not what it should hold) is one
+    line naming the file and what to do, never a traceback."""
+    from run_setup import UserError
+    try:
+        yield
+    except UserError:
+        raise
+    except Exception as e:
+        raise UserError(f"{path} is damaged ({type(e).__name__}: {str(e)[:120]}); the run cannot continue from "
+                        f"this checkpoint: start it again (another --out, or remove {run})") from None
 
 
 def copy_checkpoint(run: Path, src: str, dst: str):
@@ -295,7 +328,8 @@ class Run:
             if (self.dir / "checkpoint" / "trained.safetensors").exists():
                 self.load_weights("checkpoint", engine)
             if (self.dir / "checkpoint" / "optimizer.pt").exists():
-                optimizer.load_state_dict(torch.load(self.dir / "checkpoint" / "optimizer.pt"))
+                with damaged_file(self.dir / "checkpoint" / "optimizer.pt", self.dir):
+                    optimizer.load_state_dict(torch.load(self.dir / "checkpoint" / "optimizer.pt"))
         self.t0 = time.time() - self.state["seconds"]
         a = self.args
         self.bar = tqdm(total=a.budget, initial=self.state["rollouts"], unit="rollout", desc=f"{a.method} {a.domain}",
@@ -336,8 +370,18 @@ class Run:
     def checkpoint(self, engine, optimizer, model_changed: bool):
         if self.rank == 0:
             self.state["seconds"] = self.elapsed()
-            save_checkpoint(self.dir, engine, optimizer, self.state, model_changed=model_changed,
-                            weights=self.weights, base=getattr(self, "base", None))
+            try:
+                save_checkpoint(self.dir, engine, optimizer, self.state, model_changed=model_changed,
+                                weights=self.weights, base=getattr(self, "base", None))
+            except Exception as e:  # safetensors wraps ENOSPC in its own error type
+                if not (isinstance(e, OSError) and e.errno == errno.ENOSPC or "No space left" in str(e)):
+                    raise
+                clean_partial(self.dir)  # the half-written copy; the last checkpoint is untouched
+                from run_setup import UserError
+                need = sum(p.numel() * p.element_size() for p in engine.model.parameters()
+                           if self.weights == "all" or p.requires_grad) * (3 if optimizer is not None else 1)
+                raise UserError(f"no space left on the device of {self.dir} for a checkpoint (about {need >> 20} MB "
+                                f"needed): free space, then `--resume {self.dir}` continues from the last one") from None
 
     def write_summary(self, tests, best_val_test):
         """summary.json: the run's numbers in one file (results.py's tables read these). tests: the
@@ -397,20 +441,30 @@ class Run:
 
     def load_weights(self, name, engine):
         """Put the weights of checkpoint `name` (e.g. best_val) into the engine. Trained blocks go
-        only on the base they were trained on: another one is refused in one line (exit 2)."""
+        only on the base they were trained on: another one is refused in one line (exit 2), and so
+        is a damaged file (damaged_file)."""
         from safetensors.torch import load_file
         d = self.dir / name
-        if (d / "trained.safetensors").exists():
-            base = read_json(d / "base.json")
+        src = d / "trained.safetensors"
+        if src.exists():
+            with damaged_file(d / "base.json", self.dir):
+                base = read_json(d / "base.json")
+                if not isinstance(base, dict) or not isinstance(base.get("sha256"), str):
+                    raise ValueError("no sha256 fingerprint in it")
             if base["sha256"] != self.base["sha256"]:
                 from run_setup import UserError
                 raise UserError(f"{d} holds blocks trained on other base weights than --model {self.args.model} "
                                 f"loads now (fingerprint {base['sha256'][:12]}, not {self.base['sha256'][:12]}); "
                                 f"give it the model it was trained on")
-            weights = load_file(d / "trained.safetensors")
         else:
-            weights = load_file(d / "model.safetensors")
-        engine.model.load_state_dict(weights, strict=False)
+            src = d / "model.safetensors"
+        with damaged_file(src, self.dir):
+            weights = load_file(src)
+            params = engine.model.state_dict()
+            wrong = [k for k, v in weights.items() if k not in params or v.shape != params[k].shape]
+            if wrong:
+                raise ValueError(f"{len(wrong)} tensors this model does not have, e.g. {wrong[0]}")
+            engine.model.load_state_dict(weights, strict=False)
         engine.sync_weights()
 
     def drop_optimizer(self):

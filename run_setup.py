@@ -13,6 +13,7 @@ sandbox scratch dirs that killed runs left in /tmp (sandbox.clean_dead_scratch).
 import importlib
 import importlib.util
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -93,6 +94,9 @@ def check_args(a):
             why = why.replace("syntax error", "does not parse")
             raise UserError(f"harness file {a.harness} is not a harness: {why}")
     import tracking  # --tracker: a known backend whose package is installed (imports none of them)
+    if not any(n.strip() for n in a.tracker.split(",")):  # '' or ',' names nothing, not even none
+        raise UserError(f"--tracker {a.tracker!r} names no tracker; choose none, {', '.join(tracking.BACKENDS)} "
+                        "(or a comma list of them)")
     why = tracking.setup_error(a.tracker)
     if why:
         raise UserError(why)
@@ -107,6 +111,18 @@ def check_args(a):
             raise UserError(why)
     if a.proposer == "command" and not a.proposer_command:
         raise UserError("--proposer command needs --proposer-command")
+    if a.proposer_command:  # split now, as the jail's launcher will: a bad quote fails every call later
+        import shlex
+        try:
+            shlex.split(a.proposer_command)
+        except ValueError as e:
+            raise UserError(f"--proposer-command {a.proposer_command!r} cannot be split into words ({e})") from None
+    if a.proposer_hosts.strip() and not all(re.fullmatch(r"(\*\.)?[A-Za-z0-9.-]+", h.strip())
+                                            for h in a.proposer_hosts.split(",") if h.strip()):
+        raise UserError(f"--proposer-hosts {a.proposer_hosts!r}: a comma list of host names (or *.domain)")
+    if a.seed < 0:  # (torch and numpy take seeds in [0, 2**32); the run name holds it)
+        raise UserError(f"--seed must be >= 0, not {a.seed}")
+    check_device(a.device)
     # counts: a zero batch would never finish, a negative "first N" would slice from the end ([:-1])
     for flags, least in ((("budget", "prompts_per_step", "group", "candidates", "test_n", "val_n", "harness_n",
                            "minibatch", "micro_batch", "max_tokens", "tp", "replay_steps", "sft_epochs"), 1),
@@ -213,6 +229,31 @@ def check_saved_run(run, config, state, Args):
                             f"which is not of type {' or '.join(t.__name__ for t in types)}")
     if state is not None and state["phase"] not in ("A", "B"):
         raise UserError(f"--resume {run}: checkpoint/state.json has phase={state['phase']!r}, not 'A' or 'B'")
+    loader = state["loader"] if state is not None else {}
+    for k in ("pool_size", "seed", "epoch", "pos") if state is not None else ():  # rs_sft.new_loader's keys
+        if type(loader.get(k)) is not int or loader[k] < 0:
+            raise UserError(f"--resume {run}: checkpoint/state.json's loader has {k}={loader.get(k)!r}, not a "
+                            "count; the run cannot continue from it (start it again with another --out)")
+
+
+def check_device(device):
+    """--device names a device this torch build has: cpu; cuda, cuda:N (a CUDA build with that GPU);
+    mps. Checked before a run directory exists (torch is imported only for a device other than cpu)."""
+    if device == "cpu":
+        return
+    if not re.fullmatch(r"cuda(:\d+)?|mps", device):
+        raise UserError(f"unknown --device {device!r}; choose cpu, cuda, cuda:N or mps")
+    import torch
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            why = "is a CPU build" if torch.version.cuda is None else "sees no CUDA device"
+            raise UserError(f"--device {device}: this torch ({torch.__version__}) {why}; use --device cpu, or "
+                            "install a CUDA build of torch on a machine with a GPU")
+        index = int(device.split(":")[1]) if ":" in device else 0
+        if index >= torch.cuda.device_count():
+            raise UserError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    elif not torch.backends.mps.is_available():
+        raise UserError("--device mps: this torch has no MPS device here; use --device cpu")
 
 
 def check_proposer_flags(a):

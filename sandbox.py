@@ -122,6 +122,7 @@ RESULT_CHARS = 2_000         # of a tool result, as recorded (the harness gets a
 FLUSH_S = 0.05               # pending llm() calls go out once no new one came for this long ...
 MAX_GATHER_S = 0.5           # ... or the oldest has waited this long (a rollout busy with tools)
 STARTUP_S = 30.0             # for the interpreter to start and say hello
+_TOOL_DEADLINE = [None]      # while a harness's tool call runs: the monotonic time its rollout's deadline falls
 OVERHEAD_MB = 128            # address space of the interpreter itself, on top of mem_mb
 FSIZE_MB = 16                # largest file the child may write
 NOFILE = 64
@@ -456,10 +457,13 @@ def run_rollouts(source, jobs, llm_batch, make_tools_for, *, rollout_timeout=60.
             rec["error"] = f"unknown tool {name!r}"
         else:
             t = time.monotonic()
+            _TOOL_DEADLINE[0] = t + max(0.0, rollout_timeout - st[i]["used"])  # see tool_deadline()
             try:
                 value = fn(*args, **kwargs)
             except Exception as e:
                 rec["error"] = last_line(e)
+            finally:
+                _TOOL_DEADLINE[0] = None
             t = time.monotonic() - t
             busy += t
             st[i]["used"] += t  # only this rollout waited for it
@@ -620,22 +624,37 @@ def run_rollouts(source, jobs, llm_batch, make_tools_for, *, rollout_timeout=60.
     return recs
 
 
+def tool_deadline():
+    """While a tool call of run_rollouts runs (in this process): the monotonic time at which its
+    rollout's deadline falls, else None. A tool that can wait (run_python) stops by then, so a
+    tool call's time counts against its rollout and cannot outlast it."""
+    return _TOOL_DEADLINE[0]
+
+
 def run_python(code, timeout_s=5.0, mem_mb=512, max_output=4000):
     """Run model-written Python (e.g. a math domain's python tool) in a fresh sandbox process
-    with the same limits and audit hook. Returns {"stdout": str, "error": str | None}."""
+    with the same limits and audit hook. Returns {"stdout": str, "error": str | None}. It ends
+    by timeout_s of the code's own time, and within a rollout's tool call by that rollout's
+    deadline (tool_deadline()), whichever comes first; nothing the code sends extends either
+    (one hello, then one done: any other frame is a protocol violation)."""
+    t0 = time.monotonic()
+    deadline = tool_deadline()
+    end = t0 + STARTUP_S + timeout_s if deadline is None else min(t0 + STARTUP_S + timeout_s, deadline)
     child = _Child({"t": "init", "mode": "python", "code": code, "max_output": max_output},
                    mem_mb=mem_mb, cpu_s=int(timeout_s) + 1)
-    t0, started = time.monotonic(), None
+    started = None
     try:
         while True:
             now = time.monotonic()
             if started is None and now - t0 > STARTUP_S:
                 return {"stdout": "", "error": "crash: sandbox did not start"}
-            if started is not None and now - started > timeout_s:
-                return {"stdout": "", "error": f"TimeoutError: ran longer than {timeout_s} s"}
+            if (started is not None and now - started > timeout_s) or now > end:
+                past = deadline is not None and now >= deadline
+                return {"stdout": "", "error": "TimeoutError: ran past its rollout's deadline" if past
+                        else f"TimeoutError: ran longer than {timeout_s} s"}
             try:
-                for msg in child.pump(0.05):
-                    if msg.get("t") == "hello":
+                for msg in child.pump(min(0.05, max(0.0, end - now))):
+                    if msg.get("t") == "hello" and started is None:
                         started = time.monotonic()
                     elif msg.get("t") == "done" and started is not None:
                         error = msg.get("error")

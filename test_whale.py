@@ -3544,18 +3544,22 @@ def test_command_agent_cannot_edit_the_archive_into_a_win(tmp_path, attack, jail
     assert its[-1]["archive_best"] == max(true0, arch[1]["scores"]["success"]) < 1.0
     assert res["incumbent_scores"]["success"] < 1.0 and "PWNED" not in res["incumbent_source"]
     errors = " | ".join(its[-1]["proposer_errors"])
+    # refused by the kernel (nothing to undo; the agent's own error says so): Landlock refuses the
+    # real archive and links; as root, the real archive (under /tmp) is not in the agent's mounts
+    refused = (jailed and ("real archive" in attack or "symlink" in attack)) or \
+        (isolation.plan()["root"] and "real archive" in attack)
     if "scores in its directory" in attack or "outside new" in attack:
         assert "changed files outside new/" in errors and "cand_000/" in errors
-    elif jailed and ("real archive" in attack or "symlink" in attack):  # refused by the kernel: the agent's own error says so, nothing to undo
-        assert "PermissionError: [Errno 13] Permission denied" in errors and "the archive itself" not in errors
+    elif refused:
+        assert re.search(r"(PermissionError|FileNotFoundError): \[Errno (13|2)\]", errors) and \
+            "the archive itself" not in errors, errors
     elif "real archive" in attack:
         assert "the archive itself changed" in errors and ("restored" in errors or "removed" in errors)
     else:
         assert "integrity: ignored new/cand_2.py" in errors
     calls = [json.loads(x) for x in open(d / "proposer_calls.jsonl")]
     assert calls[-1]["files"] == ["cand_1.py"] and calls[-1]["errors"] == its[-1]["proposer_errors"]
-    refused = jailed and ("real archive" in attack or "symlink" in attack)
-    assert any(e["event"] == "proposer_error" and ("Permission denied" if refused else "integrity") in e["reason"]
+    assert any(e["event"] == "proposer_error" and (("Errno" if refused else "integrity") in e["reason"])
                for e in events)
 
 
@@ -3759,10 +3763,394 @@ def test_command_agent_is_jailed_by_the_kernel(tmp_path, monkeypatch):
     errors = " | ".join(prop.errors)
     for what in ["read the repository's data", "read WHALE_DATA", "read the run directory", "read the real archive",
                  "read the home directory", "read tmp", "write tmp", "write the run directory", "write the repository",
-                 "connect to a local service"]:
-        assert f"refused: {what}: PermissionError" in errors, what
+                 "connect to a local service"]:  # (as root, what lives under /tmp is not even in its mounts)
+        assert re.search(f"refused: {re.escape(what)}: (PermissionError|FileNotFoundError)", errors), what
     assert not (run / "planted.txt").exists() and not (repo / "planted.txt").exists()
     assert not os.path.exists(os.path.join(tempfile.gettempdir(), "whale-prober-was-here"))
+
+
+# ---- the agent jail as strict as the harness sandbox (issue 54) --------------------------------
+
+ESCAPER = r"""
+'''A stand-in agent that tries, as root in the old jail could, to get out: it prints one JSON line
+{what: "ok: ..." or "refused: <error>"} per attempt, and writes a candidate so the call is normal.'''
+import ctypes, fcntl, json, os, socket, sys, termios
+T = json.loads(sys.argv[1])
+sys.stdin.read()
+out = {}
+def attempt(what, fn):
+    try:
+        out[what] = "ok: " + str(fn())[:80]
+    except OSError as e:
+        out[what] = f"refused: {type(e).__name__}: {e}"
+def status():
+    return {k: v.strip() for k, v in (x.split(":", 1) for x in open("/proc/self/status") if ":" in x)}
+def tcp(port, proto=0):
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM, proto) as s:
+        s.settimeout(3)
+        s.connect(("127.0.0.1", port))
+        s.sendall(b"hi")
+        return s.recv(10)
+def udp(port):
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.settimeout(3)
+        s.sendto(b"hi", ("127.0.0.1", port))
+        return s.recv(10)
+def unix(path):
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(3)
+        s.connect(path)
+        return s.recv(10)
+def add_address():  # SIOCSIFADDR 10.9.9.9 on lo
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        import struct
+        addr = struct.pack("16sH2s4s8x", b"lo", socket.AF_INET, b"\0\0", socket.inet_aton("10.9.9.9"))
+        return fcntl.ioctl(s, 0x8916, addr)
+def tiocsti_own():
+    m, s = os.openpty()
+    return fcntl.ioctl(s, termios.TIOCSTI, b"x")
+def tiocsti_host():
+    fd = os.open(T["host_pty"], os.O_RDWR | os.O_NOCTTY)
+    return fcntl.ioctl(fd, termios.TIOCSTI, b"x")
+def immutable():
+    fd = os.open("new/cand_1.py", os.O_RDONLY)
+    return fcntl.ioctl(fd, 0x40086602, (0x10).to_bytes(8, "little"))  # FS_IOC_SETFLAGS FS_IMMUTABLE_FL
+def libc_call(name, *args):
+    libc = ctypes.CDLL(None, use_errno=True)
+    if getattr(libc, name)(*args) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e))
+    return 0
+open("new/cand_1.py", "w").write(open("cand_000/harness.py").read() + "X = 1\n")
+st = status()
+out["identity"] = f"uid {os.getuid()} gid {os.getgid()} groups {os.getgroups()} CapEff {st['CapEff']} " \
+                  f"CapBnd {st['CapBnd']} NoNewPrivs {st['NoNewPrivs']} Seccomp {st['Seccomp']}"
+attempt("read /etc/shadow", lambda: open("/etc/shadow").read(1))
+attempt("add an address to lo", add_address)
+attempt("open a netlink socket", lambda: socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0))
+attempt("open a raw socket", lambda: socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP))
+attempt("open a packet socket", lambda: socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0))
+attempt("set the hostname", lambda: socket.sethostname("pwned-host"))
+attempt("TCP to a local service", lambda: tcp(T["tcp"]))
+attempt("MPTCP to a local service", lambda: tcp(T["tcp"], 262))
+attempt("UDP to a local service", lambda: udp(T["udp"]))
+attempt("a path-based UNIX socket", lambda: unix(T["unix"]))
+attempt("an abstract UNIX socket", lambda: unix(T["abstract"]))
+attempt("TIOCSTI into the host's terminal", tiocsti_host)
+attempt("TIOCSTI into a pty of its own", tiocsti_own)
+attempt("chattr +i a file", immutable)
+attempt("a user namespace", lambda: libc_call("unshare", 0x10000000))
+attempt("io_uring", lambda: libc_call("syscall", 425, 8, ctypes.create_string_buffer(120)))
+print(json.dumps(out))
+"""
+
+
+def local_services(tmp_path):
+    """A TCP, a UDP, a path-based and an abstract UNIX service on this machine, each answering
+    b"pong" to anyone who reaches it: what the agent must not reach. Returns (ports/paths, close)."""
+    socks, stop = [], threading.Event()
+    tcp = socket.socket()
+    tcp.bind(("127.0.0.1", 0))
+    udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    udp.bind(("127.0.0.1", 0))
+    path = str(tmp_path / "service.sock")  # (under /tmp, where services keep their sockets)
+    ux = socket.socket(socket.AF_UNIX)
+    ux.bind(path)
+    os.chmod(path, 0o777)
+    ab = socket.socket(socket.AF_UNIX)
+    ab.bind("\0whale-test-service")
+    for s in (tcp, ux, ab):
+        s.listen()
+    socks += [tcp, udp, ux, ab]
+
+    def serve():
+        try:
+            while not stop.is_set():
+                for s in select.select(socks, [], [], 0.2)[0]:
+                    if s is udp:
+                        _, addr = udp.recvfrom(10)
+                        udp.sendto(b"pong", addr)
+                    else:
+                        c, _ = s.accept()
+                        c.sendall(b"pong")
+                        c.close()
+        except (OSError, ValueError):  # closed by close()
+            pass
+    threading.Thread(target=serve, daemon=True).start()
+
+    def close():
+        stop.set()
+        for s in socks:
+            s.close()
+    return dict(tcp=tcp.getsockname()[1], udp=udp.getsockname()[1], unix=path, abstract="\0whale-test-service"), close
+
+
+def agent_cell(tmp_path):
+    """The agent's two directories as agent_proposer makes them: its copy (cwd) and its HOME."""
+    root = Path(tempfile.mkdtemp(prefix="whale-agent-"))
+    (root / "archive" / "new").mkdir(parents=True)
+    (root / "home").mkdir()
+    (root / "archive" / "cand_000").mkdir()
+    (root / "archive" / "cand_000" / "harness.py").write_text(H0)
+    return root
+
+
+@pytest.mark.slow
+def test_agent_jail_drops_root_and_reaches_nothing_on_this_machine(tmp_path):
+    """Issue 54's escapes, tried by a stand-in agent: as uid nobody with no capabilities, no_new_privs
+    and the seccomp filter, in its own network, mount and PID namespaces, every one is refused, and
+    the host is as it was (hostname, lo's addresses); the services it tried were reachable from here."""
+    if not isolation.plan()["root"]:
+        pytest.skip("the uid drop and the namespaces need root")
+    services, close = local_services(tmp_path)
+    host_pty_master, host_pty = os.openpty()
+    script = tmp_path / "escaper.py"
+    script.write_text(ESCAPER)
+    plan = dict(services, host_pty=os.ttyname(host_pty))
+    root = agent_cell(tmp_path)
+    hostname = socket.gethostname()
+    addresses = subprocess.run(["cat", "/proc/net/if_inet6", "/proc/net/fib_trie"], capture_output=True).stdout
+    try:
+        assert socket.create_connection(("127.0.0.1", services["tcp"]), timeout=3).recv(10) == b"pong"  # it is there
+        res = agent_jail.run_agent(f"{sys.executable} {script} {shlex.quote(json.dumps(plan))}", str(root / "archive"),
+                                   str(root / "home"), "go", timeout=60)
+    finally:
+        close()
+        os.close(host_pty_master)
+        os.close(host_pty)
+    assert res["rc"] == 0, res["err"][-3000:]
+    out = json.loads(res["out"].strip().splitlines()[-1])
+    assert out.pop("identity") == ("uid 65534 gid 65534 groups [] CapEff 0000000000000000 CapBnd 0000000000000000 "
+                                   "NoNewPrivs 1 Seccomp 2")
+    for what, how in out.items():
+        assert how.startswith("refused: "), (what, how)
+    assert "Permission denied" in out["read /etc/shadow"]
+    assert "Operation not permitted" in out["open a netlink socket"] and "Operation not permitted" in out["MPTCP to a local service"]
+    assert socket.gethostname() == hostname
+    assert subprocess.run(["cat", "/proc/net/if_inet6", "/proc/net/fib_trie"], capture_output=True).stdout == addresses
+    assert (root / "archive" / "new" / "cand_1.py").exists()
+    shutil.rmtree(root)
+
+
+PROXY_CLIENT = r"""
+'''A stand-in agent that goes out the only way there is: HTTPS_PROXY (127.0.0.1:443, the relay to the
+parent's egress proxy), with CONNECT requests; prints {target: reply} as JSON.'''
+import json, os, socket, sys
+T = json.loads(sys.argv[1])
+proxy = os.environ["HTTPS_PROXY"].rsplit("/", 1)[-1]
+host, port = proxy.split(":")
+out = {"proxy": os.environ["HTTPS_PROXY"]}
+for request in T["requests"]:
+    try:
+        with socket.create_connection((host, int(port)), timeout=5) as s:
+            s.sendall(request.encode() + b"\r\n\r\n")
+            head = s.recv(4096).decode("latin-1")
+            if head.startswith("HTTP/1.1 200"):
+                s.sendall(b"ping")
+                head += "|" + s.recv(10).decode()
+            out[request] = head.split("\r\n")[0] + ("|" + head.split("|", 1)[1] if "|" in head else "") + \
+                ("" if head.startswith("HTTP/1.1 200") else " " + head.split("\r\n\r\n", 1)[-1].strip())
+    except OSError as e:
+        out[request] = f"error {e}"
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+def test_agent_jail_egress_only_through_the_proxy_to_allowed_hosts_on_443(tmp_path):
+    """The agent's one way out: CONNECT through its relay to the parent's egress proxy, which lets
+    through an allowed host on an allowed port and refuses any other host, port, plain HTTP and a
+    host that resolves to a local address; the bytes of an allowed tunnel flow both ways. (A local
+    server stands in for the API host: allow_local=True lets it through, as no CLI run does.)"""
+    if not isolation.plan()["root"]:
+        pytest.skip("the network namespace and the proxy need root")
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    port = server.getsockname()[1]
+
+    def echo():
+        for _ in range(2):
+            c, _ = server.accept()
+            c.sendall(b"pong:" + c.recv(4))
+            c.close()
+    threading.Thread(target=echo, daemon=True).start()
+    script = tmp_path / "client.py"
+    script.write_text(PROXY_CLIENT)
+    asks = [f"CONNECT localhost:{port} HTTP/1.1", f"CONNECT evil.example:{port} HTTP/1.1",
+            "CONNECT localhost:22 HTTP/1.1", f"GET http://localhost:{port}/ HTTP/1.1"]
+    outs = {}
+    try:
+        for allow_local in (True, False):
+            root = agent_cell(tmp_path)
+            res = agent_jail.run_agent(f"{sys.executable} {script} {shlex.quote(json.dumps({'requests': asks}))}",
+                                       str(root / "archive"), str(root / "home"), "", timeout=60,
+                                       hosts=["localhost"], ports=[port], allow_local=allow_local)
+            assert res["rc"] == 0, res["err"][-2000:]
+            outs[allow_local] = (json.loads(res["out"].strip().splitlines()[-1]), res["network"])
+            shutil.rmtree(root)
+    finally:
+        server.close()
+    got, log = outs[True]
+    assert got["proxy"] == "http://127.0.0.1:443"
+    assert got[asks[0]] == "HTTP/1.1 200 Connection established|pong:ping"
+    assert got[asks[1]] == "HTTP/1.1 403 Forbidden evil.example is not an allowed host (--proposer-hosts: localhost)"
+    assert got[asks[2]] == f"HTTP/1.1 403 Forbidden port 22: only {port}"
+    assert got[asks[3]].startswith("HTTP/1.1 403 Forbidden not a CONNECT request")
+    assert [(e["host"], e["allowed"]) for e in log] == [("localhost", True), ("evil.example", False),
+                                                        ("localhost", False), (None, False)]
+    got, log = outs[False]  # as every real call runs: a host that resolves to this machine is refused
+    assert got[asks[0]] == "HTTP/1.1 403 Forbidden localhost resolves to 127.0.0.1, not a public address"
+    assert log[0]["allowed"] is False
+
+
+BOUNDED_AGENTS = {
+    # each leaves something huge or deep; the call still returns its one good candidate
+    "300 MB on stdout": "sys.stdout.buffer.write(b'x' * (300 << 20))",
+    "a 64 GB sparse file": "f = open('big.bin', 'wb')\ntry:\n    f.truncate(64 << 30)\nexcept OSError as e:\n"
+                           "    print('refused', e, file=sys.stderr)\nf.truncate(900 << 20)",
+    "a tree 1,500 directories deep": "here = os.getcwd()\nfor _ in range(1500):\n    os.mkdir('d')\n    os.chdir('d')\n"
+                                     "os.chdir(here)",
+    "5,000 files in new/": "for k in range(5000):\n    open(f'new/junk_{k}.txt', 'w').close()",
+    "a fifo named like a candidate": "os.mkfifo('new/cand_2.py')",
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("leaves", list(BOUNDED_AGENTS))
+def test_what_an_agent_leaves_is_read_with_bounds_and_costs_only_itself(tmp_path, leaves, monkeypatch):
+    """stdout is kept to its first and last OUT_KEEP bytes (the rest counted), the copy is
+    snapshotted with limits and removed whatever it holds (nothing left in /tmp), and the call's
+    valid candidate comes back. (The fifo without Landlock, which refuses to make one.)"""
+    if "fifo" in leaves:
+        monkeypatch.setenv("WHALE_SANDBOX_NO_LANDLOCK", "1")
+    d = tmp_path / "arch"
+    mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate, None, archive_dir=str(d),
+                    should_stop=stop_after(1), log=quiet)
+    good = hsrc.splice(H0, "QUALITY", "QUALITY = 0.3")
+    agent = tmp_path / "agent.py"
+    agent.write_text(f"import os, sys\nsys.stdin.read()\nopen('new/cand_1.py', 'w').write({good!r})\n"
+                     + BOUNDED_AGENTS[leaves] + "\n")
+    work_root = tmp_path / "cells"
+    work_root.mkdir()
+    prop = agent_proposer.command_proposer(DOMAIN, f"{sys.executable} {agent}", 120, 4000, workdir_root=str(work_root))
+    cands = prop(str(d), 2)
+    assert [c["source"] for c in cands] == [good], prop.errors
+    assert list(work_root.iterdir()) == []  # the copy is gone, whatever it held
+    errors = " | ".join(prop.errors)
+    assert "could not be removed" not in errors and "failed (" not in errors, errors
+    log = (d / "PROPOSE.log").stat().st_size
+    assert log < 3 * agent_jail.OUT_KEEP
+    if "stdout" in leaves:
+        assert f"stdout: {300 << 20} bytes; kept the first and the last {agent_jail.OUT_KEEP}" in errors
+    if "5,000" in leaves:
+        assert "integrity: ignored new/: 5000 entries not named new/cand_N.py (junk_0.txt, junk_1.txt," in errors
+    if "fifo" in leaves:
+        assert "integrity: ignored new/cand_2.py: not a regular file" in errors
+    if "deep" in leaves:
+        assert "deeper than 32 levels; not looked into" in errors
+
+
+def test_remove_tree_of_any_depth_and_what_it_cannot_remove(tmp_path):
+    """agent_proposer.remove_tree: a tree deeper than Python's recursion limit and path limit goes
+    without a RecursionError; links are removed, never followed."""
+    top = tmp_path / "t"
+    top.mkdir()
+    fd = os.open(top, os.O_RDONLY)
+    for _ in range(3000):  # ~6,000 characters of path: no path-based call could reach the bottom
+        os.mkdir("d", dir_fd=fd)
+        new = os.open("d", os.O_RDONLY, dir_fd=fd)
+        os.close(fd)
+        fd = new
+    os.close(fd)
+    keep = tmp_path / "keep.txt"
+    keep.write_text("x")
+    (top / "link").symlink_to(keep)
+    assert agent_proposer.remove_tree(str(top)) == []
+    assert not top.exists() and keep.read_text() == "x"
+
+
+def test_snapshot_of_a_sparse_file_reads_what_it_allocates(tmp_path):
+    """A sparse 64 GB file costs the snapshot SNAP_FILE_BYTES of reading, not 64 GB of memory; a
+    change past those bytes still shows (size, blocks, mtime are in the digest)."""
+    big = tmp_path / "big.bin"
+    with open(big, "wb") as f:
+        f.truncate(64 << 30)
+    before = agent_proposer.snapshot(str(tmp_path))
+    assert before["big.bin"][1] == 64 << 30 and before["big.bin"][3] is None
+    with open(big, "r+b") as f:
+        f.seek(10 << 30)
+        f.write(b"x")
+    assert agent_proposer.changed_paths(before, agent_proposer.snapshot(str(tmp_path))) == [("big.bin", "changed")]
+
+
+DEEP_SOURCES = {"a 90,000-deep attribute chain": "X = a" + ".b" * 90000 + "\n",
+                "100,000 unary minus signs": "X = " + "-" * 100000 + "1\n",
+                "200 nested lists": "X = " + "[" * 200 + "]" * 200 + "\n"}
+
+
+@pytest.mark.parametrize("what", list(DEEP_SOURCES))
+def test_a_candidate_too_deep_to_check_is_invalid_and_the_search_and_its_resume_go_on(tmp_path, what):
+    """The static check runs under a bound (harness_source.parse): a source that makes the parser
+    recurse or run out of memory is an invalid candidate with its reason; a valid candidate of the
+    same call is evaluated; the archive holding it resumes."""
+    d = str(tmp_path / "arch")
+    deep = H0 + DEEP_SOURCES[what]
+    good = hsrc.splice(H0, "QUALITY", "QUALITY = 0.3")
+
+    def propose(archive_dir, k):
+        return [dict(source=deep, proposer="fake", note="deep"), dict(source=good, proposer="fake", note="good")]
+    mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate, propose, archive_dir=d, k=2,
+                    should_stop=stop_after(2), log=quiet)
+    arch = harness_archive.load_archive(d)
+    assert [c["name"] for c in arch] == ["cand_000", "cand_001", "cand_002"]
+    assert "too deeply nested" in arch[1]["invalid"] or "nested deeper than" in arch[1]["invalid"]
+    assert arch[2]["scores"] and not arch[2]["invalid"]
+    res = mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate, propose, archive_dir=d, k=2,
+                          should_stop=stop_after(3), log=quiet)  # the resume reads the archive that holds it
+    assert res["incumbent_source"] in (H0, good)
+    assert hsrc.normalized(deep).startswith("unparsable:") and hsrc.hypothesis(deep) is None
+
+
+@pytest.mark.slow
+def test_a_harness_too_deep_to_check_is_one_line_and_exit_2(tmp_path):
+    bad = tmp_path / "deep.py"
+    bad.write_text(Path(searchqa.H0).read_text() + DEEP_SOURCES["a 90,000-deep attribute chain"])
+    r = run_whale("--domain", "searchqa", "--method", "eval", "--harness", str(bad), "--out", str(tmp_path / "x"),
+                  timeout=120)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert len(r.stderr.strip().splitlines()) == 1 and "too deeply nested" in r.stderr
+    assert not (tmp_path / "x").exists()
+
+
+KEEPALIVE_TOOL = '''
+def run(task, llm, tools):
+    code = """
+import json, os, sys, time
+for _ in range(200):   # 20 s of keep-alive frames: each one reset the tool's clock before issue 54
+    body = json.dumps({"t": "hello"}).encode()
+    os.write(int(sys.argv[3]), len(body).to_bytes(4, "big") + body)
+    time.sleep(0.1)
+"""
+    return tools.python(code if task["q"] == "frames" else "while True:\\n    pass")
+'''
+
+
+@pytest.mark.slow
+def test_a_tool_call_lives_inside_its_rollouts_deadline(tmp_path):
+    """Math's python tool (sandbox.run_python) in a real rollout: code that sends keep-alive frames
+    is a protocol violation at the second frame, and code that runs on stops at the rollout's
+    deadline (2 s) rather than at the tool's own 5 s: the rollout is charged its time and ends."""
+    jobs = [{"rid": 0, "task": {"q": "frames"}, "seed": 0}, {"rid": 1, "task": {"q": "loop"}, "seed": 0}]
+    tools = lambda rid: {"python": lambda code: sandbox.run_python(code, timeout_s=5.0)}
+    t0 = time.monotonic()
+    recs = sandbox.run_rollouts(KEEPALIVE_TOOL, jobs, lambda calls: [], tools, rollout_timeout=2.0, concurrency=1)
+    took = time.monotonic() - t0
+    assert recs[0]["tool_calls"][0]["result"] is not None or recs[0]["tool_calls"][0]["error"] is None
+    assert json.loads(recs[0]["tool_calls"][0]["result"])["error"] == "protocol violation: unexpected message"
+    assert recs[1]["status"] == "timeout" and "rollout timeout" in recs[1]["error"], recs[1]
+    assert json.loads(recs[1]["tool_calls"][0]["result"])["error"] == "TimeoutError: ran past its rollout's deadline"
+    assert 1.9 < recs[1]["charged_s"] < 2.6 and took < 6, (recs[1]["charged_s"], took)
 
 
 def test_agent_workspace_outcome_tables_failures_guide_and_hypotheses(tmp_path):
@@ -4777,6 +5165,89 @@ def test_resume_refuses_trained_blocks_on_another_base(tmp_path, tiny_reference)
     assert (run / "metrics.jsonl").read_text() == before
 
 
+DAMAGE = {  # (what is done to a run stopped after its first step, what the one line names)
+    "trained.safetensors truncated": (lambda c: c / "checkpoint" / "trained.safetensors", "half", "trained.safetensors is damaged"),
+    "trained.safetensors empty": (lambda c: c / "checkpoint" / "trained.safetensors", "empty", "trained.safetensors is damaged"),
+    "optimizer.pt truncated": (lambda c: c / "checkpoint" / "optimizer.pt", "half", "optimizer.pt is damaged"),
+    "base.json empty": (lambda c: c / "checkpoint" / "base.json", "empty", "base.json is damaged"),
+    "an invalid byte in metrics.jsonl": (lambda c: c / "metrics.jsonl", "byte", "metrics.jsonl line 2 is damaged"),
+}
+
+
+@pytest.fixture(scope="module")
+def stopped_run(tmp_path_factory, tiny_harness):
+    """A tiny whale run killed (SIGKILL) while writing its third checkpoint: the second one is whole,
+    with the trained blocks, base.json and the optimizer, and metrics.jsonl."""
+    run = tmp_path_factory.mktemp("stopped") / "run"
+    r = run_whale("--domain", "searchqa", "--method", "whale", "--out", str(run), *TINY, "--harness", tiny_harness,
+                  env={"WHALE_CRASH_AT": "checkpoint:3"})
+    assert r.returncode == -signal.SIGKILL and (run / "checkpoint" / "optimizer.pt").exists(), r.stderr[-2000:]
+    return run
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("damage", list(DAMAGE))
+def test_a_damaged_run_file_is_one_line_naming_it_and_exit_2(tmp_path, stopped_run, damage):
+    """Issue 54: each of these was a traceback (the metrics one on every resume); now one line that
+    names the file and what to do, exit 2, and the files as they were."""
+    run = tmp_path / "run"
+    shutil.copytree(stopped_run, run)
+    where, how, needle = DAMAGE[damage]
+    f = where(run)
+    data = f.read_bytes()
+    f.write_bytes(b"" if how == "empty" else data[:len(data) // 2] if how == "half" else
+                  data.replace(b'"event"', b'"ev\xffnt"', 2).replace(b'"ev\xffnt"', b'"event"', 1))
+    kept = lambda: {p: p.read_bytes() for p in [*(run / "checkpoint").iterdir(), f]}  # (the resume's own clean-up
+    before = kept()                                                  # of the killed checkpoint write may go on)
+    r = run_whale("--resume", str(run), timeout=300)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("whale: error: ") and needle in last, last
+    assert "start it again" in last or "then --resume" in last
+    assert kept() == before
+
+
+@pytest.mark.slow
+def test_lost_metrics_lines_are_said_not_silent(tmp_path, stopped_run):
+    """A metrics.jsonl emptied from outside: the resume says how many lines are gone, and goes on."""
+    run = tmp_path / "run"
+    shutil.copytree(stopped_run, run)
+    (run / "metrics.jsonl").write_text("")
+    r = run_whale("--resume", str(run), timeout=300, env={"WHALE_CRASH_AT": "sampling:1"})
+    assert r.returncode == -signal.SIGKILL, r.stderr[-2000:]
+    assert re.search(r"whale: warning: \S+metrics.jsonl has 0 of the \d+ lines the checkpoint counted: \d+ are gone",
+                     r.stderr), r.stderr[-2000:]
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("tiny_reference")
+def test_a_full_disk_is_one_line_and_the_resume_after_freeing_space_is_exact(tmp_path, tiny_reference, tiny_harness):
+    """The run directory on a 12 MB tmpfs: the first checkpoint cannot be written (ENOSPC), which is
+    one line with the path, the space needed and what to do, exit 2; with the tmpfs grown, --resume
+    finishes with the uninterrupted run's numbers."""
+    if not isolation.plan()["root"]:
+        pytest.skip("mounting a small tmpfs needs root")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=12m", "tmpfs", str(disk)], check=True)
+    try:
+        run = disk / "run"
+        r = run_whale("--domain", "searchqa", "--method", "whale", "--out", str(run), *TINY, "--harness", tiny_harness)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
+        last = r.stderr.strip().splitlines()[-1]
+        assert re.fullmatch(rf"whale: error: no space left on the device of {re.escape(str(run))} for a checkpoint "
+                            rf"\(about \d+ MB needed\): free space, then `--resume {re.escape(str(run))}` continues "
+                            "from the last one", last), last
+        subprocess.run(["mount", "-o", "remount,size=400m", str(disk)], check=True)
+        r = run_whale("--resume", str(run))
+        assert r.returncode == 0, r.stderr[-3000:]
+        got, want = (json.loads((d / "summary.json").read_text()) for d in (run, tiny_reference))
+        for k in ("rollouts", "steps", "cycles", "test_mean8_initial", "test_mean8_final", "harness_accepted"):
+            assert got.get(k) == want.get(k), k
+    finally:
+        subprocess.run(["umount", "-l", str(disk)])
+
+
 # ---- experiment trackers (tracking.py): TensorBoard, MLflow, W&B beside metrics.jsonl ----------
 # Read back with each backend's own reader: TensorBoard's EventAccumulator, MLflow's MlflowClient on
 # the file store, and W&B's own reader of its offline transaction log (`wandb leet inspect --json`).
@@ -5276,6 +5747,16 @@ def test_whale_and_the_results_tools_import_without_torch():
     (["--proposer-env", "HOME"], "only used by --proposer command"),
     (["--proposer", "command", "--proposer-command", "claude -p", "--proposer-env", "HOME,WHALE_NO_SUCH_KEY"],
      "--proposer-env WHALE_NO_SUCH_KEY: that environment variable is not set"),
+    # issue 54: each of these was a traceback (and a run directory left behind) or passed silently
+    (["--device", "garbage"], "unknown --device 'garbage'"),
+    pytest.param(["--device", "cuda"], "--device cuda: this torch", marks=pytest.mark.skipif(
+        torch.cuda.is_available(), reason="this torch sees a CUDA device")),
+    (["--proposer", "command", "--proposer-command", "claude -p 'unterminated"], "cannot be split into words"),
+    (["--proposer", "command", "--proposer-command", "claude -p", "--proposer-hosts", "api.anthropic.com x/y"],
+     "--proposer-hosts"),
+    (["--tracker", ","], "names no tracker"),
+    (["--seed", "-1"], "--seed must be >= 0, not -1"),
+    (["--resume", "{run_loader_empty}"], "loader has pool_size=None, not a count"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, needle, tmp_path):
     bad = tmp_path / "bad.py"
@@ -5296,7 +5777,8 @@ def test_bad_input_is_one_line_and_exit_2(args, needle, tmp_path):
     edited = {}  # run directories whose files were edited from outside: (config, state or None)
     for name, config, state in (("run_state_empty", {}, {}), ("run_budget_str", {"budget": "24"}, None),
                                 ("run_rollouts_str", {}, {**good_state, "rollouts": "eight"}),
-                                ("run_lr_nan", {"lr": float("nan")}, None), ("run_unknown_key", {"colour": "red"}, None)):
+                                ("run_lr_nan", {"lr": float("nan")}, None), ("run_unknown_key", {"colour": "red"}, None),
+                                ("run_loader_empty", {}, {**good_state, "loader": {}})):
         edited[name] = run = tmp_path / name
         (run / "checkpoint").mkdir(parents=True)
         (run / "config.json").write_text(json.dumps({"domain": "searchqa", "method": "whale", "seed": 0, **config}))
@@ -5339,6 +5821,9 @@ def test_a_run_directory_in_use_is_refused_and_free_once_its_process_dies(tmp_pa
         (d / ".checkpoint.tmp1").mkdir()  # what a resume cleans up for a dead run
         again = run_whale("--resume", str(d), timeout=120)
         assert again.returncode == 2 and f"(pid {holder.pid})" in again.stderr and (d / ".checkpoint.tmp1").exists()
+        (d / ".lock").unlink()  # issue 54: the lock is the directory's, not a file's: removing .lock admits no one
+        third = run_whale("--resume", str(d), timeout=120)
+        assert third.returncode == 2 and "in use by another process (pid ?)" in third.stderr, third.stderr
     finally:
         holder.kill()
         holder.wait()
@@ -5573,17 +6058,6 @@ def test_every_run_all_preset_is_a_valid_whale_command(tmp_path, preset, n_cells
     assert len(summary) == 1 and "--readme" in summary[0], summary
     readme = (ROOT / summary[0][summary[0].index("--readme") + 1]).read_text()
     assert all(readme.count(m) == 1 for m in results.markers(f"results/runs/{preset}"))
-
-
-def test_readme_gives_each_files_true_length():
-    """The README's file list gives each file's length (`wc -l`) so that a reader can plan what to
-    read; the numbers drift with every edit unless something checks them."""
-    text = (ROOT / "README.md").read_text()
-    listed = re.findall(r"\*\*([\w/]+\.py)\*\* \((\d+)\)", text) + re.findall(r"`([\w/]+\.py)` \(?(\d+)\)?", text)
-    assert len(listed) > 20
-    for name, n in listed:
-        path = ROOT / name if (ROOT / name).exists() else ROOT / "domains" / name
-        assert len(path.read_text().splitlines()) == int(n), f"README says {name} has {n} lines: fix the number"
 
 
 COMMITTED_GRIDS = sorted([*(ROOT / "results" / "runs").iterdir(), ROOT / "results" / "preset" / "runs"])

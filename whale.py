@@ -85,6 +85,8 @@ class Args:
     proposer_format: str = arg("any", "self/openai proposer: reply with a whole file, edit blocks, or either "
                                       "(file | edit | any)")
     proposer_digest_chars: int = arg(16000, "LLM and command proposers: characters of the archive view in the prompt")
+    proposer_hosts: str = arg("api.anthropic.com,api.openai.com", "command proposer: the hosts its agent may reach "
+                              "(HTTPS on port 443 through the jail's egress proxy; a comma list, *.domain allowed)")
     proposer_env: str = arg("", "command proposer: variables its agent keeps besides PATH, HOME, LANG, TERM... "
                                 "(e.g. ANTHROPIC_API_KEY); repeatable or a comma list")
     proposer_budget_usd: float = arg(0.0, "end the harness search once the proposer's reported cost reaches this "
@@ -306,6 +308,9 @@ if __name__ == "__main__":
     try:
         main(parse_args(Args, description=__doc__.split("\n\n")[0]))
     except UserError as e:
+        if "tqdm" in sys.modules:  # a bar still open would be redrawn at exit on the message's line
+            for bar in list(sys.modules["tqdm"].tqdm._instances):
+                bar.close()
         print(f"whale: error: {e}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:
