@@ -23,7 +23,7 @@ builds its cell, relays its network traffic and waits for it. What the cell hold
 
 Where a layer is missing the parent prints one warning line for it and runs the agent with what
 is left: not root means no uid change, no namespaces, no proxy (Landlock's port rule and seccomp
-are then its network layers, and any host on port 443 is reachable); no Landlock in the kernel;
+are then its network layers: any host on port 443 is reachable, and UDP for its DNS); no Landlock in the kernel;
 Landlock ABI < 4 (no port rule); an architecture without a seccomp table.
 WHALE_SANDBOX_NO_LANDLOCK=1 turns Landlock off here too (tests use it to show the layers behind).
 
@@ -362,7 +362,7 @@ def run_agent(command, cwd, home, prompt, timeout, env_names=(), private=(), hos
     if not root:
         isolation.warn_once("agent_jail", "not root: the proposer's agent runs as you, without its namespaces and "
                             "egress proxy (a daemon it starts may outlive the call; any host on port 443 is reachable)")
-    program = isolation.seccomp_program()
+    program = isolation.seccomp_program(udp=not root)  # (without its proxy it resolves DNS itself)
     if program is None:
         isolation.warn_once("agent_jail", f"no seccomp table for {os.uname().machine}: the proposer's agent may open "
                             "any socket its user may")

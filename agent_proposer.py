@@ -11,8 +11,11 @@ the archive and checked; a copy the agent works in), the copy is the simplest so
 call gets a fresh temporary directory holding a copy of the archive; only regular files named
 new/cand_N.py directly under new/ (no symbolic links, at most MAX_CANDIDATE_BYTES) are read back,
 and every other change the agent made there is listed in the proposer's errors (a snapshot
-before and after). agent_jail.py keeps the agent inside that copy (a PID namespace, Landlock,
-a scrubbed environment: see there); behind it (a kernel without Landlock), the real archive is
+before and after). Everything the agent leaves is read with bounds: its output (agent_jail), the
+snapshot (walk(): SNAP_* limits on entries, depth and bytes, no recursion), new/ (a bad file
+costs that file), and the copy is removed by remove_tree, whatever its depth; a step that fails
+is a line in the errors, never the call's candidates. agent_jail.py keeps the agent inside that
+copy (uid nobody, namespaces, an egress proxy, Landlock, seccomp: see there); behind it (a kernel without Landlock), the real archive is
 snapshotted too (files up to KEEP_BYTES kept in memory), any change made during the call is
 undone and reported, and new files in the run directory, the repository and the top of /tmp
 are listed. Selection itself trusts only the parent's ledger (meta_harness.py). The copy also
@@ -21,7 +24,6 @@ holds reading aids (write_workspace): GUIDE.md, OUTCOMES.md + outcomes.tsv, fail
 What it leaves out: cleanup of the agent's copy after a kill -9 of whale.py; parallel agent calls.
 """
 
-import ast
 import hashlib
 import json
 import os

@@ -168,7 +168,7 @@ def preexec(p):
 # it execs (it cannot be removed; installing it needs no_new_privs). It answers from the call's
 # number and its first arguments, never from memory they point to. What this filter refuses:
 # - sockets other than AF_UNIX and plain TCP over IPv4/IPv6 (protocol 0 or 6): no raw, packet,
-#   netlink, UDP, MPTCP, SCTP ... sockets (socketpair: AF_UNIX only); io_uring (its SOCKET op
+#   netlink, UDP (unless asked: a jail without a proxy needs DNS), MPTCP, SCTP ... sockets (socketpair: AF_UNIX only); io_uring (its SOCKET op
 #   would go round this filter);
 # - the terminal injections TIOCSTI and TIOCLINUX (a command typed into someone's terminal);
 # - new namespaces (unshare, setns, clone with CLONE_NEW*; clone3 says ENOSYS, its flags are
@@ -182,7 +182,7 @@ def preexec(p):
 SECCOMP_SET_MODE_FILTER_PRCTL, SECCOMP_MODE_FILTER = 22, 2  # prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog)
 RET_ALLOW, RET_KILL_PROCESS, RET_ERRNO = 0x7FFF0000, 0x80000000, 0x00050000
 AF_UNIX, AF_INET, AF_INET6 = 1, 2, 10
-SOCK_STREAM, SOCK_TYPE_MASK, IPPROTO_TCP = 1, 0xF, 6
+SOCK_STREAM, SOCK_DGRAM, SOCK_TYPE_MASK, IPPROTO_TCP, IPPROTO_UDP = 1, 2, 0xF, 6, 17
 TIOCSTI, TIOCLINUX = 0x5412, 0x541C
 CLONE_NEW_ANY = 0x7E020000  # NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET (and NEWTIME's bit 7: below)
 CLONE_NEWTIME = 0x80
@@ -210,9 +210,10 @@ SYSCALLS = {
 }
 
 
-def seccomp_program(machine=None):
+def seccomp_program(machine=None, udp=False):
     """The agent's filter as bytes (struct sock_filter[]), or None on an architecture without a
-    table above. A tiny assembler: ("ld", offset), ("jeq" | "jset" | "jge", k, label_true,
+    table above. udp: also allow UDP sockets (a jail without its own network namespace and proxy,
+    where the agent resolves DNS itself). A tiny assembler: ("ld", offset), ("jeq" | "jset" | "jge", k, label_true,
     label_false or None = next), ("and", k), ("ret", k), and labels as plain strings."""
     import platform, struct
     t = SYSCALLS.get(machine or platform.machine())
@@ -229,8 +230,11 @@ def seccomp_program(machine=None):
              ("jeq", t["clone"], "clone", None), ("ret", RET_ALLOW),
              "socket", ("ld", arg(0)), ("jeq", AF_UNIX, "allow", None), ("jeq", AF_INET, "inet", None),
              ("jeq", AF_INET6, "inet", "eperm"),
-             "inet", ("ld", arg(1)), ("and", SOCK_TYPE_MASK), ("jeq", SOCK_STREAM, None, "eperm"),
+             "inet", ("ld", arg(1)), ("and", SOCK_TYPE_MASK), ("jeq", SOCK_DGRAM, "dgram", None),
+             ("jeq", SOCK_STREAM, None, "eperm"),
              ("ld", arg(2)), ("jeq", 0, "allow", None), ("jeq", IPPROTO_TCP, "allow", "eperm"),
+             "dgram", ("ld", arg(2)), ("jeq", 0, "udp", None), ("jeq", IPPROTO_UDP, "udp", "eperm"),
+             "udp", ("ret", RET_ALLOW if udp else errno(EPERM)),
              "socketpair", ("ld", arg(0)), ("jeq", AF_UNIX, "allow", "eperm"),
              "ioctl", ("ld", arg(1)), ("jeq", TIOCSTI, "eperm", None), ("jeq", TIOCLINUX, "eperm", "allow"),
              "clone", ("ld", arg(0)), ("jset", CLONE_NEW_ANY | CLONE_NEWTIME, "eperm", "allow"),

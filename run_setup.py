@@ -283,25 +283,31 @@ HELD_LOCKS = []  # the open lock files of this process's run directories (see lo
 
 
 def lock_run(run: Path):
-    """Take <run>/.lock for the life of this process, or stop with one line when another process
-    holds it: two processes on one run directory (a second --resume of a live run, two grids
-    writing one folder) would both write its checkpoint and metrics, and a resume first cleans
-    up what it takes for a dead run's leftovers. flock(2) is released by the kernel when the
-    holder exits, SIGKILL included, so a killed run resumes at once; the file keeps the pid."""
+    """Hold the run directory for the life of this process, or stop with one line when another
+    process holds it: two processes on one run directory (a second --resume of a live run, two
+    grids writing one folder) would both write its checkpoint and metrics, and a resume first
+    cleans up what it takes for a dead run's leftovers. The lock is flock(2) on the directory
+    itself, so removing a file cannot admit a second process; the kernel releases it when the
+    holder exits, SIGKILL included, so a killed run resumes at once. .lock only says who holds it."""
     import fcntl
     try:
-        fd = os.open(run / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(run, os.O_RDONLY | os.O_DIRECTORY)
     except OSError as e:
         raise UserError(f"cannot lock the run directory {run}: {e.strerror or e}") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        pid = os.read(fd, 32).decode(errors="replace").strip() or "?"
         os.close(fd)
+        try:
+            pid = (run / ".lock").read_text(errors="replace").strip()[:32] or "?"
+        except OSError:
+            pid = "?"
         raise UserError(f"{run} is in use by another process (pid {pid}): wait for it or stop it, "
                         f"then `--resume {run}` continues the run") from None
-    os.ftruncate(fd, 0)
-    os.write(fd, str(os.getpid()).encode())
+    try:
+        (run / ".lock").write_text(str(os.getpid()))
+    except OSError:
+        pass  # (it only names the holder in the message above)
     HELD_LOCKS.append(fd)
 
 
