@@ -15,7 +15,7 @@ namespace (whale.main builds it): args, domain, engine, the splits, the sampling
 Left out: early stopping on validation (the run always spends its budget).
 """
 import rollout
-import run_dir as rd
+from rundir import run_dir as rd
 
 
 def evaluate_and_log(run, s, split, examples, n, tag, harness=None):
@@ -32,7 +32,7 @@ def evaluate_and_log(run, s, split, examples, n, tag, harness=None):
                                    sampling=s.sampling, max_tokens=a.max_tokens, progress=bar)
         res["per_example"] = rollout.per_example_means(res.pop("records"))  # for paired gains
         rd.store_cached_eval(key, res)
-    rollout.crash_point("eval")  # (a testing aid: a kill after an evaluation, before its line and checkpoint)
+    rd.crash_point("eval")  # (a testing aid: a kill after an evaluation, before its line and checkpoint)
     point = {"split": split, "tag": tag, "cycle": st["cycle"], "rollouts": st["rollouts"],
              **{k: res[k] for k in ("mean", "se", "n", "examples")}}
     if split == "test":
@@ -84,6 +84,7 @@ def finish(run, s):
         best_val_test = tests["best_val"] = evaluate_and_log(run, s, "test", s.test, a.test_n, "best_val",
                                                              harness=best["harness"])
     rd.plot_curve(run.dir, st["evals"], f"{a.method} on {a.domain} (seed {a.seed})")
-    run.print_summary(run.write_summary(tests, best_val_test))
+    gain = rollout.paired_gain(initial["per_example"], final["per_example"])  # final - initial, paired
+    run.print_summary(run.write_summary(tests, best_val_test, gain))
     run.write_report()
     run.drop_optimizer()  # nothing trains after this: the run directory keeps only weights, state and records

@@ -63,11 +63,11 @@ import os
 import time
 from collections import Counter
 
-from harness_archive import (append_jsonl, cand_name, drop_token_ids, ledger_path_for, load_archive,  # the files
+from harness_search.harness_archive import (append_jsonl, cand_name, drop_token_ids, ledger_path_for, load_archive,  # the files
                              paper_choice, read_jsonl, read_ledger, score_records, trusted_archive, write_frontier,
                              write_json)
-from harness_source import differs_only_in, hypothesis, normalized, static_check  # the source, as text
-from sandbox import valid_text  # the one text rule (lone surrogates), at every boundary
+from harness_search.harness_source import differs_only_in, hypothesis, normalized, static_check  # the source, as text
+from jail.sandbox import valid_text  # the one text rule (lone surrogates), at every boundary
 
 EMPTY_ITERATIONS_TO_STOP = 3  # consecutive iterations without a valid candidate end a phase
 BACKOFF = (1.0, 60.0)         # seconds before the next call after a failed proposer call: first, cap

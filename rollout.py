@@ -13,13 +13,12 @@ Left out: asynchronous/streaming rollouts across phases (each call returns when
 its rollouts are done) and rollouts on several machines.
 """
 import hashlib
-import os
-import signal
 import time
 
 import numpy as np
 
-import sandbox
+from jail import sandbox
+from rundir.run_dir import crash_point
 
 WAVE = 512  # rollouts per sandbox child: bounds threads/memory per child and is the engine's batch
 # Longest prompt one llm() call may send, in tokens after the chat template (also never more than
@@ -27,21 +26,6 @@ WAVE = 512  # rollouts per sandbox child: bounds threads/memory per child and is
 # tokens; sandbox.MAX_PROMPT_CHARS alone would let one call through at ~65k tokens, or ~700k with
 # 100k tiny messages, and a prefill that size takes gigabytes. Checked before anything is sampled.
 MAX_PROMPT_TOKENS = 4096
-
-
-_CRASH_COUNTS = {}
-
-
-def crash_point(name: str):
-    """Testing aid for crash-anywhere resume (it lives here, in the lowest module that needs it:
-    rs_sft.py, whale.py and run_dir.py call it too): with WHALE_CRASH_AT=name:N in the
-    environment, the N-th arrival at `name` kills this process with SIGKILL, as a
-    power cut would. Points: sampling, sft, harness_eval, eval, checkpoint, checkpoint_swap."""
-    want, _, n = os.environ.get("WHALE_CRASH_AT", "").partition(":")
-    if want == name:
-        _CRASH_COUNTS[name] = _CRASH_COUNTS.get(name, 0) + 1
-        if _CRASH_COUNTS[name] == int(n or 1):
-            os.kill(os.getpid(), signal.SIGKILL)
 
 
 def stable_seed(*parts) -> int:
@@ -162,6 +146,15 @@ def mean_at_k(records) -> tuple[float, float]:
         return 0.0, 0.0
     se = float(means.std(ddof=1) / np.sqrt(len(means))) if len(means) > 1 else 0.0
     return float(means.mean()), se
+
+
+def text_sampler(engine, a):
+    """llm_text(prompt, max_tokens) for the `self` proposer: the policy model at the run's sampling
+    settings (a: whale.Args), seeded by the prompt, so a resumed search asks and hears the same."""
+    def llm_text(prompt, max_tokens):
+        return reply(engine, prompt, max_tokens, sampling={"temperature": a.temperature, "top_k": a.top_k,
+                     "top_p": a.top_p}, seed=stable_seed(a.seed, "proposer", prompt))
+    return llm_text
 
 
 def paired_gain(a, b) -> tuple[float, float]:

@@ -49,7 +49,7 @@ import torch
 import torch.nn.functional as F
 
 import rollout
-from rollout import crash_point
+from rundir.run_dir import crash_point
 
 IGNORE = -100  # label value that cross_entropy skips
 
@@ -233,7 +233,7 @@ def forward(model, batch: dict):
     backward (the gradient from all three still reaches every parameter in that backward)."""
     from transformers import DynamicCache
 
-    from engine import cache_arg
+    from lm.engine import cache_arg
     core = getattr(model, "module", model)
     dev = next(core.parameters()).device
     b = {k: v.to(dev) if torch.is_tensor(v) else v for k, v in batch.items()}

@@ -87,27 +87,27 @@ import numpy as np
 import pytest
 import torch
 
-import agent_jail
-import agent_proposer
-import archive_view
-import chat_format
-import engine
-import int8
-import isolation
-import models
-import harness_archive
-import harness_source as hsrc
+from jail import agent_jail
+from harness_search import agent_proposer
+from harness_search import archive_view
+from lm import chat_format
+from lm import engine
+from lm import int8
+from jail import isolation
+from lm import models
+from harness_search import harness_archive
+from harness_search import harness_source as hsrc
 import meta_harness as mh
-import primitives
-import proposers
+from harness_search import primitives
+from harness_search import proposers
 from tools import report
 from tools import results
 import rollout
 import rs_sft
-import run_dir
-import run_setup
-import sandbox
-import sandbox_child
+from rundir import run_dir
+from rundir import run_setup
+from jail import sandbox
+from jail import sandbox_child
 import whale
 import domains
 from domains import chess as chessdom
@@ -423,7 +423,7 @@ def test_shared_prefix_attention_is_softmax_over_prompt_and_own_tokens():
     # shared_prefix.attention against attention written out: each row's query over its prompt's
     # keys (left padding masked) followed by its own generated keys, grouped-query heads, prompts
     # with 3, 1 and 2 rows in mixed row order, and again after rows (and a whole prompt) are dropped
-    import shared_prefix
+    from lm import shared_prefix
     torch.manual_seed(0)
     P, Lp, S, kvh, rep, d = 3, 7, 4, 3, 3, 16
     pk, pv = torch.randn(P, kvh, Lp, d), torch.randn(P, kvh, Lp, d)
@@ -460,7 +460,7 @@ def test_shared_prefix_decode_gives_the_tokens_of_a_cache_per_row(hf, monkeypatc
     # different lengths, shared heads, rows ending at different steps and whole prompts finishing
     # early; its decode cache holds each prompt once; the model's own attention is back afterwards,
     # also when the decode loop fails
-    import shared_prefix
+    from lm import shared_prefix
     head = [{"role": "system", "content": "You answer in one short sentence. " * 12}]
     texts = ["Hi.", "Tell me about the sea, the sky and the mountains in the north of Norway. " * 4]
     prompts = [hf.chat_ids(head + [{"role": "user", "content": t}]) for t in texts]
@@ -1081,7 +1081,7 @@ def test_bad_model_on_the_command_line_is_one_line_and_exit_2(tiny_models, tmp_p
 def test_self_proposer_uses_the_engines_chat_format(tiny_models, monkeypatch):
     base = tiny_engine(tiny_models["gemma3-base"])
     monkeypatch.setattr(proposers, "make_proposer", lambda name, domain, llm_text, **kw: llm_text)
-    llm_text = proposers.from_args(whale.Args(proposer="self"), searchqa, base)
+    llm_text = proposers.from_args(whale.Args(proposer="self"), searchqa, rollout.text_sampler(base, whale.Args(proposer="self")))
     sent, real = [], base.sample
     monkeypatch.setattr(base, "sample", lambda reqs: sent.extend(reqs) or real(reqs))
     out = llm_text("Write a harness.", 8)
@@ -1207,7 +1207,7 @@ def hostile_files(tmp_path_factory):
     for d in (data, checkout):
         d.mkdir(parents=True, exist_ok=True)
         (d / "test.jsonl.gz").write_bytes((ROOT / "data" / "searchqa" / "test.jsonl.gz").read_bytes())
-    (root / "checkout" / "sandbox.py").write_bytes((ROOT / "sandbox.py").read_bytes())
+    (root / "checkout" / "sandbox.py").write_bytes((ROOT / "jail" / "sandbox.py").read_bytes())
     for dirpath, dirs, files in os.walk(root):
         os.chmod(dirpath, 0o755)
         for f in files:
@@ -1327,14 +1327,15 @@ def _run_as_nobody(harness, task, env=()):
     code = tempfile.mkdtemp(prefix="whale_nonroot_", dir="/tmp")
     try:
         os.chmod(code, 0o755)
-        for name, text in (*((f, (ROOT / f).read_text()) for f in ("sandbox.py", "sandbox_child.py", "isolation.py", "landlock.py")),
-                           ("harness.py", harness)):
+        os.mkdir(Path(code, "jail"), 0o755)  # the sandbox's package, as nobody may read it
+        for name, text in (*((f"jail/{f}", (ROOT / "jail" / f).read_text()) for f in ("__init__.py", "sandbox.py",
+                             "sandbox_child.py", "isolation.py", "landlock.py")), ("harness.py", harness)):
             Path(code, name).write_text(text)
             os.chmod(Path(code, name), 0o644)
         script = textwrap.dedent(f"""
             import json, os, sys
             sys.path.insert(0, {code!r})
-            import sandbox
+            from jail import sandbox
             jobs = [{{"rid": i, "task": {task!r}, "seed": i}} for i in range(2)]
             recs = sandbox.run_rollouts(open({code!r} + "/harness.py").read(), jobs, lambda calls: [],
                                         lambda rid: {{}}, rollout_timeout=5.0, mem_mb=256)
@@ -1458,7 +1459,7 @@ def test_isolation_when_root():
 import os, resource
 def run(task, llm, tools):
     try:
-        os.stat(task["repo"] + "/sandbox.py")  # stat is not audited: this asks the kernel
+        os.stat(task["repo"] + "/jail/sandbox.py")  # stat is not audited: this asks the kernel
         repo = "visible"
     except OSError as e:
         repo = type(e).__name__
@@ -1784,7 +1785,7 @@ def test_scratch_of_a_killed_parent_is_removed_by_the_next_clean_and_no_other():
     dies with it); clean_dead_scratch removes it, and leaves a live process's dir (this one's, as
     a run going on next to it) and one named without a pid alone."""
     sleeper = "import time\ndef run(task, llm, tools):\n    time.sleep(60)\n"
-    parent = subprocess.Popen([sys.executable, "-c", "import sandbox; sandbox.run_rollouts("
+    parent = subprocess.Popen([sys.executable, "-c", "from jail import sandbox; sandbox.run_rollouts("
                                f"{sleeper!r}, [{{'rid': 0, 'task': {{}}, 'seed': 0}}], None, lambda rid: {{}}, "
                                "rollout_timeout=60)"], cwd=ROOT)
     deadline = time.monotonic() + 60
@@ -5253,7 +5254,7 @@ def test_a_full_disk_is_one_line_and_the_resume_after_freeing_space_is_exact(tmp
 # the file store, and W&B's own reader of its offline transaction log (`wandb leet inspect --json`).
 
 needs_trackers = pytest.mark.skipif(any(importlib.util.find_spec(m) is None for m in ("tensorboard", "mlflow", "wandb")),
-                                    reason="the trackers are optional: pip install -r requirements-track.txt")
+                                    reason="the trackers are optional: pip install -r rundir/requirements-track.txt")
 
 
 def tracker_points(run, backend):
@@ -5315,7 +5316,7 @@ def test_trackers_after_sigkill_and_resume_hold_every_metrics_row_once(tmp_path,
     (W&B offline: what the killed process logged since its service last wrote may be lost, see
     below; no point twice, and everything after the kill.)"""
     import collections
-    import tracking
+    from rundir import tracking
     run, env = tmp_path / "tracked", {"WANDB_MODE": "offline", "WANDB_SILENT": "true"}
     # (--budget 24: one RSFT step, then an iteration of the harness phase ends the run: every kind of row)
     r = run_whale("--domain", "searchqa", "--method", "whale", "--out", str(run), *TINY, "--budget", "24",
@@ -5393,7 +5394,7 @@ def test_a_failing_tracker_warns_once_and_the_run_finishes(tmp_path, tiny_harnes
 def test_a_tracker_that_fails_mid_run_is_turned_off_with_one_warning(tmp_path, capsys):
     """A backend that worked when the run opened and then fails (here MLflow's file store is
     deleted under it) is one warning and then silence; tracker.json counts only what it took."""
-    import tracking
+    from rundir import tracking
     run = tmp_path / "run"
     run.mkdir()
     (run / "metrics.jsonl").write_text("")
@@ -5429,13 +5430,13 @@ def test_eval_key_changes_with_the_scoring_code_and_the_data_and_nothing_else(tm
     score (a scoring code file, the domain's file with its verifier, a data file) must not read a
     stale entry, and what decides nothing (a training setting, another file) must not miss one."""
     assert all((ROOT / f).is_file() for f in run_dir.SCORING_CODE)  # a renamed file would hash as empty
-    assert {"sandbox.py", "rollout.py", "engine.py"} <= set(run_dir.SCORING_CODE)
+    assert {"jail/sandbox.py", "rollout.py", "lm/engine.py"} <= set(run_dir.SCORING_CODE)
     # eval_key reads the scoring code beside run_dir.py: a copy of the repository's, free to edit
     repo = tmp_path / "repo"
-    for f in ("run_dir.py", *run_dir.SCORING_CODE):
+    for f in ("rundir/run_dir.py", *run_dir.SCORING_CODE):
         (repo / f).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / f, repo / f)
-    spec = importlib.util.spec_from_file_location("run_dir_copy", repo / "run_dir.py")
+    spec = importlib.util.spec_from_file_location("run_dir_copy", repo / "rundir" / "run_dir.py")
     copy_of_run_dir = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(copy_of_run_dir)
     domain_file, data = tmp_path / "toy.py", tmp_path / "data"
@@ -6222,8 +6223,9 @@ def test_report_in_headless_chromium_shows_diff_acceptance_test_and_a_trace(tiny
 DDP_SCRIPT = textwrap.dedent(r"""
     import json, os, sys
     import torch
-    import engine, models, rs_sft
-    import run_dir
+    import rs_sft
+    from lm import engine, models
+    from rundir import run_dir
     rank, world, device = run_dir.ddp_setup("cpu")
     model, tok = models.load_model("embedded")
     texts = [("What is 2+3?", "2+3 = 5."), ("Name a colour.", "Blue."), ("Capital of France?", "Paris."),
@@ -6323,7 +6325,7 @@ VLLM_VENV = Path(os.environ.get("WHALE_VLLM_VENV", "/opt/vllm-venv"))
 @pytest.mark.slow
 @pytest.mark.skipif(not (VLLM_VENV / "bin" / "python").exists(),
                     reason=f"no vLLM environment at {VLLM_VENV} (README 'On GPUs': python3 -m venv /opt/vllm-venv && "
-                           "/opt/vllm-venv/bin/pip install -r requirements-vllm.txt; or set WHALE_VLLM_VENV)")
+                           "/opt/vllm-venv/bin/pip install -r lm/requirements-vllm.txt; or set WHALE_VLLM_VENV)")
 def test_harness_only_run_with_openai_proposer_against_vllm_serve(tmp_path, tiny_harness):
     """vLLM's real OpenAI-compatible server serving the embedded model as the proposer. The 135M
     model writes poor harness code: the test checks the plumbing (requests, usage, finish reasons,
@@ -6399,8 +6401,8 @@ def vllm_eng():
     try:
         import vllm  # noqa: F401
     except Exception as e:  # noqa: BLE001 - ImportError, or missing CUDA libraries under a CUDA build
-        pytest.skip(f"vllm not importable ({type(e).__name__}: {e}); see requirements-vllm.txt")
-    from vllm_engine import VLLMEngine
+        pytest.skip(f"vllm not importable ({type(e).__name__}: {e}); see lm/requirements-vllm.txt")
+    from lm.vllm_engine import VLLMEngine
     e = VLLMEngine(models.resolve_model_path("embedded"), seed=0, max_model_len=2048)
     yield e
     e.shutdown()
@@ -6417,8 +6419,8 @@ def test_vllm_plain_format_on_a_model_without_template(tiny_models):
     try:
         import vllm  # noqa: F401
     except Exception as e:  # noqa: BLE001
-        pytest.skip(f"vllm not importable ({type(e).__name__}: {e}); see requirements-vllm.txt")
-    from vllm_engine import VLLMEngine
+        pytest.skip(f"vllm not importable ({type(e).__name__}: {e}); see lm/requirements-vllm.txt")
+    from lm.vllm_engine import VLLMEngine
     e = VLLMEngine(tiny_models["qwen2-base"], seed=0, max_model_len=1024, kv_cache_gb=0.25)
     try:
         assert e.chat_format == "plain" and e.chat_stops == chat_format.PLAIN_STOPS

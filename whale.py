@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from budget import Budget  # what the rollout budget buys: the loop asks it when a phase must end
-from run_setup import UserError, open_run, parse_args  # every command-line mistake, found before the loop
+from rundir.run_setup import UserError, open_run, parse_args  # every command-line mistake, found before the loop
 
 
 def arg(default, help):
@@ -137,9 +137,9 @@ METHODS = {
 def main(a: Args):
     import evaluation
     import rs_sft
-    import run_dir as rd
+    from rundir import run_dir as rd
     import switch
-    from engine import load_engine
+    from lm.engine import load_engine
 
     run = rd.Run(a, open_run)  # new or resumed: directory, state, metrics.jsonl, DDP rank, progress bar
     a = run.args               # a resumed run keeps the settings it started with
@@ -244,8 +244,9 @@ def harness_phase(run, s):
     """Phase B: a Meta-Harness search from the current harness in its own archive (it resumes from
     the archive after a crash); the search's incumbent carries on."""
     import meta_harness
-    import proposers
     import rollout
+    from harness_search import proposers
+    from rundir.run_dir import crash_point
     a, st, method = s.a, run.state, s.method
     archive = run.dir / "archive" / f"phase{st['cycle']:02d}"
     b, weights_follow = s.budget, not method.one_pass
@@ -270,7 +271,7 @@ def harness_phase(run, s):
         # seeded by example, not by the candidate's name: every candidate gets the same draws (a sharper sign test)
         records = rollout.run(s.engine, s.domain, source, examples, a.harness_n, seed=(a.seed, "B", st["cycle"]),
                               sampling=s.sampling, max_tokens=a.max_tokens, progress=run.bar)
-        rollout.crash_point("harness_eval")
+        crash_point("harness_eval")
         return records
 
     def validate_run(source):  # one rollout of one example: does it run at all?
@@ -288,7 +289,7 @@ def harness_phase(run, s):
 
     res = meta_harness.search_phase(
         st["harness"], s.domain, s.search_set, run_candidate, validate_run,
-        proposers.from_args(a, s.domain, s.engine, run.dir),
+        proposers.from_args(a, s.domain, rollout.text_sampler(s.engine, a), run.dir),
         archive_dir=str(archive), k=a.candidates, should_stop=should_stop, affordable=affordable,
         accept_alpha=a.accept_alpha, prompt_only_base=s.h0 if method.prompt_only else None, log=log,
         confirm_examples=s.confirm_set)

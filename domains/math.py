@@ -50,7 +50,7 @@ def load_split(split):
 
 def python(code):
     """Run `code` in a fresh sandboxed interpreter; return what it printed (+ the error's last line)."""
-    import sandbox  # imported here: the domain module must load without the sandbox machinery
+    from jail import sandbox  # imported here: the domain module must load without the sandbox machinery
     if not isinstance(code, str):
         return "Error: code must be a string"
     result = sandbox.run_python(code, timeout_s=5.0, mem_mb=512, max_output=4000)

@@ -10,7 +10,7 @@ def run(task, llm, tools):
     while d != "/":
         roots.add(d)
         d = os.path.dirname(d)
-    names = ["sandbox.py", "whale.py"] + [f"data/{dom}/{split}.jsonl.gz" for dom in ("searchqa", "math", "chess")
+    names = ["jail/sandbox.py", "whale.py"] + [f"data/{dom}/{split}.jsonl.gz" for dom in ("searchqa", "math", "chess")
                                           for split in ("test", "val", "harness", "weight")]
     for root in sorted(roots):
         for name in names:

@@ -6,4 +6,4 @@ import os
 
 def run(task, llm, tools):
     os.symlink(task["repo"], "repo")
-    return open("repo/sandbox.py").read()[:100]
+    return open("repo/jail/sandbox.py").read()[:100]

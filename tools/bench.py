@@ -58,8 +58,8 @@ sys.path.insert(0, str(ROOT))  # `python tools/x.py` imports the repository's mo
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import torch
 
-import engine as eng
-import models
+from lm import engine as eng
+from lm import models
 import rollout
 import rs_sft
 
@@ -280,7 +280,7 @@ def multiturn(e, n_puzzles):
 def long_context_harness():
     """searchqa h0 with the domain's own primitives spliced in: three worked examples
     (EXAMPLES[0]) and three passages of up to 500 characters (RETRIEVAL[1]); ~3x h0's prompt."""
-    import harness_source
+    from harness_search import harness_source
     from domains import searchqa
     src = open(searchqa.H0).read()
     for name, i in (("EXAMPLES", 0), ("RETRIEVAL", 1)):
@@ -462,7 +462,7 @@ def vote(e, n_questions, max_tokens):
     5 llm() calls one after another (5 batches), apart first. Prints vote_<way>_seconds (and the
     llm calls in the traces: the same both ways), vote_same_tokens (the seeds are the calls', so
     both ways sample the same tokens), vote_mean and vote_speedup (apart / together)."""
-    import harness_source
+    from harness_search import harness_source
     from domains import searchqa
     together = harness_source.splice(open(searchqa.H0).read(), "run", searchqa.PRIMITIVES["run"][2])
     one_call = "llm(messages, max_tokens=MAX_TOKENS, n=votes if turn == 0 else 1)"

@@ -15,7 +15,7 @@ cd "$(dirname "$0")/.."
 a=$(git rev-parse --short "$1"); b=$(git rev-parse --short "$2"); shift 2
 flags=("$@"); [ ${#flags[@]} -gt 0 ] || flags=(--domain searchqa)
 root=${E2E_DIR:-/tmp/whale-e2e}
-model=$(python -c "import models; print(models.embedded_model_dir())")  # converted once, shared
+model=$(python -c "from lm import models; print(models.embedded_model_dir())")  # converted once, shared
 time_one() {  # COMMIT: its worktree, its fresh cache, its timed run
   local c=$1 d="$root/$1"
   (cd "$d/src" && WHALE_CACHE="$d/cache" /usr/bin/time -f "$c: %e s wall, %U s user" -o "$d/time.txt" \

@@ -59,8 +59,8 @@ def main():
                     help="score just one of the two (a long chess evaluation split over two sittings); "
                          "no paired gain is printed then")
     a = ap.parse_args()
-    import engine
-    import harness_source
+    from lm import engine
+    from harness_search import harness_source
     import rollout
     domain = importlib.import_module(f"domains.{a.domain}")
     h0 = read_base(a.base) if a.base else open(domain.H0).read()
@@ -98,7 +98,7 @@ def main():
 def read_base(spec):
     """A harness's source from a file, or RUN_DIR:CANDIDATE for a candidate in a run's archive
     (archive/ or archive.zip, via harness_archive.unpacked_archive)."""
-    import harness_archive
+    from harness_search import harness_archive
     run_dir, _, cand = spec.partition(":")
     try:
         if cand:
@@ -118,8 +118,8 @@ def gain_over(base, r):
 
 
 def screen(a, domain, h0):
-    import engine
-    import harness_source
+    from lm import engine
+    from harness_search import harness_source
     import rollout
     e = engine.load_engine(a.model)
     examples = domain.load_split(a.split)[:a.limit or None]

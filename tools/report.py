@@ -48,8 +48,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python tools/x.py` imports the repository's modules
 
 # the run's own acceptance test, and a packed archive read (meta_harness needs only the standard library)
-from harness_source import hypothesis
-from harness_archive import unpacked_archive, unpacked_run
+from harness_search.harness_source import hypothesis
+from harness_search.harness_archive import unpacked_archive, unpacked_run
 from meta_harness import sign_test
 
 HERE = Path(__file__).resolve().parents[1]  # the repository root

@@ -63,7 +63,7 @@ def finished_runs(root: Path):
 
 
 def load(root: Path):
-    import harness_archive
+    from harness_search import harness_archive
     runs = []
     for d in finished_runs(root):
         record = Path(harness_archive.unpacked_run(d))  # the run itself, or its run.zip unpacked
@@ -141,7 +141,7 @@ def diagnostics(runs):
     reward, kept rollouts and trained (model-written) tokens per step and optimizer steps (from
     metrics.jsonl); phase B's proposed candidates, how many were valid, and accepted (from the
     run's archive, folder or packed)."""
-    import harness_archive
+    from harness_search import harness_archive
     cells = {}
     for r in runs:
         steps = [m for m in r["metrics"] if m.get("event") == "rollout_step"]
@@ -447,7 +447,7 @@ def into_readme(path: Path, root, body: str):
 def pack(root: Path):
     """Pack every finished run under root (or root itself) into its run.zip and drop its
     curve.png (report.html draws the curve): a run record of two files, run.zip and report.html."""
-    import harness_archive
+    from harness_search import harness_archive
     for d in finished_runs(root):
         if harness_archive.pack_run(d):
             print(f"packed {d}/run.zip")

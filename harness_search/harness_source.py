@@ -25,7 +25,7 @@ import sys
 import textwrap
 from collections import Counter
 
-from sandbox import valid_text  # the one text rule (lone surrogates), at every boundary
+from jail.sandbox import valid_text  # the one text rule (lone surrogates), at every boundary
 
 MAX_AST_DEPTH = 100  # a harness nests a few dozen levels; ast.unparse recurses ~3 frames a level
 

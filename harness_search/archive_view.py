@@ -14,7 +14,7 @@ order is harness_archive.rank_key's) and token counting (budgets are in characte
 """
 import difflib
 
-import harness_archive
+from harness_search import harness_archive
 
 DIGEST_CHARS = 16000           # default budget of the LLM proposers' archive view
 

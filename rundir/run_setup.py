@@ -85,7 +85,7 @@ def check_args(a):
     if a.harness and not Path(a.harness).is_file():
         raise UserError(f"harness file {a.harness} does not exist")
     if a.harness:
-        import harness_source  # the same check every proposed candidate gets
+        from harness_search import harness_source  # the same check every proposed candidate gets
         try:
             why = harness_source.static_check(Path(a.harness).read_text())
         except (OSError, UnicodeDecodeError) as e:
@@ -93,7 +93,7 @@ def check_args(a):
         if why:
             why = why.replace("syntax error", "does not parse")
             raise UserError(f"harness file {a.harness} is not a harness: {why}")
-    import tracking  # --tracker: a known backend whose package is installed (imports none of them)
+    from rundir import tracking  # --tracker: a known backend whose package is installed (imports none of them)
     if not any(n.strip() for n in a.tracker.split(",")):  # '' or ',' names nothing, not even none
         raise UserError(f"--tracker {a.tracker!r} names no tracker; choose none, {', '.join(tracking.BACKENDS)} "
                         "(or a comma list of them)")
@@ -104,7 +104,7 @@ def check_args(a):
         raise UserError("--proposer openai needs --proposer-url (or WHALE_PROPOSER_URL)")
     check_proposer_flags(a)
     if a.proposer == "openai":  # a down endpoint is a mistake to report now, not after the first weight phase
-        import proposers
+        from harness_search import proposers
         why = proposers.endpoint_error(a.proposer_url or os.environ["WHALE_PROPOSER_URL"], a.proposer_model or None,
                                        os.environ.get(a.proposer_api_key_env))
         if why:
@@ -177,7 +177,7 @@ def check_model(a):
     """--model (on --resume: the checkpoint the run continues from, if it holds the whole model)
     loads as a causal LM with a tokenizer in --chat-format, with the layers --train-layers trains:
     config, tokenizer and an empty model, no weights read (models.check_model)."""
-    import models  # (imports torch: last, after the checks that need nothing)
+    from lm import models  # (imports torch: last, after the checks that need nothing)
     # (".checkpoint.old": a run killed between the two renames of a checkpoint; open_run puts it back)
     ckpts = [Path(a.resume) / d for d in ("checkpoint", ".checkpoint.old")] if a.resume else []
     name = next((str(c) for c in ckpts if (c / "state.json").exists() and (c / "model.safetensors").exists()),
@@ -314,8 +314,8 @@ def lock_run(run: Path):
 def open_run(a):
     """A new run directory with config.json, or the one --resume names (with its saved args).
     `a` is whale.Args; its class gives the defaults a resumed run is compared against."""
-    import run_dir as rd  # (imports torch: not needed to print --help or a flag error)
-    import sandbox
+    from rundir import run_dir as rd  # (imports torch: not needed to print --help or a flag error)
+    from jail import sandbox
     Args = type(a)
     if a.resume:
         run = Path(a.resume)

@@ -1,7 +1,7 @@
 """
 Experiment tracking beside metrics.jsonl: `--tracker tensorboard`, `mlflow`, `wandb` or a comma
 list of them (default none). Each backend goes through its official client, imported only when
-chosen (pip install -r requirements-track.txt).
+chosen (pip install -r rundir/requirements-track.txt).
 
 What a tracker gets: the run's config as parameters; every metrics.jsonl row that has numbers
 (rollout steps, evaluations with their SE, harness candidates and iterations, ...), each field
@@ -60,7 +60,7 @@ def setup_error(spec: str) -> str | None:
         module, package = BACKENDS[name]
         if importlib.util.find_spec(module) is None:
             return f"--tracker {name} needs the {package} package: pip install {package} " \
-                   f"(or pip install -r requirements-track.txt)"
+                   f"(or pip install -r rundir/requirements-track.txt)"
     return None
 
 
@@ -235,7 +235,7 @@ class Tracker:
         self.save()
 
     def save(self):
-        from run_dir import write_json
+        from rundir.run_dir import write_json
         try:
             write_json(self.path, self.saved)
         except OSError as e:  # (a full disk: metrics.jsonl will say so; a tracker does not stop the run)

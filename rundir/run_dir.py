@@ -42,6 +42,7 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -49,7 +50,21 @@ from pathlib import Path
 
 import torch
 
-from rollout import crash_point
+
+
+_CRASH_COUNTS = {}
+
+
+def crash_point(name: str):
+    """Testing aid for crash-anywhere resume (rollout.py, rs_sft.py, evaluation.py, whale.py and
+    this file call it): with WHALE_CRASH_AT=name:N in the
+    environment, the N-th arrival at `name` kills this process with SIGKILL, as a
+    power cut would. Points: sampling, sft, harness_eval, eval, checkpoint, checkpoint_swap."""
+    want, _, n = os.environ.get("WHALE_CRASH_AT", "").partition(":")
+    if want == name:
+        _CRASH_COUNTS[name] = _CRASH_COUNTS.get(name, 0) + 1
+        if _CRASH_COUNTS[name] == int(n or 1):
+            os.kill(os.getpid(), signal.SIGKILL)
 
 
 def write_json(path, obj):
@@ -96,7 +111,7 @@ def truncate_metrics(run: Path, lines: int):
     line of its own. A damaged line with lines after it is not a kill's doing: one line (UserError)
     naming it. Fewer lines than the checkpoint counted (the file cut or emptied from outside): a
     warning saying how many are gone. Returns the number of lines kept."""
-    from run_setup import UserError
+    from rundir.run_setup import UserError
     path = run / "metrics.jsonl"
     if not path.exists():
         return 0
@@ -175,7 +190,7 @@ def save_checkpoint(run: Path, engine, optimizer, state: dict, name: str = "chec
 def damaged_file(path, run):
     """Reading a checkpoint file: any failure (truncated, empty, not what it should hold) is one
     line naming the file and what to do, never a traceback."""
-    from run_setup import UserError
+    from rundir.run_setup import UserError
     try:
         yield
     except UserError:
@@ -233,8 +248,9 @@ def plot_curve(run: Path, evals: list[dict], title: str):
 
 
 # the code that decides a score: the harness runner, the sampler (and the domain file itself)
-SCORING_CODE = ("sandbox.py", "sandbox_child.py", "isolation.py", "landlock.py", "rollout.py", "engine.py",
-                "chat_format.py", "models.py", "shared_prefix.py", "int8.py", "vllm_engine.py", "domains/__init__.py")
+SCORING_CODE = ("jail/sandbox.py", "jail/sandbox_child.py", "jail/isolation.py", "jail/landlock.py", "rollout.py",
+                "lm/engine.py", "lm/chat_format.py", "lm/models.py", "lm/shared_prefix.py", "lm/int8.py",
+                "lm/vllm_engine.py", "domains/__init__.py")  # (paths from the repository's root)
 
 
 def eval_key(args: dict, domain, harness: str, examples, n: int, split: str) -> str:
@@ -244,7 +260,7 @@ def eval_key(args: dict, domain, harness: str, examples, n: int, split: str) -> 
     data files, so that a fork that changes any of them, or swaps the data in through
     WHALE_DATA, never reads a stale entry."""
     h = hashlib.sha256()
-    root = Path(__file__).resolve().parent
+    root = Path(__file__).resolve().parent.parent  # the repository's
     data = getattr(domain, "DATA", None)  # None: the domain generates its data (its file's bytes fix it)
     for path in [*(root / f for f in SCORING_CODE), Path(domain.__file__),
                  *(sorted(p for p in Path(data).iterdir() if p.is_file()) if data else [])]:
@@ -257,7 +273,7 @@ def eval_key(args: dict, domain, harness: str, examples, n: int, split: str) -> 
 
 
 def load_cached_eval(key):
-    from models import cache_dir
+    from lm.models import cache_dir
     path = cache_dir() / "evals" / f"{key}.json"
     if key and path.exists():
         return {**read_json(path), "cached": True}
@@ -265,7 +281,7 @@ def load_cached_eval(key):
 
 
 def store_cached_eval(key, res):
-    from models import cache_dir
+    from lm.models import cache_dir
     if key and not res.get("cached"):
         (cache_dir() / "evals").mkdir(parents=True, exist_ok=True)
         write_json(cache_dir() / "evals" / f"{key}.json", res)
@@ -316,7 +332,7 @@ class Run:
         (save_checkpoint); for "trained", the base weights are fingerprinted here, before a
         resumed run's trained blocks are put on them."""
         from tqdm import tqdm
-        from models import weights_fingerprint
+        from lm.models import weights_fingerprint
         if weights == "trained" and self.state and (self.dir / "checkpoint" / "model.safetensors").exists():
             weights = "all"  # a run begun with whole-model checkpoints (older code) goes on with them
         self.weights = weights
@@ -335,7 +351,7 @@ class Run:
         self.bar = tqdm(total=a.budget, initial=self.state["rollouts"], unit="rollout", desc=f"{a.method} {a.domain}",
                         dynamic_ncols=True, disable=self.rank != 0)
         if self.rank == 0:  # --tracker: the same tracker run again on a resume (None without one)
-            import tracking
+            from rundir import tracking
             self.tracker = tracking.open_tracker(self.dir, vars(a))
         self.log({"event": "start", "commit": code_version(), "argv": sys.argv[1:]})  # which code made this run
         if self.rank == 0:
@@ -377,21 +393,20 @@ class Run:
                 if not (isinstance(e, OSError) and e.errno == errno.ENOSPC or "No space left" in str(e)):
                     raise
                 clean_partial(self.dir)  # the half-written copy; the last checkpoint is untouched
-                from run_setup import UserError
+                from rundir.run_setup import UserError
                 need = sum(p.numel() * p.element_size() for p in engine.model.parameters()
                            if self.weights == "all" or p.requires_grad) * (3 if optimizer is not None else 1)
                 raise UserError(f"no space left on the device of {self.dir} for a checkpoint (about {need >> 20} MB "
                                 f"needed): free space, then `--resume {self.dir}` continues from the last one") from None
 
-    def write_summary(self, tests, best_val_test):
+    def write_summary(self, tests, best_val_test, gain):
         """summary.json: the run's numbers in one file (results.py's tables read these). tests: the
         full-test evaluations by tag (initial, final, best_val); best_val_test: the one of them that
-        scores the checkpoint chosen on validation."""
-        from rollout import paired_gain
+        scores the checkpoint chosen on validation; gain: (final - initial, its paired SE)."""
         a, st = self.args, self.state
         initial, final = tests["initial"], tests.get("final", tests["initial"])
         best_test = max(tests.values(), key=lambda e: e["mean"])
-        gain, gain_se = paired_gain(initial["per_example"], final["per_example"])
+        gain, gain_se = gain
         c = {**dict.fromkeys(COUNTERS, 0), **st["counters"]}
         summary = {
             "method": a.method, "domain": a.domain, "seed": a.seed, "model": a.model, "rollouts": st["rollouts"],
@@ -452,7 +467,7 @@ class Run:
                 if not isinstance(base, dict) or not isinstance(base.get("sha256"), str):
                     raise ValueError("no sha256 fingerprint in it")
             if base["sha256"] != self.base["sha256"]:
-                from run_setup import UserError
+                from rundir.run_setup import UserError
                 raise UserError(f"{d} holds blocks trained on other base weights than --model {self.args.model} "
                                 f"loads now (fingerprint {base['sha256'][:12]}, not {self.base['sha256'][:12]}); "
                                 f"give it the model it was trained on")

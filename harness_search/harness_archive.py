@@ -40,7 +40,7 @@ import os
 import re
 from collections import Counter
 
-from sandbox import valid_text  # the one text rule (lone surrogates), at every boundary
+from jail.sandbox import valid_text  # the one text rule (lone surrogates), at every boundary
 
 
 def cand_name(i):

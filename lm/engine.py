@@ -53,9 +53,9 @@ from pathlib import Path
 
 import torch
 
-import int8  # the opt-in int8 sampling copy (HFEngine(precision="int8"))
-from chat_format import chat_ids, chat_stop_strings, resolve_chat_format, stop_token_ids  # messages -> ids, stops
-from models import EMBEDDED, load_model, resolve_model_path, save_atomic  # where the model comes from
+from lm import int8  # the opt-in int8 sampling copy (HFEngine(precision="int8"))
+from lm.chat_format import chat_ids, chat_stop_strings, resolve_chat_format, stop_token_ids  # messages -> ids, stops
+from lm.models import EMBEDDED, load_model, resolve_model_path, save_atomic  # where the model comes from
 
 # -----------------------------------------------------------------------------
 # sampling
@@ -215,7 +215,7 @@ class HFEngine:
         # fast sampler, decode: each prompt's cache kept once for all of its samples, not copied to
         # every row (shared_prefix.py; False copies it as before, for tools/bench.py to compare);
         # architectures it does not cover keep a full cache per row
-        import shared_prefix as sp
+        from lm import shared_prefix as sp
         self.shared_prefix = shared_prefix and sampler == "fast" and sp.supported(self.sampling_model)
         self.prefill_tokens = 0  # tokens run through prefill so far (what the sharing saves shows here)
         # where sample()'s time went, for tools/bench.py: calls, chunks, and per stage (prefill:
@@ -285,7 +285,7 @@ class HFEngine:
 
     @torch.no_grad()
     def _sample_chunk(self, requests, chunk, results):
-        import shared_prefix  # (transformers is imported lazily here, as by the loaders)
+        from lm import shared_prefix  # (transformers is imported lazily here, as by the loaders)
         t0, work = time.perf_counter(), self.work
         work["chunks"] += 1
         model, dev = self.sampling_model, self.device  # `.model` itself, or its int8 copy
@@ -453,6 +453,6 @@ def load_engine(model: str = EMBEDDED, engine: str = "hf", device: str = "cpu", 
     if engine == "hf":
         return HFEngine(hf_model, tokenizer, chat_format=chat_format, precision=precision)
     if engine == "vllm":
-        from vllm_engine import VLLMEngine
+        from lm.vllm_engine import VLLMEngine
         return VLLMEngine(resolve_model_path(model), tokenizer, hf_model, tp=tp, seed=seed, chat_format=chat_format)
     raise ValueError(f"unknown engine {engine!r} (choose hf or vllm)")

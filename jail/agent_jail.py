@@ -47,9 +47,11 @@ import subprocess
 import sys
 import threading
 
-import isolation
-import landlock
-from sandbox_child import under
+if __name__ == "__main__":  # run as the launcher (python jail/agent_jail.py SPEC): import from the repository's root
+    sys.path[0] = os.path.dirname(sys.path[0])
+from jail import isolation
+from jail import landlock
+from jail.sandbox_child import under
 
 GRACE_S = 5.0        # after the kill: how long the last read of the agent's output may take
 TCP_PORTS = (443,)   # the only TCP port the agent may connect to (HTTPS; the relay listens there)

@@ -25,8 +25,8 @@ import random
 import re
 from collections import Counter
 
-import harness_archive
-from harness_source import normalized, splice, top_level_names, with_hypothesis
+from harness_search import harness_archive
+from harness_search.harness_source import normalized, splice, top_level_names, with_hypothesis
 
 TOP_DONORS = 8  # how many top candidates may give an axis to a combination
 

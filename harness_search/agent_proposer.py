@@ -34,10 +34,10 @@ import stat
 import tempfile
 import time
 
-import harness_archive
-import harness_source
-from primitives import failure_signatures
-from archive_view import DIGEST_CHARS, RULES, archive_digest, id_list, outcomes_vs, render_trace, short
+from harness_search import harness_archive
+from harness_search import harness_source
+from harness_search.primitives import failure_signatures
+from harness_search.archive_view import DIGEST_CHARS, RULES, archive_digest, id_list, outcomes_vs, render_trace, short
 
 MAX_CANDIDATE_BYTES = 200_000  # a harness file is ~3-5 kB; anything this big is not one
 KEEP_BYTES = 1 << 20           # archive files up to this size are restorable after an agent call
@@ -341,7 +341,7 @@ def write_workspace(archive_dir, work, domain, traces_per_kind=3):
     OUTCOMES.md + outcomes.tsv (per example, what each candidate won and lost against its parent,
     and every candidate's score on every example), failures/cand_NNN.md (its failed rollouts
     grouped by failure kind, a few traces of each)."""
-    import sandbox  # its limits, for the guide
+    from jail import sandbox  # its limits, for the guide
     archive = harness_archive.load_archive(archive_dir)
     by_name = {c["name"]: c for c in archive}
     scored = [c for c in archive if c["scores"]]
@@ -463,7 +463,7 @@ def command_prompt(domain, archive_dir, k, digest_chars=DIGEST_CHARS):
 
 def command_proposer(domain, command, timeout, digest_chars, workdir_root=None, env_names=(), private=(),
                      hosts=None):
-    import agent_jail
+    from jail import agent_jail
     hosts = agent_jail.DEFAULT_HOSTS if hosts is None else tuple(hosts)
 
     def propose(archive_dir, k):
@@ -582,7 +582,7 @@ def _private_paths(archive_dir, extra=()):
     """What the agent must never read, should a directory it is granted hold one of them: the
     archive itself and the run directory above it, the repository's data/, WHALE_DATA, $HOME."""
     run_dir = os.path.dirname(os.path.abspath(archive_dir))
-    repo = os.path.dirname(os.path.realpath(__file__))
+    repo = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))  # the repository's root
     return [archive_dir, run_dir, os.path.join(repo, "data"), os.environ.get("WHALE_DATA"),
             os.path.expanduser("~"), *extra]
 
@@ -593,7 +593,7 @@ def writes_outside(archive_dir, since, skip=(), tmp=True, more=(), max_entries=2
     directory), the repository and, with tmp, the top level of the temporary directory (other
     processes write there too: only asked when the agent ran without its Landlock jail, which
     refuses /tmp). `skip`: directories not to report. Walked with walk()'s limits."""
-    repo = os.path.dirname(os.path.realpath(__file__))
+    repo = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))  # the repository's root
     roots = [(os.path.dirname(os.path.abspath(archive_dir)), SNAP_DEPTH), *[(d, SNAP_DEPTH) for d in more],
              (repo, SNAP_DEPTH)] + [(tempfile.gettempdir(), 1)] * tmp
     skip = [os.path.realpath(p) for p in skip]
