@@ -5810,7 +5810,7 @@ def test_a_run_directory_in_use_is_refused_and_free_once_its_process_dies(tmp_pa
     # next check, which refuses a config.json edited by hand)
     d = tmp_path / "run"
     d.mkdir()
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time, run_setup; from pathlib import Path; "
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from rundir import run_setup; from pathlib import Path; "
                                "run_setup.lock_run(Path(sys.argv[1])); print('held', flush=True); time.sleep(600)", str(d)],
                               cwd=ROOT, stdout=subprocess.PIPE, text=True)
     try:
