@@ -30,7 +30,7 @@ for commit in "$before" "$after"; do
   for method in whale fst weight-only harness-only stagewise; do
     out=$work/runs-${commit:0:7}/$method
     [ -f "$out/summary.json" ] && continue
-    rm -rf "$out"
+    rm -rf "$out"; mkdir -p "$(dirname "$out")"
     (cd "$wt" && WHALE_CACHE=$work/cache-${commit:0:7} OMP_NUM_THREADS=1 python3 whale.py --method "$method" \
         --out "$out" "${tiny[@]}" > "$out.log" 2>&1) || { echo "failed: $out.log" >&2; exit 1; }
   done
