@@ -10,80 +10,80 @@ How a WHALE run is scored: the evaluation protocol whale.py's loop calls between
               that is an earlier one: the test split is read only here, and never to choose anything
 
 Every evaluation is a line in metrics.jsonl and an entry of the run's state; test evaluations keep
-their per-question means, so results.py can pair two runs question by question. `s` is the loop's
-namespace (whale.main builds it): args, domain, engine, the splits, the sampling settings.
+their per-question means, so results.py can pair two runs question by question. `ctx` is the loop's
+Context (whale.py): args, domain, engine, the splits, the sampling settings.
 Left out: early stopping on validation (the run always spends its budget).
 """
 import rollout
 from rundir import run_dir as rd
 
 
-def evaluate_and_log(run, s, split, examples, n, tag, harness=None):
+def evaluate_and_log(run, ctx, split, examples, n, tag, harness=None):
     """mean@n of (current weights, harness) on examples; logged and kept in the state. The initial
     test evaluation of (model, h0) is the same for every method of a domain and seed: cached."""
     from tqdm import tqdm
-    a, st = s.a, run.state
-    harness = harness or st["harness"]
-    key = rd.eval_key(vars(a), s.domain, harness, examples, n, split) if tag == "initial" else None
+    args, state = ctx.args, run.state
+    harness = harness or state["harness"]
+    key = rd.eval_key(vars(args), ctx.domain, harness, examples, n, split) if tag == "initial" else None
     res = rd.load_cached_eval(key)
     if res is None:
         with tqdm(total=len(examples) * n, unit="rollout", desc=f"eval {split} mean@{n}", leave=False) as bar:
-            res = rollout.evaluate(s.engine, s.domain, harness, examples, n, seed=(a.seed, split),
-                                   sampling=s.sampling, max_tokens=a.max_tokens, progress=bar)
+            res = rollout.evaluate(ctx.engine, ctx.domain, harness, examples, n, seed=(args.seed, split),
+                                   sampling=ctx.sampling, max_tokens=args.max_tokens, progress=bar)
         res["per_example"] = rollout.per_example_means(res.pop("records"))  # for paired gains
         rd.store_cached_eval(key, res)
     rd.crash_point("eval")  # (a testing aid: a kill after an evaluation, before its line and checkpoint)
-    point = {"split": split, "tag": tag, "cycle": st["cycle"], "rollouts": st["rollouts"],
+    point = {"split": split, "tag": tag, "cycle": state["cycle"], "rollouts": state["rollouts"],
              **{k: res[k] for k in ("mean", "se", "n", "examples")}}
     if split == "test":
         point["per_example"] = res["per_example"]
-    st["evals"].append(point)
+    state["evals"].append(point)
     run.log({"event": "eval", **point, "seconds": round(res["seconds"], 1)})
     return point
 
 
-def after_phase(run, s):
+def after_phase(run, ctx):
     """After a phase (and at the start): validation mean@k (+ the test subset of the curves), and
     the best checkpoint on validation kept aside. At the start, the initial test evaluation."""
-    a, st = s.a, run.state
-    tag, better = st["pending_eval"], False
+    args, state = ctx.args, run.state
+    tag, better = state["pending_eval"], False
     if tag is None:
         return
     if tag == "initial":
-        evaluate_and_log(run, s, "test", s.test, a.test_n, "initial")
-    if s.method is not None:
-        v = evaluate_and_log(run, s, "val", s.val, a.val_n, tag)
-        if a.test_subset and tag != "initial":
-            evaluate_and_log(run, s, "test_subset", s.test[:a.test_subset], a.test_n, tag)
-        better = st["best_val"] is None or v["mean"] > st["best_val"]["mean"]
+        evaluate_and_log(run, ctx, "test", ctx.test, args.test_n, "initial")
+    if ctx.method is not None:
+        v = evaluate_and_log(run, ctx, "val", ctx.val, args.val_n, tag)
+        if args.test_subset and tag != "initial":
+            evaluate_and_log(run, ctx, "test_subset", ctx.test[:args.test_subset], args.test_n, tag)
+        better = state["best_val"] is None or v["mean"] > state["best_val"]["mean"]
         if better:
-            st["best_val"] = {**v, "harness": st["harness"]}
-    st["pending_eval"] = None
-    run.checkpoint(s.engine, s.optimizer, model_changed=False)
+            state["best_val"] = {**v, "harness": state["harness"]}
+    state["pending_eval"] = None
+    run.checkpoint(ctx.engine, ctx.optimizer, model_changed=False)
     if better:
         run.keep_checkpoint_as("best_val")
 
 
-def finish(run, s):
+def finish(run, ctx):
     """The final test mean@k, the best-on-validation checkpoint scored on test, summary.json."""
-    a, st = s.a, run.state
+    args, state = ctx.args, run.state
     run.bar.close()
-    tests = {e["tag"]: e for e in st["evals"] if e["split"] == "test"}
-    if s.method is not None and "final" not in tests:
-        tests["final"] = evaluate_and_log(run, s, "test", s.test, a.test_n, "final")
-        run.checkpoint(s.engine, s.optimizer, model_changed=False)
+    tests = {e["tag"]: e for e in state["evals"] if e["split"] == "test"}
+    if ctx.method is not None and "final" not in tests:
+        tests["final"] = evaluate_and_log(run, ctx, "test", ctx.test, args.test_n, "final")
+        run.checkpoint(ctx.engine, ctx.optimizer, model_changed=False)
     initial = tests["initial"]
     final = tests.get("final", initial)
-    best = st["best_val"]
+    best = state["best_val"]
     if best is None or best["tag"] == "initial":
         best_val_test = initial
-    elif best["rollouts"] == st["rollouts"] and best["harness"] == st["harness"]:
+    elif best["rollouts"] == state["rollouts"] and best["harness"] == state["harness"]:
         best_val_test = final
     else:  # the point chosen on validation is an earlier one: load it and score it on the full test split
-        run.load_weights("best_val", s.engine)
-        best_val_test = tests["best_val"] = evaluate_and_log(run, s, "test", s.test, a.test_n, "best_val",
+        run.load_weights("best_val", ctx.engine)
+        best_val_test = tests["best_val"] = evaluate_and_log(run, ctx, "test", ctx.test, args.test_n, "best_val",
                                                              harness=best["harness"])
-    rd.plot_curve(run.dir, st["evals"], f"{a.method} on {a.domain} (seed {a.seed})")
+    rd.plot_curve(run.dir, state["evals"], f"{args.method} on {args.domain} (seed {args.seed})")
     gain = rollout.paired_gain(initial["per_example"], final["per_example"])  # final - initial, paired
     run.print_summary(run.write_summary(tests, best_val_test, gain))
     run.write_report()

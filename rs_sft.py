@@ -1,14 +1,16 @@
 """
 Phase A: online rejection-sampling fine-tuning (RSFT), in plain PyTorch.
 
-One rollout step, as in the paper:
+One rollout step, as in the paper (rollout_step, at the bottom):
   1. take the next B prompts of the weight pool (a persistent loader: no prompt
      is seen twice within an epoch);
   2. roll each out G times under the CURRENT harness (rollout.py, the sandbox);
-  3. keep a rollout iff the verifier says it succeeded;
-  4. one epoch of supervised fine-tuning on the kept rollouts: token NLL on the
-     tokens the model itself wrote. Every llm() call of a multi-call trajectory
-     contributes its completion; the prompt, tool output and padding are masked;
+  3. weigh each rollout (weight: 1 if the verifier says it succeeded, else 0) and
+     keep those of weight > 0 (keep);
+  4. one epoch of supervised fine-tuning on the kept rollouts (sft_update): token
+     NLL of `model(ids).logits` on the tokens the model itself wrote (token_nll).
+     Every llm() call of a multi-call trajectory contributes its completion; the
+     prompt, tool output and padding are masked;
   5. the sampler sees the new weights (HF engine: same module; vLLM: sync).
 
 Two knobs reuse the kept set, as ReST's improve step: `replay_steps=R` trains on a
@@ -25,33 +27,38 @@ samples that were already likely under the current model. The price is that
 failures teach nothing (an all-rejected step does no update) — which is exactly
 why a better harness, which turns more rollouts into successes, helps it.
 
+Where to fork it: the objective is Config.loss_fn (token_nll's signature); how much
+a rollout teaches is weight() (a GRPO-style fork returns an advantage, and the
+loss scales each sequence's tokens by it); the step itself is rollout_step.
+
+The reference path is what this file reads as: every sequence whole, one
+`model(ids).logits`. Two things make it faster and are machinery, opt-in by
+settings, each held to the reference by a test:
+  --sft-prompts shared (the default): a micro-batch's shared prompt tokens run once
+      (lm/prefix_tree.py), the same loss and gradients up to float round-off;
+  torchrun: each rank takes its slice of every minibatch (rundir/ddp.py), the same
+      loss trajectory as one process with the same global batch.
 CPU affordance: `train_layers=K` trains only the top K transformer blocks and
 the final norm; the blocks below run without autograd, so a step costs about
-one forward plus K/L of a backward. And whatever K, the prompt tokens that a
-micro-batch's kept sequences have in common run once (`pack`: the kept samples
-of one task share their whole prompt, all of a harness's prompts share their
-instructions), for the same loss and gradient up to float round-off.
-
-Data parallel (`torchrun --nproc_per_node N whale.py ...`): each rank rolls out
-its slice of the prompt batch, the records are gathered so that every rank holds
-the same global kept set in the same order, and each minibatch is split across
-ranks with gradients all-reduced by DistributedDataParallel. The loss
-trajectory is that of one process with the same global batch (up to float
-round-off): same minibatches, same normaliser, same clipped gradient.
+one forward plus K/L of a backward.
 """
-import contextlib
 import math
 import random
 import time
 from dataclasses import dataclass
+from typing import Callable, NamedTuple
 
 import torch
 import torch.nn.functional as F
 
 import rollout
+from lm import prefix_tree
+from rundir import ddp
 from rundir.run_dir import crash_point
 
-IGNORE = -100  # label value that cross_entropy skips
+IGNORE = -100     # label value that cross_entropy skips
+MAX_LEN = 1024    # tokens of a sequence that are trained (the rest is cut)
+HEALTH_SEQS = 4   # kept sequences the health figure scores (an even sample), see kept_nll
 
 
 # -----------------------------------------------------------------------------
@@ -78,14 +85,30 @@ def next_batch(loader: dict, batch: int) -> list[int]:
 
 
 # -----------------------------------------------------------------------------
-# from kept rollouts to training sequences
+# from rollouts to training sequences
+
+class Sequence(NamedTuple):
+    """One training sequence: the token ids, the labels (the id where the model wrote the token,
+    IGNORE elsewhere) and the weight its tokens' loss is scaled by (keep/drop: 1; see weight)."""
+    ids: list[int]
+    labels: list[int]
+    weight: float = 1.0
+
+
+def weight(record) -> float:
+    """How much one rollout teaches. Rejection sampling: a verified success 1, anything else 0
+    (dropped). A fork may return any number (e.g. a group-normalised advantage): keep() keeps
+    every rollout whose weight is not 0 and token_nll scales its tokens by it."""
+    return 1.0 if record["score"] > 0.5 else 0.0
+
 
 def keep(records, max_per_prompt: int = 0):
-    """Successful rollouts; at most max_per_prompt per example (0 = all), so that
-    easy prompts solved 8/8 do not dominate the update with near-duplicates."""
+    """The rollouts phase A trains on: weight != 0 and at least one llm() call; at most
+    max_per_prompt per example (0 = all), so that easy prompts solved 8/8 do not dominate the
+    update with near-duplicates."""
     kept, per = [], {}
     for r in records:
-        if r["score"] > 0.5 and r["calls"]:
+        if weight(r) != 0 and r["calls"]:
             n = per.get(r["example_id"], 0)
             if max_per_prompt <= 0 or n < max_per_prompt:
                 kept.append(r)
@@ -93,45 +116,59 @@ def keep(records, max_per_prompt: int = 0):
     return kept
 
 
-def sequences(record) -> list[tuple[list[int], list[int]]]:
-    """(input_ids, labels) for one trajectory. Labels are the ids of model-written
-    tokens and IGNORE elsewhere. When a call's prompt extends the previous
-    call's prompt + completion token for token (a multi-turn chat), the two
-    become one sequence: the completion of turn 1 is trained in place and the
-    tool output between the turns is masked, which is the paper's formulation
-    and costs one forward instead of two. Otherwise each call is its own sequence."""
-    out, ids, labels = [], [], []
+def sequences(record) -> list[Sequence]:
+    """The training sequences of one trajectory, each with the record's weight. When a call's
+    prompt extends the previous call's prompt + completion token for token (a multi-turn chat),
+    the two become one sequence: the completion of turn 1 is trained in place and the tool output
+    between the turns is masked, which is the paper's formulation and costs one forward instead of
+    two. Otherwise each call is its own sequence."""
+    out, ids, labels, w = [], [], [], weight(record)
     for c in record["calls"]:
         p, comp = list(c["prompt_ids"]), list(c["completion_ids"])
         if ids and p[:len(ids)] == ids:
             extra = p[len(ids):]
         else:
             if ids:
-                out.append((ids, labels))
+                out.append(Sequence(ids, labels, w))
             ids, labels, extra = [], [], p
         ids = ids + extra + comp
         labels = labels + [IGNORE] * len(extra) + comp
     if ids:
-        out.append((ids, labels))
+        out.append(Sequence(ids, labels, w))
     return out
 
 
 # -----------------------------------------------------------------------------
-# data parallel: the DDP wrapper and the gather (the process group and the state broadcast are run_dir.py's)
+# the loss
 
-def ddp_wrap(model, find_unused: bool = False):
-    """The DDP wrapper phase A trains through (None in a single process). Call it
-    after set_trainable: DDP all-reduces exactly the parameters that require grad
-    at construction (frozen lower blocks are neither synced nor all-reduced).
-    Every trainable parameter here (top blocks + final norm, or all of them) is
-    used by every forward, so the graph walk of find_unused_parameters is not
-    needed; pass find_unused=True for a model whose forward skips some."""
-    import torch.distributed as dist
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() <= 1:
-        return None
-    from torch.nn.parallel import DistributedDataParallel as DDP
-    dev = next(model.parameters()).device
-    return DDP(model, device_ids=[dev.index] if dev.type == "cuda" else None, find_unused_parameters=find_unused)
+def logits_and_targets(model, seqs, pad_id: int = 0):
+    """THE REFERENCE FORWARD: the sequences right-padded into one batch, one `model(ids).logits`.
+    Returns (logits [S, T, vocab], targets [S, T]): logits[r, t] predicts targets[r, t], the label
+    of token t + 1 (IGNORE where nothing is trained or past the sequence's end)."""
+    dev = next(getattr(model, "module", model).parameters()).device
+    T = max(len(s[0]) for s in seqs)
+    ids = torch.tensor([list(s[0]) + [pad_id] * (T - len(s[0])) for s in seqs], dtype=torch.long).view(len(seqs), T)
+    mask = torch.tensor([[1] * len(s[0]) + [0] * (T - len(s[0])) for s in seqs], dtype=torch.long).view(len(seqs), T)
+    targets = torch.tensor([list(s[1][1:]) + [IGNORE] * (T - len(s[1]) + 1) for s in seqs],
+                           dtype=torch.long).view(len(seqs), T)
+    return model(input_ids=ids.to(dev), attention_mask=mask.to(dev)).logits, targets
+
+
+def token_nll(model, seqs, *, pad_id: int = 0, shared: bool = False):
+    """THE LOSS of phase A, on one micro-batch of Sequences: the summed negative log-likelihood of
+    the labelled tokens (those the model itself wrote), each sequence's scaled by its weight; the
+    prompt, tool output and padding are IGNORE. A sum, not a mean: sft_update divides by the
+    label count of the whole minibatch, so that micro-batches and ranks add up to one mean.
+    shared=True takes the logits from the prefix tree (lm/prefix_tree.py: the same numbers up to
+    round-off, fewer positions run). `model` may be the DDP wrapper. To try another objective,
+    write a function with this signature and set Config.loss_fn."""
+    logits, targets = (prefix_tree.logits_and_targets if shared else logits_and_targets)(model, seqs, pad_id)
+    flat, goal = logits.flatten(0, 1).float(), targets.flatten().to(logits.device)
+    weights = [float(s[2]) if len(s) > 2 else 1.0 for s in seqs]
+    if all(w == 1.0 for w in weights):  # keep/drop: every kept token counts once
+        return F.cross_entropy(flat, goal, ignore_index=IGNORE, reduction="sum")
+    nll = F.cross_entropy(flat, goal, ignore_index=IGNORE, reduction="none").view(targets.shape)
+    return (nll.sum(1) * torch.tensor(weights, dtype=nll.dtype, device=nll.device)).sum()
 
 
 # -----------------------------------------------------------------------------
@@ -160,132 +197,39 @@ def make_optimizer(params, lr: float, weight_decay: float = 0.0):
 
 @dataclass(frozen=True)
 class Config:
-    """Phase A's settings, one object (whale.py builds it from the command line once)."""
-    batch: int = 16               # B: prompts per rollout step
-    group: int = 8                # G: rollouts per prompt
-    max_tokens: int = 256         # cap on new tokens per llm() call
-    max_kept_per_prompt: int = 2  # kept rollouts per prompt (0 = all), see keep()
-    minibatch: int = 16           # sequences per optimizer step
-    micro_batch: int = 4          # sequences per forward/backward (gradient accumulation)
-    clip: float = 1.0             # gradient-norm clip
-    max_len: int = 1024           # tokens of a sequence that are trained (the rest is cut)
-    replay_steps: int = 1         # R: train on the kept sequences of the last R steps (1 = this step's only)
-    sft_epochs: int = 1           # E: passes over those sequences per step
-    health_seqs: int = 4          # kept sequences the health figure scores (an even sample), see kept_nll
-    share_prompts: bool = True    # run a micro-batch's shared prompt tokens once (pack); False: each sequence whole
+    """Phase A's settings, one object. whale.phase_a_config builds it from the command line: the
+    defaults and their help live in whale.Args alone, and each field here has its Args name."""
+    prompts_per_step: int   # B: prompts per rollout step
+    group: int              # G: rollouts per prompt
+    max_tokens: int         # cap on new tokens per llm() call
+    max_kept_per_prompt: int  # kept rollouts per prompt (0 = all), see keep()
+    minibatch: int          # sequences per optimizer step
+    micro_batch: int        # sequences per forward/backward (gradient accumulation)
+    clip: float             # gradient-norm clip
+    replay_steps: int       # R: train on the kept sequences of the last R steps (1 = this step's only)
+    sft_epochs: int         # E: passes over those sequences per step
+    sft_prompts: str        # "shared": the prefix-tree forward (lm/prefix_tree.py); "whole": the reference
+    loss_fn: Callable = token_nll  # the objective: (model, seqs, pad_id=, shared=) -> summed loss
 
 
-def pack(seqs, pad_id: int = 0, share: bool = True) -> dict:
-    """One micro-batch of (ids, labels) pairs as the tensors `forward` runs.
-
-    Kept sequences repeat their prompts: the kept samples of one task carry the same prompt, and
-    every prompt of a harness opens with the same instructions and worked examples. Run whole, a
-    step's forward and backward spend almost all of their tokens on prompts (phase-A study R7:
-    ~330 tokens a sequence, ~10 of them trained). With share=True a micro-batch runs as a prefix
-    tree of three levels, each one forward that attends to the keys and values of the levels
-    above it:
-      head   the tokens all sequences start with (one row);
-      mids   each distinct prompt's tokens after the head (one row per prompt);
-      tails  each sequence's own tokens from its last prompt token on (one row per sequence).
-    Sharing stops one token before a sequence's first trained token, so the logits that predict
-    trained tokens all come from the tails. The KV cache between the levels keeps its autograd
-    graph, so the gradient of every sequence flows back into the shared keys and values: the
-    same loss and gradient as the whole sequences, up to float round-off (tested). share=False
-    (or a micro-batch with nothing to share) runs each sequence whole in one forward.
-
-    Returns head [1, H], mid_ids/mid_mask [P, M] (right-padded; P = 0 without mids), row_mid [S]
-    (each sequence's mid), tail_ids/tail_mask/tail_pos [S, T], targets [S, T] (the token each
-    tail position predicts, IGNORE where nothing is trained) and tokens (real positions run)."""
-    ids = [list(x) for x, _ in seqs]
-    labels = [list(y) for _, y in seqs]
-    # a sequence may share its first `free` tokens: all but the one that predicts its first label
-    free = [max(next((i for i, y in enumerate(lab) if y != IGNORE), len(lab)) - 1, 0) for lab in labels]
-    head = mids = None
-    if share and min(free) >= 2:  # (shorter: nothing worth sharing, and no row may be all padding)
-        H = 0
-        while H < min(free) - 1 and all(x[H] == ids[0][H] for x in ids):  # (keep >= 1 token per mid)
-            H += 1
-        prompts = sorted({tuple(x[H:f]) for x, f in zip(ids, free)})
-        if H or len(prompts) < len(ids):
-            head, mids = ids[0][:H], [list(p) for p in prompts]
-            index = {p: k for k, p in enumerate(prompts)}
-            row_mid = [index[tuple(x[H:f])] for x, f in zip(ids, free)]
-    if head is None:  # whole sequences: one forward, no prefix
-        head, mids, row_mid, free = [], [], list(range(len(ids))), [0] * len(ids)
-    tails = [x[f:] for x, f in zip(ids, free)]
-    T, M = max(map(len, tails)), max(map(len, mids), default=0)
-
-    def right_padded(lists, width, fill):
-        return torch.tensor([x + [fill] * (width - len(x)) for x in lists], dtype=torch.long).view(len(lists), width)
-    return {"head": torch.tensor([head], dtype=torch.long).view(1, len(head)),
-            "mid_ids": right_padded(mids, M, pad_id), "mid_mask": right_padded([[1] * len(m) for m in mids], M, 0),
-            "row_mid": torch.tensor(row_mid, dtype=torch.long) if mids else None,
-            "tail_ids": right_padded(tails, T, pad_id), "tail_mask": right_padded([[1] * len(t) for t in tails], T, 0),
-            "tail_pos": torch.tensor(free).unsqueeze(1) + torch.arange(T),
-            "targets": right_padded([lab[f + 1:] for lab, f in zip(labels, free)], T, IGNORE),
-            "tokens": len(head) + sum(map(len, mids)) + sum(map(len, tails))}
-
-
-def forward(model, batch: dict):
-    """The logits [S, T, vocab] of a `pack`ed micro-batch's tails: logits[r, t] predicts
-    batch["targets"][r, t]. `model` may be the DDP wrapper: the head and mids run through the
-    module inside it and only the tails through the wrapper, because DDP expects one forward per
-    backward (the gradient from all three still reaches every parameter in that backward)."""
-    from transformers import DynamicCache
-
-    from lm.engine import cache_arg
-    core = getattr(model, "module", model)
-    dev = next(core.parameters()).device
-    b = {k: v.to(dev) if torch.is_tensor(v) else v for k, v in batch.items()}
-    if b["row_mid"] is None:  # nothing shared: the plain forward
-        return model(input_ids=b["tail_ids"], attention_mask=b["tail_mask"]).logits
-    cache, kw = DynamicCache(config=core.config), cache_arg(core)  # the levels hand their keys and values down
-    (P, M), H = b["mid_ids"].shape, b["head"].shape[1]
-    if H:
-        core(input_ids=b["head"], use_cache=True, **{kw: cache})
-        cache.batch_select_indices(torch.zeros(P, dtype=torch.long, device=dev))  # the head, once per mid
-    mask = torch.cat([b["mid_mask"].new_ones((P, H)), b["mid_mask"]], 1)
-    core(input_ids=b["mid_ids"], attention_mask=mask, position_ids=H + torch.arange(M, device=dev).expand(P, M),
-         use_cache=True, **{kw: cache})
-    cache.batch_select_indices(b["row_mid"])  # each mid's keys and values to its sequences
-    # (a mid's right padding is a masked gap between it and its tails; positions continue from its end)
-    return model(input_ids=b["tail_ids"], attention_mask=torch.cat([mask[b["row_mid"]], b["tail_mask"]], 1),
-                 position_ids=b["tail_pos"], **{kw: cache}).logits
-
-
-def token_nll(model, batch: dict):
-    """THE LOSS of phase A, on one micro-batch (`pack`): the summed negative log-likelihood of the
-    labelled tokens (those the model itself wrote); the prompt, tool output and padding are
-    IGNORE. `model` is whatever runs the forward (the DDP wrapper under torchrun). A sum, not a
-    mean: sft_update divides by the label count of the whole minibatch, so that micro-batches
-    and ranks add up to one mean. To try another objective (a token weighting, an extra term),
-    change this function or pass sft_update another loss_fn with the same signature; nothing
-    else in the update needs to know."""
-    logits = forward(model, batch)
-    return F.cross_entropy(logits.flatten(0, 1).float(), batch["targets"].flatten().to(logits.device),
-                           ignore_index=IGNORE, reduction="sum")
-
-
-def sft_update(model, optimizer, seqs, cfg: Config = Config(), *, pad_id: int = 0, seed: int = 0, ddp_model=None,
-               loss_fn=token_nll) -> dict:
+def sft_update(model, optimizer, seqs, cfg: Config, *, pad_id: int = 0, seed: int = 0, ddp_model=None) -> dict:
     """cfg.sft_epochs epochs over `seqs`, each in freshly shuffled minibatches of
     cfg.minibatch sequences; each minibatch is one optimizer step, accumulated over
-    micro-batches of cfg.micro_batch sequences. The loss is loss_fn (token_nll: the
+    micro-batches of cfg.micro_batch sequences. The loss is cfg.loss_fn (token_nll: the
     mean NLL per labelled token of the minibatch). Returns loss (over all epochs), mean
     pre-clip gradient norm, steps, tokens (the sequences' tokens; forward_tokens: the positions
     the forwards ran, fewer when prompts are shared), trained_tokens (labels trained, epochs x
     seqs) and speed (tokens_per_s: the sequences' tokens a second).
 
-    Data parallel (ddp_model = ddp_wrap(model)): every rank passes the same GLOBAL
+    Data parallel (ddp_model = ddp.ddp_wrap(model)): every rank passes the same GLOBAL
     `seqs` and `seed`, so all ranks cut the same minibatches; each rank then
     trains on its slice mb[rank::world] of every minibatch. Returned numbers are global."""
     if not seqs:
         return {"loss": None, "opt_steps": 0, "tokens": 0, "forward_tokens": 0, "trained_tokens": 0, "seconds": 0.0,
                 "skipped": True}
-    rank, world = 0, 1
-    if ddp_model is not None:
-        import torch.distributed as dist
-        rank, world = dist.get_rank(), dist.get_world_size()
+    seqs = [Sequence(*s) for s in seqs]  # (a replay buffer read back from state.json holds lists)
+    shared = cfg.sft_prompts == "shared"
+    rank, world = ddp.rank_world(ddp_model)  # (0, 1) in one process
     fwd = ddp_model or model
     dev = next(model.parameters()).device
     model.train()
@@ -298,42 +242,35 @@ def sft_update(model, optimizer, seqs, cfg: Config = Config(), *, pad_id: int = 
     t0, total_nll, total_lab, tokens, run_tokens, steps, norms = time.time(), 0.0, 0, 0, 0, 0, []
     for batch in batches:
         mb = [seqs[i] for i in batch]
-        # the normaliser is the label count of the WHOLE minibatch (every rank knows it)
-        n_lab = sum(sum(l != IGNORE for l in lab[1:cfg.max_len]) for _, lab in mb)
-        mine = [(x[:cfg.max_len], y[:cfg.max_len]) for x, y in mb[rank::world]]
-        if cfg.share_prompts:  # the same prompts next to each other, so that they share a micro-batch
-            mine.sort(key=lambda s: s[0])  # (the order within a minibatch changes nothing but round-off)
+        # the normaliser is the label count of the WHOLE minibatch (every rank knows it); a
+        # sequence of weight 0 trains nothing and counts nothing
+        n_lab = sum(sum(l != IGNORE for l in s.labels[1:MAX_LEN]) for s in mb if s.weight != 0)
+        mine = [Sequence(s.ids[:MAX_LEN], s.labels[:MAX_LEN], s.weight) for s in mb[rank::world]]
+        if shared:  # the same prompts next to each other, so that they share a micro-batch
+            mine.sort(key=lambda s: s.ids)  # (the order within a minibatch changes nothing but round-off)
         chunks = [mine[s:s + cfg.micro_batch] for s in range(0, len(mine), cfg.micro_batch)]
-        # DDP all-reduces in the backward of a forward made outside no_sync(), and every
-        # rank must join that all-reduce: a rank whose slice is empty (a minibatch smaller
-        # than the world) runs one sequence without labels, which adds a zero gradient
-        chunks = chunks or [[([pad_id, pad_id], [IGNORE, IGNORE])]]
+        # under DDP every rank must join the all-reduce: a rank whose slice is empty (a minibatch
+        # smaller than the world) runs one sequence without labels, which adds a zero gradient
+        chunks = chunks or [[Sequence([pad_id, pad_id], [IGNORE, IGNORE])]]
         optimizer.zero_grad(set_to_none=True)
         for c, chunk in enumerate(chunks):
-            packed = pack(chunk, pad_id, cfg.share_prompts)
-            # micro-batches accumulate locally; only the last one of a rank syncs gradients
-            last = ddp_model is None or c == len(chunks) - 1
-            with contextlib.nullcontext() if last else ddp_model.no_sync():
-                loss = loss_fn(fwd, packed)
+            with ddp.accumulating(ddp_model, last=c == len(chunks) - 1):
+                loss = cfg.loss_fn(fwd, chunk, pad_id=pad_id, shared=shared)
                 # DDP AVERAGES gradients over ranks; scaling by world turns that average into
                 # the sum over the whole minibatch, so the step's gradient is exactly one
                 # process's sum(loss) / n_lab on the same minibatch (and so is the clip below)
                 (loss * (world / max(n_lab, 1))).backward()
             total_nll += loss.item()
             if mine:
-                tokens += sum(len(x) for x, _ in chunk)
-                run_tokens += packed["tokens"]
+                tokens += sum(len(s.ids) for s in chunk)
+                run_tokens += prefix_tree.tokens_run(chunk, shared)
         norms.append(float(torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad],
                                                           cfg.clip)))
         optimizer.step()
         crash_point("sft")
         total_lab += n_lab
         steps += 1
-    if world > 1:  # each rank summed the loss and tokens of its own slices
-        import torch.distributed as dist
-        tot = torch.tensor([total_nll, float(tokens), float(run_tokens)], dtype=torch.float64, device=dev)
-        dist.all_reduce(tot)
-        total_nll, tokens, run_tokens = float(tot[0]), int(tot[1]), int(tot[2])
+    total_nll, tokens, run_tokens = ddp.sum_over_ranks([total_nll, tokens, run_tokens], world, dev)
     model.eval()
     secs = time.time() - t0
     return {"loss": total_nll / max(total_lab, 1), "opt_steps": steps, "tokens": tokens, "forward_tokens": run_tokens,
@@ -348,24 +285,19 @@ def kept_nll(model, seqs, cfg: Config, *, pad_id: int = 0, shard=(0, 1)):
     """Mean NLL per labelled token of `seqs` under the model as it is (None without labels):
     the kept set's likelihood, measured before and after the update. Cost: one no-grad forward
     over `seqs`, micro-batched as training is. rollout_step scores an even sample of at most
-    cfg.health_seqs (4) of the step's kept sequences, so a step pays two forwards of <= 4
+    HEALTH_SEQS (4) of the step's kept sequences, so a step pays two forwards of <= 4
     sequences: about what prefilling 8 of its prompts costs, whatever the number kept (measured on
     2 kept sequences: health_seconds about 1.4x sft_seconds at --train-layers 1, a tiny run).
     Under torchrun each rank scores its slice, then the sums add up."""
     rank, world = shard
     total, count, dev = 0.0, 0, next(model.parameters()).device
-    mine = seqs[rank::world]
+    mine = [Sequence(s[0][:MAX_LEN], s[1][:MAX_LEN]) for s in seqs[rank::world]]
     with torch.no_grad():
         for s in range(0, len(mine), cfg.micro_batch):
-            packed = pack([(x[:cfg.max_len], y[:cfg.max_len]) for x, y in mine[s:s + cfg.micro_batch]], pad_id,
-                          cfg.share_prompts)
-            total += float(token_nll(model, packed))
-            count += int((packed["targets"] != IGNORE).sum())
-    if world > 1:
-        import torch.distributed as dist
-        tot = torch.tensor([total, float(count)], dtype=torch.float64, device=dev)
-        dist.all_reduce(tot)
-        total, count = float(tot[0]), int(tot[1])
+            chunk = mine[s:s + cfg.micro_batch]
+            total += float(token_nll(model, chunk, pad_id=pad_id, shared=cfg.sft_prompts == "shared"))
+            count += sum(sum(l != IGNORE for l in q.labels[1:]) for q in chunk)
+    total, count = ddp.sum_over_ranks([total, count], world, dev)
     return total / count if count else None
 
 
@@ -404,7 +336,7 @@ def step_line(m: dict, step: int, cycle: int) -> str:
 
 def rollout_step(engine, domain, harness: str, pool: list[dict], loader: dict, optimizer, cfg: Config, *, seed,
                  sampling: dict, ddp_model=None, shard=(0, 1), progress=None, replay: list | None = None) -> dict:
-    """Phase A's unit of work: cfg.batch prompts x cfg.group rollouts, then the update. Returns
+    """Phase A's unit of work: cfg.prompts_per_step prompts x cfg.group rollouts, then the update. Returns
     the step's metrics (and nothing else: the model and optimizer are updated in place, the
     loader advances).
     replay: the kept sequences of the earlier steps that cfg.replay_steps still trains on, one
@@ -412,14 +344,14 @@ def rollout_step(engine, domain, harness: str, pool: list[dict], loader: dict, o
     (the caller saves it with the run, so a resumed run trains on the same buffer).
     shard=(rank, world): under torchrun each rank rolls out its slice of the batch
     and passes ddp_model; the metrics returned are global, the same on every rank."""
-    idx = next_batch(loader, cfg.batch)
+    idx = next_batch(loader, cfg.prompts_per_step)
     rank, world = shard
     examples = [pool[i] for i in idx][rank::world]
     t0 = time.time()
     records = rollout.run(engine, domain, harness, examples, cfg.group, seed=seed, sampling=sampling,
                           max_tokens=cfg.max_tokens, progress=progress)
     if world > 1:
-        records = gather_records(records, rank, world, cfg.group)
+        records = ddp.gather_records(records, rank, world, cfg.group)
         if progress is not None:  # the bar has counted this rank's rollouts; add the others'
             progress.update(len(records) - len(examples) * cfg.group)
     t_roll = time.time() - t0
@@ -427,7 +359,7 @@ def rollout_step(engine, domain, harness: str, pool: list[dict], loader: dict, o
     seqs = [s for r in kept for s in sequences(r)]
     replay = [] if replay is None else replay
     train = [s for earlier in replay for s in earlier] + seqs  # the buffer: R-1 earlier steps' and this one's
-    probe = seqs[::max(1, math.ceil(len(seqs) / cfg.health_seqs))]  # the health figure's sample: <= health_seqs
+    probe = seqs[::max(1, math.ceil(len(seqs) / HEALTH_SEQS))]  # the health figure's sample: <= HEALTH_SEQS
     t_health = time.time()
     nll_before = kept_nll(engine.model, probe, cfg, pad_id=engine.pad_id, shard=shard)
     t_health = time.time() - t_health
@@ -456,23 +388,10 @@ def rollout_step(engine, domain, harness: str, pool: list[dict], loader: dict, o
             **{k: v for k, v in rollout.totals(records).items() if k != "rollouts"}}
 
 
-def gather_records(records, rank: int, world: int, group: int) -> list[dict]:
-    """Every rank's rollout records, on every rank, in the order ONE process would
-    have produced them. Rank r rolled out batch positions r, r+world, ...; record
-    rid = i*group + j is sample j of its i-th example. Rollout seeds depend only on
-    (step seed, example id, j), so the global records equal one process's, and so do
-    keep(), the kept sequences, their shuffle into minibatches and the metrics."""
-    import torch.distributed as dist
-    mine = [((rank + (r["rid"] // group) * world, r["rid"] % group), r) for r in records]
-    parts = [None] * world
-    dist.all_gather_object(parts, mine)
-    return [r for _, r in sorted((x for part in parts for x in part), key=lambda x: x[0])]
-
-
 def sequence_logprob(model, seq) -> float:
-    """Sum of log-probabilities of the labelled tokens of one (ids, labels) pair."""
+    """Sum of log-probabilities of the labelled tokens of one Sequence (or (ids, labels) pair)."""
     with torch.no_grad():
-        return -float(token_nll(model, pack([seq], share=False)))
+        return -float(token_nll(model, [Sequence(seq[0], seq[1])]))
 
 
 def flops_per_token(model, train_layers: int = 0) -> float:

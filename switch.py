@@ -3,13 +3,16 @@
 WHALE alternates phase A (weights: RSFT rollout steps) and phase B (harness:
 Meta-Harness iterations). A switch policy answers two questions, and nothing else:
 
-  policy.weight_done(rewards, steps_per_epoch) -> bool
+  policy.weight_done(rewards, steps_per_epoch, val_means) -> bool
       asked after each phase-A rollout step; `rewards` is this phase's per-step
       mean training reward so far (one float per step, oldest first).
-  policy.harness_done(paper_scores) -> bool
+  policy.harness_done(paper_scores, val_means) -> bool
       asked after each phase-B iteration; `paper_scores` is the success of the
       paper's choice (the archive's top scorer) after each iteration so far. The
       incoming harness's evaluation is iteration 1, so paper_scores[0] is its score.
+  val_means: the run's validation mean@k so far, one per evaluation (the initial one
+      and one after each phase, oldest first). A policy of your own may read it (e.g.
+      switch on a validation plateau); any object with these two methods will do.
 
 Two policies, as in the paper (parse_schedule reads the --schedule spelling):
   Fixed(E, I)  --schedule fixed:E,I or fixed-steps:E_steps,I.
@@ -26,8 +29,9 @@ Two policies, as in the paper (parse_schedule reads the --schedule spelling):
 
 Leaves out: budgets (budget.py says what the rollout budget buys, and the loop
 ends a phase when it runs out, so phase A has no cap of its own here), I/O,
-logging, and any validation/test signal: both policies look at training signals
-only, so switching never peeks at held-out data.
+logging, and any held-out signal: both policies here look at training signals
+only (they ignore val_means), so switching never peeks at held-out data. A policy
+that reads val_means chooses with the validation split, never the test split.
 """
 
 import math
@@ -84,10 +88,10 @@ class Fixed:
             return self.E_steps
         return epochs_to_steps(self.E, steps_per_epoch)
 
-    def weight_done(self, rewards: list[float], steps_per_epoch: int) -> bool:
+    def weight_done(self, rewards: list[float], steps_per_epoch: int, val_means: list[float] = ()) -> bool:
         return len(rewards) >= self.weight_steps(steps_per_epoch)
 
-    def harness_done(self, paper_scores: list[float]) -> bool:
+    def harness_done(self, paper_scores: list[float], val_means: list[float] = ()) -> bool:
         return len(paper_scores) >= self.I
 
 
@@ -110,14 +114,14 @@ class Patience:  # --schedule adaptive
         if self.min_h > self.max_h:
             raise ValueError(f"Patience: min_h={self.min_h} exceeds max_h={self.max_h}")
 
-    def weight_done(self, rewards: list[float], steps_per_epoch: int) -> bool:
+    def weight_done(self, rewards: list[float], steps_per_epoch: int, val_means: list[float] = ()) -> bool:
         default = epochs_to_steps(0.2, steps_per_epoch)
         w, pw, min_w = (default if v is None else v for v in (self.w, self.pw, self.min_w))
         # Smooth first: one lucky batch moves a W-step mean by only 1/W of its
         # luck, so it rarely resets patience unless the trend is really rising.
         return len(rewards) >= min_w and stale(smoothed(rewards, w), pw)
 
-    def harness_done(self, paper_scores: list[float]) -> bool:
+    def harness_done(self, paper_scores: list[float], val_means: list[float] = ()) -> bool:
         n = len(paper_scores)
         return n >= self.max_h or (n >= self.min_h and stale(paper_scores, self.ph))
 

@@ -77,6 +77,7 @@ import tempfile
 import textwrap
 import threading
 import time
+import dataclasses
 import types
 import zipfile
 import zlib
@@ -95,6 +96,7 @@ from lm import engine
 from lm import int8
 from jail import isolation
 from lm import models
+from lm import prefix_tree
 from harness_search import harness_archive
 from harness_search import harness_source as hsrc
 import meta_harness as mh
@@ -104,6 +106,7 @@ from tools import report
 from tools import results
 import rollout
 import rs_sft
+from rundir import ddp
 from rundir import run_dir
 from rundir import run_setup
 from jail import sandbox
@@ -156,6 +159,11 @@ def tiny_harness(tmp_path_factory):
     path = tmp_path_factory.mktemp("harness") / "searchqa_good.py"
     path.write_text(src)
     return str(path)
+
+
+def sft_cfg(**overrides):
+    """rs_sft.Config as whale.py builds it from the default command line, with these fields changed."""
+    return dataclasses.replace(whale.phase_a_config(whale.Args()), **overrides)
 
 
 def run_whale(*args, timeout=900, env=None):
@@ -616,7 +624,7 @@ def test_int8_sampler_follows_training_after_sync_weights(hf):
             return m(input_ids=ids).logits[0, -1]
     before_int8, before_fp32 = logits(e8.sampling_model), logits(model)
     opt = rs_sft.make_optimizer(rs_sft.set_trainable(model, 2), 1e-3)
-    rs_sft.sft_update(model, opt, seqs, rs_sft.Config(minibatch=1, micro_batch=1), seed=0)
+    rs_sft.sft_update(model, opt, seqs, sft_cfg(minibatch=1, micro_batch=1), seed=0)
     after_fp32 = logits(model)
     assert (after_fp32 - before_fp32).abs().max() > 0.5  # training moved the fp32 model
     assert torch.equal(logits(e8.sampling_model), before_int8)  # no sync: the copy samples the old weights
@@ -881,7 +889,7 @@ def test_tiny_model_trains_its_top_layer(tiny_models, name):
     assert {id(q) for q in params} == {id(q) for q in [*top.parameters(), *hf.model.model.norm.parameters()]}
     opt = rs_sft.make_optimizer(params, 1e-3)
     for i in range(3):
-        rs_sft.sft_update(hf.model, opt, seqs, rs_sft.Config(minibatch=1, micro_batch=1), seed=i)
+        rs_sft.sft_update(hf.model, opt, seqs, sft_cfg(minibatch=1, micro_batch=1), seed=i)
     assert rs_sft.sequence_logprob(hf.model, seqs[0]) > before + 1.0
 
 
@@ -2586,7 +2594,7 @@ def test_sft_updates_raise_logprob_of_kept_completions(hf):
     params = rs_sft.set_trainable(model, 2)
     opt = rs_sft.make_optimizer(params, 1e-4)
     for i in range(3):
-        st = rs_sft.sft_update(model, opt, seqs, rs_sft.Config(minibatch=2, micro_batch=1), seed=i)
+        st = rs_sft.sft_update(model, opt, seqs, sft_cfg(minibatch=2, micro_batch=1), seed=i)
     after = sum(rs_sft.sequence_logprob(model, s) for s in seqs)
     assert st["opt_steps"] == 1 and st["loss"] > 0
     assert after > before + 1.0, (before, after)
@@ -2600,7 +2608,7 @@ def test_all_rejected_step_skips_the_optimizer(hf):
     opt = rs_sft.make_optimizer(params, 1e-3)
     loader = rs_sft.new_loader(8, 0)
     m = rs_sft.rollout_step(hf, searchqa, never, searchqa.load_split("weight")[:8], loader, opt,
-                            rs_sft.Config(batch=2, group=2), seed=0,
+                            sft_cfg(prompts_per_step=2, group=2), seed=0,
                             sampling={"temperature": 1.0, "top_k": 20, "top_p": 1.0})
     assert m["rollouts"] == 4 and m["kept"] == 0
     assert m["skipped_update"] is True and m["opt_steps"] == 0 and m["loss"] is None
@@ -2627,11 +2635,11 @@ def test_phase_a_loss_on_a_hand_computed_case():
     seqs = [([0, 1, 2, 2], [X, X, 2, 2]),  # a prompt of two tokens and a completion of two
             ([0, 1], [X, 1]),              # padded to length 4 in the batch: the padding counts nothing
             ([2, 0], [2, X])]              # a label on the first token: nothing predicts it
-    assert math.isclose(rs_sft.token_nll(SameLogits(), rs_sft.pack(seqs)).item(), 4 * math.log(2), rel_tol=1e-6)
+    assert math.isclose(rs_sft.token_nll(SameLogits(), seqs).item(), 4 * math.log(2), rel_tol=1e-6)
     # sft_update reports it per label of the minibatch, whatever the micro-batches
     model = SameLogits()
     st = rs_sft.sft_update(model, torch.optim.SGD(model.parameters(), lr=0.0), seqs,
-                           rs_sft.Config(minibatch=3, micro_batch=2))
+                           sft_cfg(minibatch=3, micro_batch=2))
     assert st["opt_steps"] == 1 and st["trained_tokens"] == 3 and math.isclose(st["loss"], 4 * math.log(2) / 3,
                                                                                  rel_tol=1e-6)
 
@@ -2663,7 +2671,7 @@ def shared_prompt_seqs(prompts, rng):
 
 def loss_and_grads(model, seqs, share):
     model.zero_grad(set_to_none=True)
-    loss = rs_sft.token_nll(model, rs_sft.pack(seqs, 0, share))
+    loss = rs_sft.token_nll(model, seqs, shared=share)
     loss.backward()
     return loss.item(), [p.grad.clone() for p in model.parameters() if p.requires_grad]
 
@@ -2684,7 +2692,7 @@ def test_phase_a_shared_prompts_give_the_same_loss_and_gradient():
     head = [rng.randrange(5, 60) for _ in range(12)]
     prompts = [head + [rng.randrange(5, 60) for _ in range(rng.randrange(3, 15))] for _ in range(5)]
     seqs = shared_prompt_seqs(prompts, rng)
-    packed = rs_sft.pack(sorted(seqs), 0)
+    packed = prefix_tree.pack(sorted(seqs), 0)
     assert packed["head"].shape == (1, 12) and len(packed["mid_ids"]) == 5 and len(packed["tail_ids"]) == len(seqs)
     assert packed["tokens"] < sum(len(x) for x, _ in seqs)
     model = tiny_lm()
@@ -2697,14 +2705,15 @@ def test_phase_a_shared_prompts_give_the_same_loss_and_gradient():
     def moved(share):
         m = tiny_lm()
         opt = torch.optim.SGD(rs_sft.set_trainable(m, 1), lr=0.1)  # (Adam's first step, g/|g|, magnifies round-off)
-        st = rs_sft.sft_update(m, opt, seqs, rs_sft.Config(minibatch=8, micro_batch=4, share_prompts=share), seed=3)
+        st = rs_sft.sft_update(m, opt, seqs, sft_cfg(minibatch=8, micro_batch=4,
+                                                     sft_prompts="shared" if share else "whole"), seed=3)
         return [p.detach().clone() for p in m.parameters()], st
     (w0, st0), (w1, st1) = moved(False), moved(True)
     assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(w0, w1))
     assert st0["tokens"] == st1["tokens"] == st0["forward_tokens"] > st1["forward_tokens"]
     assert math.isclose(st0["loss"], st1["loss"], rel_tol=1e-5) and st0["trained_tokens"] == st1["trained_tokens"]
     # a label on a sequence's second token leaves nothing to share: whole sequences, one forward
-    early = rs_sft.pack(seqs[:2] + [([1, 2, 3], [rs_sft.IGNORE, 2, 3])], 0)
+    early = prefix_tree.pack(seqs[:2] + [([1, 2, 3], [rs_sft.IGNORE, 2, 3])], 0)
     assert early["head"].shape[1] == 0 and early["row_mid"] is None
 
 
@@ -2721,29 +2730,98 @@ def test_phase_a_shared_prompts_on_the_embedded_model(hf):
                             {"role": "user", "content": f"{template}\nQuestion: {ex['task']['question']}"}])
                for ex in searchqa.load_split("weight")[:4]]
     seqs = shared_prompt_seqs(prompts, random.Random(1))
-    packed = rs_sft.pack(sorted(seqs), hf.pad_id)
+    packed = prefix_tree.pack(sorted(seqs), hf.pad_id)
     assert packed["head"].shape[1] > 20 and packed["tokens"] < 0.6 * sum(len(x) for x, _ in seqs)
     assert_same_loss_and_gradient(model, seqs)
 
 
+def test_phase_a_reference_path_is_model_ids_logits_one_sequence_at_a_time():
+    """rs_sft.token_nll's reference path (right-padded batch, one forward) is the plain NLL a learner
+    would write: each sequence alone through model(ids).logits, cross-entropy on its labelled
+    tokens. The fast path (shared=True) is held to it in the test below."""
+    import random
+    import torch.nn.functional as F
+    seqs = shared_prompt_seqs([[random.Random(k).randrange(5, 60) for _ in range(8 + k)] for k in range(3)],
+                              random.Random(2))
+    model = tiny_lm()
+    by_hand = 0.0
+    with torch.no_grad():
+        for ids, labels in seqs:
+            logits = model(torch.tensor([ids])).logits[0, :-1]
+            by_hand += float(F.cross_entropy(logits, torch.tensor(labels[1:]), ignore_index=rs_sft.IGNORE,
+                                             reduction="sum"))
+        batched = float(rs_sft.token_nll(model, seqs))
+    assert math.isclose(batched, by_hand, rel_tol=1e-5)
+
+
+def test_phase_a_a_sequence_weight_scales_its_loss_and_weight_0_trains_nothing(monkeypatch):
+    """Fork point: a sequence is (ids, labels, weight). Its tokens' loss is scaled by the weight
+    (keep/drop is 1/0), the default rule is the verifier's (rs_sft.weight), and a replaced rule
+    reaches keep() and sequences(); an update on sequences of weight 0 leaves every weight as it was."""
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(0, 64, (3, 9), generator=g).tolist()
+    seqs = [rs_sft.Sequence(x, [rs_sft.IGNORE] * 3 + x[3:]) for x in ids]
+    model = tiny_lm()
+    with torch.no_grad():
+        one = float(rs_sft.token_nll(model, seqs))
+        doubled = float(rs_sft.token_nll(model, [s._replace(weight=2.0) for s in seqs]))
+        for shared in (False, True):
+            assert float(rs_sft.token_nll(model, [seqs[0]._replace(weight=0.0)] + seqs[1:], shared=shared)) == \
+                pytest.approx(float(rs_sft.token_nll(model, seqs[1:])), rel=1e-5)
+    assert doubled == pytest.approx(2 * one, rel=1e-6)
+    before = [p.detach().clone() for p in model.parameters()]
+    rs_sft.sft_update(model, rs_sft.make_optimizer(rs_sft.set_trainable(model, 0), 1e-2),
+                      [s._replace(weight=0.0) for s in seqs], sft_cfg(minibatch=3, micro_batch=2))
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), before))
+    call = {"prompt_ids": [1, 2, 3], "completion_ids": [4, 5]}
+    records = [{"example_id": "a", "score": 1.0, "calls": [call]}, {"example_id": "b", "score": 0.0, "calls": [call]}]
+    assert [r["example_id"] for r in rs_sft.keep(records)] == ["a"]
+    assert rs_sft.sequences(records[0]) == [rs_sft.Sequence([1, 2, 3, 4, 5], [rs_sft.IGNORE] * 3 + [4, 5], 1.0)]
+    monkeypatch.setattr(rs_sft, "weight", lambda r: r["score"] - 0.5)  # e.g. a baseline-subtracted reward
+    assert [r["example_id"] for r in rs_sft.keep(records)] == ["a", "b"]
+    assert [s.weight for r in records for s in rs_sft.sequences(r)] == [0.5, -0.5]
+
+
+def test_a_switch_policy_of_your_own_reads_the_validation_means():
+    """Fork point: whale.py asks the policy with the run's validation means so far, so a policy that
+    switches on a validation plateau needs only its own class (and parse_schedule to name it)."""
+    seen = []
+
+    class Plateau:
+        def weight_done(self, rewards, steps_per_epoch, val_means=()):
+            seen.append(list(val_means))
+            return len(val_means) >= 2 and val_means[-1] <= val_means[-2]
+
+        def harness_done(self, paper_scores, val_means=()):
+            return True
+    evals = [{"split": "test", "mean": 0.1}, {"split": "val", "mean": 0.2}, {"split": "val", "mean": 0.2}]
+    run = types.SimpleNamespace(state={"rollouts": 0, "phase_rewards": [0.1], "evals": evals, "done": False})
+    ctx = types.SimpleNamespace(method=whale.METHODS["whale"], policy=Plateau(), steps_per_epoch=4,
+                                budget=whale.Budget(total=10_000, step_cost=8, candidate_cost=8, candidates=2))
+    assert whale.weight_phase_over(run, ctx) is True and seen == [[0.2, 0.2]]
+    evals[-1]["mean"] = 0.3
+    assert whale.weight_phase_over(run, ctx) is False
+
+
 def test_phase_a_a_changed_loss_reaches_the_update():
-    """sft_update trains on whatever loss_fn returns: a zero loss leaves the weights as they were;
-    the negated loss moves them exactly the other way (AdamW's first step is lr * g / |g|)."""
+    """Fork point: sft_update (and so rollout_step, which passes its Config on) trains on whatever
+    Config.loss_fn returns: a zero loss leaves the weights as they were; the negated loss moves them
+    exactly the other way (AdamW's first step is lr * g / |g|)."""
     g = torch.Generator().manual_seed(0)
     seqs = [(ids, [rs_sft.IGNORE] * 4 + ids[4:]) for ids in torch.randint(0, 64, (6, 10), generator=g).tolist()]
-    cfg = rs_sft.Config(minibatch=6, micro_batch=4)
+    cfg = sft_cfg(minibatch=6, micro_batch=4)
 
     def delta(loss_fn):
         model = tiny_lm()
         before = [p.detach().clone() for p in model.parameters()]
         opt = rs_sft.make_optimizer(rs_sft.set_trainable(model, 1), 1e-3)
-        rs_sft.sft_update(model, opt, seqs, cfg, loss_fn=loss_fn)
+        rs_sft.sft_update(model, opt, seqs, dataclasses.replace(cfg, loss_fn=loss_fn))
         return [p.detach() - q for p, q in zip(model.parameters(), before)]
 
     nll = delta(rs_sft.token_nll)
     assert max(float(d.abs().max()) for d in nll) > 5e-4  # it trained
-    assert all(float(d.abs().max()) == 0 for d in delta(lambda *x: rs_sft.token_nll(*x) * 0))
-    neg = delta(lambda *x: -rs_sft.token_nll(*x))
+    assert all(float(d.abs().max()) == 0 for d in delta(lambda *x, **kw: rs_sft.token_nll(*x, **kw) * 0))
+    neg = delta(lambda *x, **kw: -rs_sft.token_nll(*x, **kw))
     assert all(torch.allclose(a, -b, atol=1e-6) for a, b in zip(nll, neg))
     assert sum(int((d != 0).sum()) for d in nll) < sum(p.numel() for p in tiny_lm().parameters())  # frozen blocks
 
@@ -2763,14 +2841,14 @@ def test_phase_a_epochs_and_the_replay_buffer_train_what_they_say():
         stats = [rs_sft.sft_update(model, opt, data, cfg, seed=7) for _ in range(passes)]
         return [p.detach().clone() for p in model.parameters()], stats
 
-    w2, (st2,) = trained(rs_sft.Config(minibatch=8, micro_batch=2, sft_epochs=2), 1)
-    w11, st11 = trained(rs_sft.Config(minibatch=8, micro_batch=2), 2)
+    w2, (st2,) = trained(sft_cfg(minibatch=8, micro_batch=2, sft_epochs=2), 1)
+    w11, st11 = trained(sft_cfg(minibatch=8, micro_batch=2), 2)
     assert st2["opt_steps"] == 2 and st2["trained_tokens"] == 2 * labels == st11[0]["trained_tokens"] * 2
     assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(w2, w11))
     assert math.isclose(st2["loss"], (st11[0]["loss"] + st11[1]["loss"]) / 2, rel_tol=1e-5)
     # the run state holds the buffer as JSON: lists where tuples were, the same update
-    w_json, _ = trained(rs_sft.Config(minibatch=2, micro_batch=2, sft_epochs=3), 1, json.loads(json.dumps(seqs)))
-    w_mem, _ = trained(rs_sft.Config(minibatch=2, micro_batch=2, sft_epochs=3), 1)
+    w_json, _ = trained(sft_cfg(minibatch=2, micro_batch=2, sft_epochs=3), 1, json.loads(json.dumps(seqs)))
+    w_mem, _ = trained(sft_cfg(minibatch=2, micro_batch=2, sft_epochs=3), 1)
     assert all(torch.equal(a, b) for a, b in zip(w_json, w_mem))
 
 
@@ -2814,7 +2892,7 @@ def phase_a_step(hf, lr, cfg=None, replay=None):
     from domains import template
     eng = engine.HFEngine(copy.deepcopy(hf.model), hf.tokenizer)
     opt = rs_sft.make_optimizer(rs_sft.set_trainable(eng.model, 1), lr)
-    cfg = cfg or rs_sft.Config(batch=2, group=2, max_kept_per_prompt=2, minibatch=4, micro_batch=2)
+    cfg = cfg or sft_cfg(prompts_per_step=2, group=2, max_kept_per_prompt=2, minibatch=4, micro_batch=2)
     m = rs_sft.rollout_step(eng, template, SUM_HARNESS, template.load_split("weight")[:8], rs_sft.new_loader(8, 0),
                             opt, cfg, seed=0, sampling={"temperature": 1.0, "top_k": 20, "top_p": 1.0},
                             replay=replay)
@@ -2842,7 +2920,7 @@ def test_phase_a_health_figure_flags_an_absurd_lr_and_not_a_sane_one(hf):
 def test_phase_a_replay_buffer_keeps_the_last_steps_and_trains_on_them(hf):
     """--replay-steps 3 --sft-epochs 2: the buffer passed in is trained on with this step's kept
     sequences (2 epochs over 4 + 4), then holds the last 2 steps' kept sequences."""
-    cfg = rs_sft.Config(batch=2, group=2, max_kept_per_prompt=2, minibatch=4, micro_batch=2, replay_steps=3,
+    cfg = sft_cfg(prompts_per_step=2, group=2, max_kept_per_prompt=2, minibatch=4, micro_batch=2, replay_steps=3,
                         sft_epochs=2)
     earlier = [[(list(ids), list(lab)) for ids, lab in [([1, 2, 3, 4], [rs_sft.IGNORE, rs_sft.IGNORE, 3, 4])] * 4]]
     replay = copy.deepcopy(earlier)
@@ -2850,7 +2928,7 @@ def test_phase_a_replay_buffer_keeps_the_last_steps_and_trains_on_them(hf):
     assert m["sequences"] == 4 and m["replay_sequences"] == 8 and m["opt_steps"] == 4  # 2 epochs x 2 minibatches
     assert len(replay) == 2 and replay[0] == earlier[0] and len(replay[1]) == 4
     assert m["trained_tokens"] == 2 * (4 * 2 + sum(sum(l != rs_sft.IGNORE for l in lab[1:]) for _, lab in replay[1]))
-    m1, _ = phase_a_step(hf, 1e-4, rs_sft.Config(batch=2, group=2, max_kept_per_prompt=2, minibatch=4,
+    m1, _ = phase_a_step(hf, 1e-4, sft_cfg(prompts_per_step=2, group=2, max_kept_per_prompt=2, minibatch=4,
                                                  micro_batch=2), replay=[])
     assert m1["replay_sequences"] == 4 and m1["opt_steps"] == 1  # the defaults: this step's kept set, once
 
@@ -6214,7 +6292,7 @@ def test_report_in_headless_chromium_shows_diff_acceptance_test_and_a_trace(tiny
 # tests run where vLLM is installed (the engine's: `import vllm` works; the server's: a venv at
 # /opt/vllm-venv or WHALE_VLLM_VENV) and are skipped, saying why, elsewhere.
 
-# ---- data-parallel phase A under torchrun (run_dir.ddp_setup, rs_sft.ddp_wrap) -----------------
+# ---- data-parallel phase A under torchrun (rundir/ddp.py) ----------------------------------------
 
 # torchrun with 2 gloo ranks gives one process's losses, gradient norms and weights.
 
@@ -6223,10 +6301,12 @@ def test_report_in_headless_chromium_shows_diff_acceptance_test_and_a_trace(tiny
 DDP_SCRIPT = textwrap.dedent(r"""
     import json, os, sys
     import torch
-    import rs_sft
+    import dataclasses
+    import rs_sft, whale
     from lm import engine, models
-    from rundir import run_dir
-    rank, world, device = run_dir.ddp_setup("cpu")
+    from rundir import ddp
+    rank, world, device = ddp.ddp_setup("cpu")
+    sft_cfg = lambda **kw: dataclasses.replace(whale.phase_a_config(whale.Args()), **kw)
     model, tok = models.load_model("embedded")
     texts = [("What is 2+3?", "2+3 = 5."), ("Name a colour.", "Blue."), ("Capital of France?", "Paris."),
              ("Say hi.", "Hello there, friend!"), ("Largest planet?", "Jupiter is the largest planet."),
@@ -6240,11 +6320,11 @@ DDP_SCRIPT = textwrap.dedent(r"""
     params = rs_sft.set_trainable(model, 2)
     p0 = [p.detach().clone() for p in params]
     opt = rs_sft.make_optimizer(params, 1e-4)
-    ddp = rs_sft.ddp_wrap(model)
+    ddp_model = ddp.ddp_wrap(model)
     losses, norms = [], []
     for i, (mbs, micro) in enumerate([(3, 1), (5, 2), (3, 1)]):
-        st = rs_sft.sft_update(model, opt, seqs, rs_sft.Config(minibatch=mbs, micro_batch=micro), seed=i,
-                               ddp_model=ddp, pad_id=tok.pad_token_id or 0)
+        st = rs_sft.sft_update(model, opt, seqs, sft_cfg(minibatch=mbs, micro_batch=micro), seed=i,
+                               ddp_model=ddp_model, pad_id=tok.pad_token_id or 0)
         losses.append(st["loss"])
         norms.append(st["grad_norm"])  # Adam and clipping hide a wrong gradient SCALE; the norm does not
     # checksums of the UPDATE (p - p0): the weights themselves would hide a wrong step in their bulk
@@ -6262,9 +6342,9 @@ DDP_SCRIPT = textwrap.dedent(r"""
     harness = "def run(task, llm, tools):\n    return llm('Answer briefly: ' + str(task)[:200], max_tokens=6)\n"
     m = rs_sft.rollout_step(engine.HFEngine(model, tok), dom, harness, searchqa.load_split("weight")[:8],
                             rs_sft.new_loader(8, 0), opt,
-                            rs_sft.Config(batch=3, group=2, minibatch=2, micro_batch=1, max_tokens=6, replay_steps=2,
-                                          sft_epochs=2), seed=0,
-                            sampling={"temperature": 1.0, "top_k": 20, "top_p": 1.0}, ddp_model=ddp,
+                            sft_cfg(prompts_per_step=3, group=2, minibatch=2, micro_batch=1, max_tokens=6,
+                                    replay_steps=2, sft_epochs=2), seed=0,
+                            sampling={"temperature": 1.0, "top_k": 20, "top_p": 1.0}, ddp_model=ddp_model,
                             shard=(rank, world), replay=[seqs[:3]])
     step = {k: m[k] for k in ("prompts", "rollouts", "kept", "sequences", "loss", "grad_norm", "completion_tokens",
                               "replay_sequences", "trained_tokens", "opt_steps", "capped_frac", "kept_nll_before",

@@ -5,7 +5,7 @@ An LLM agent is its weights plus its harness (the code that builds prompts, call
 parses answers and decides when to stop). WHALE improves both, alternating
   phase A (rs_sft.py)        roll out under the current harness, keep the verified rollouts,
                              fine-tune on the model's own tokens;
-  phase B (meta_harness.py)  a proposer (proposers.py) writes new harness files from an
+  phase B (meta_harness.py)  a proposer (harness_search/) writes new harness files from an
                              archive of candidates, scores and traces; the incumbent (the
                              candidate a paired sign test kept) carries on;
 and switch.py decides when to change phase. Every method spends the same budget of target
@@ -15,10 +15,10 @@ rollouts (budget.py says what it buys); METHODS below says, as data, what each o
     python whale.py --domain math --method weight-only
     python whale.py --resume runs/searchqa-whale-s0    # continue after a crash
 
-The run's bookkeeping (run directory, checkpoints, metrics.jsonl, resume, the DDP broadcast)
-is run_dir.py; how it is scored (initial test, validation after each phase, best-on-val, final
-test) is evaluation.py; command-line checks are run_setup.py. Left out on purpose: multi-node
-training and asynchronous rollouts. Data-parallel phase A runs under torchrun (see README).
+The run's bookkeeping (run directory, checkpoints, metrics.jsonl, resume, command-line checks,
+the DDP plumbing) is rundir/; how it is scored (initial test, validation after each phase,
+best-on-val, final test) is evaluation.py; the sampler and model loading are lm/. Left out on
+purpose: multi-node training and asynchronous rollouts. Data-parallel phase A runs under torchrun (see README).
 """
 import os
 
@@ -26,7 +26,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # spinning OpenMP threads s
 import importlib
 import sys
 import types
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from budget import Budget  # what the rollout budget buys: the loop asks it when a phase must end
@@ -134,175 +134,209 @@ METHODS = {
 }  # --method eval runs no phase: it scores (model, --harness) on test and stops
 
 
-def main(a: Args):
+@dataclass
+class Context:
+    """What the loop's phases share, fixed for the whole run (main builds it; evaluation.py reads it).
+    What changes as the run goes (step, cycle, harness, rollouts spent, evaluations) is run.state
+    instead: its keys are listed in rundir/run_dir.py's new_state, and a checkpoint saves it."""
+    args: Args                 # the run's settings (a resumed run keeps those it started with)
+    method: Method | None      # METHODS[args.method]; None: --method eval (no phase, only the test)
+    domain: types.ModuleType   # domains/<name>.py: its splits, h0, tools and verifier
+    policy: object             # switch.py's policy for --schedule (weight_done, harness_done)
+    pool: list                 # phase A's prompts: the weight split
+    search_set: list           # phase B's scored examples: the first --harness-examples of the harness split
+    confirm_set: list          # the second look's block: the next ones, at most as many
+    val: list                  # the first --val-limit validation questions (after every phase)
+    test: list                 # the first --test-limit questions of --test-split (initial and final)
+    h0: str                    # the starting harness's source
+    sampling: dict             # temperature, top_k, top_p of every rollout
+    engine: object             # the sampler (lm/engine.py or lm/vllm_engine.py); .model is what trains
+    steps_per_epoch: int       # RSFT steps in one pass over the weight pool
+    sft: object                # rs_sft.Config (phase_a_config)
+    budget: Budget             # what the rollout budget buys
+    optimizer: object          # AdamW over the trained parameters
+    ddp_model: object | None   # the DDP wrapper under torchrun, else None
+
+
+def phase_a_config(args: Args):
+    """rs_sft.Config from the command line: Args holds every default, the names are the same."""
+    import rs_sft
+    return rs_sft.Config(**{f.name: getattr(args, f.name) for f in fields(rs_sft.Config) if f.name != "loss_fn"})
+
+
+def main(args: Args):
     import evaluation
     import rs_sft
-    from rundir import run_dir as rd
     import switch
     from lm.engine import load_engine
+    from rundir import ddp
+    from rundir import run_dir as rd
 
-    run = rd.Run(a, open_run)  # new or resumed: directory, state, metrics.jsonl, DDP rank, progress bar
-    a = run.args               # a resumed run keeps the settings it started with
-    domain = importlib.import_module(f"domains.{a.domain}")
+    run = rd.Run(args, open_run)  # new or resumed: directory, state, metrics.jsonl, DDP rank, progress bar
+    args = run.args               # a resumed run keeps the settings it started with
+    domain = importlib.import_module(f"domains.{args.domain}")
     splits = {s: domain.load_split(s) for s in ("weight", "harness", "val", "test")}  # checked in check_args
-    s = types.SimpleNamespace(  # what the phases below share; fixed for the whole run
-        a=a, method=METHODS.get(a.method), domain=domain, policy=switch.parse_schedule(a.schedule),
-        pool=splits["weight"], search_set=splits["harness"][:a.harness_examples or None],
-        # the second look's block: the next examples of the harness split, at most as many as the search set's
-        confirm_set=splits["harness"][a.harness_examples:][:min(a.confirm_examples, a.harness_examples)]
-        if a.harness_examples else [],
-        val=splits["val"][:a.val_limit or None], test=splits[a.test_split][:a.test_limit or None],
-        h0=Path(a.harness or domain.H0).read_text(),
-        sampling={"temperature": a.temperature, "top_k": a.top_k, "top_p": a.top_p},
-        engine=load_engine(run.model_path(a.model), engine=a.engine, device=run.device, tp=a.tp, seed=a.seed,
-                           chat_format=a.chat_format, precision=a.rollout_precision),
-        steps_per_epoch=max(1, len(splits["weight"]) // a.prompts_per_step),
-        sft=rs_sft.Config(batch=a.prompts_per_step, group=a.group, max_tokens=a.max_tokens,
-                          max_kept_per_prompt=a.max_kept_per_prompt, minibatch=a.minibatch,
-                          micro_batch=a.micro_batch, clip=a.clip, replay_steps=a.replay_steps,
-                          sft_epochs=a.sft_epochs, share_prompts=a.sft_prompts == "shared"))
-    s.budget = Budget(total=a.budget, step_cost=a.prompts_per_step * a.group,
-                      candidate_cost=len(s.search_set) * a.harness_n, candidates=a.candidates)
-    s.optimizer = rs_sft.make_optimizer(rs_sft.set_trainable(s.engine.model, a.train_layers), a.lr)
-    s.ddp_model = rs_sft.ddp_wrap(s.engine.model)  # None in one process
-    run.start(rd.new_state(phase=s.method.first if s.method else "A", done=s.method is None, harness=s.h0,
-                           loader=rs_sft.new_loader(len(s.pool), a.seed)), optimizer=s.optimizer, engine=s.engine,
+    engine = load_engine(run.model_path(args.model), engine=args.engine, device=run.device, tp=args.tp,
+                         seed=args.seed, chat_format=args.chat_format, precision=args.rollout_precision)
+    search_set = splits["harness"][:args.harness_examples or None]
+    optimizer = rs_sft.make_optimizer(rs_sft.set_trainable(engine.model, args.train_layers), args.lr)
+    ctx = Context(
+        args=args, method=METHODS.get(args.method), domain=domain, policy=switch.parse_schedule(args.schedule),
+        pool=splits["weight"], search_set=search_set,
+        confirm_set=splits["harness"][args.harness_examples:][:min(args.confirm_examples, args.harness_examples)]
+        if args.harness_examples else [],
+        val=splits["val"][:args.val_limit or None], test=splits[args.test_split][:args.test_limit or None],
+        h0=Path(args.harness or domain.H0).read_text(),
+        sampling={"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p},
+        engine=engine, steps_per_epoch=max(1, len(splits["weight"]) // args.prompts_per_step),
+        sft=phase_a_config(args),
+        budget=Budget(total=args.budget, step_cost=args.prompts_per_step * args.group,
+                      candidate_cost=len(search_set) * args.harness_n, candidates=args.candidates),
+        optimizer=optimizer, ddp_model=ddp.ddp_wrap(engine.model))  # (ddp_model: None in one process)
+    run.start(rd.new_state(phase=ctx.method.first if ctx.method else "A", done=ctx.method is None, harness=ctx.h0,
+                           loader=rs_sft.new_loader(len(ctx.pool), args.seed)), optimizer=optimizer, engine=engine,
               # what a checkpoint holds: the trained blocks and a pointer to the base, the whole model
               # (full fine-tuning), or no weights at all (--method eval trains nothing)
-              weights="none" if s.method is None else "trained" if a.train_layers > 0 else "all")
+              weights="none" if ctx.method is None else "trained" if args.train_layers > 0 else "all")
 
     # ---- the algorithm: initial evaluation; phase A / phase B until the budget is spent; final test
     if run.state["pending_eval"] and run.rank == 0:
-        evaluation.after_phase(run, s)  # a new run's initial evaluation, or one a crash interrupted
+        evaluation.after_phase(run, ctx)  # a new run's initial evaluation, or one a crash interrupted
     run.sync()
     while not run.state["done"]:
         if run.state["phase"] == "A":
-            weight_phase(run, s)   # RSFT steps under the current harness (every rank) until the phase ends
+            weight_phase(run, ctx)   # RSFT steps under the current harness (every rank) until the phase ends
         elif run.rank == 0:
-            harness_phase(run, s)  # one Meta-Harness search from the current harness (rank 0 alone)
-        if run.rank == 0:          # (also every --val-every steps: weight_phase returns with an eval pending)
-            evaluation.after_phase(run, s)  # validation (+ test subset) mean@k; keep the best checkpoint on val
-        run.sync()                 # DDP: every rank takes rank 0's state and decisions
+            harness_phase(run, ctx)  # one Meta-Harness search from the current harness (rank 0 alone)
+        if run.rank == 0:            # (also every --val-every steps: weight_phase returns with an eval pending)
+            evaluation.after_phase(run, ctx)  # validation (+ test subset) mean@k; keep the best checkpoint on val
+        run.sync()                   # DDP: every rank takes rank 0's state and decisions
     if run.rank == 0:
-        evaluation.finish(run, s)
+        evaluation.finish(run, ctx)
 
 
 # -----------------------------------------------------------------------------
 # The two phases
 
-def weight_phase(run, s):
+def weight_phase(run, ctx: Context):
     """Phase A: one RSFT rollout step after another (rollouts under the current harness ->
     keep the verified ones -> SFT on their model-written tokens) until the phase is over, or
     until a --val-every evaluation is due (the loop evaluates and calls this again)."""
     import rs_sft
-    a, st = s.a, run.state
-    while st["phase"] == "A":
-        m = rs_sft.rollout_step(s.engine, s.domain, st["harness"], s.pool, st["loader"], s.optimizer, s.sft,
-                                seed=(a.seed, "A", st["steps"]), sampling=s.sampling, progress=run.bar,
-                                ddp_model=s.ddp_model, shard=(run.rank, run.world),
-                                replay=st.setdefault("replay", []))  # --replay-steps: saved with the state
-        run.spend(m["rollouts"], prompt_tokens=m["prompt_tokens"], completion_tokens=m["completion_tokens"],
-                  optimizer_steps=m["opt_steps"])
-        st["steps"] += 1
-        st["phase_rewards"].append(m["train_reward"])
-        warnings = rs_sft.health_warnings(m, st.setdefault("capped_frac_per_step", []))
+    args, state = ctx.args, run.state
+    while state["phase"] == "A":
+        step = rs_sft.rollout_step(ctx.engine, ctx.domain, state["harness"], ctx.pool, state["loader"], ctx.optimizer,
+                                   ctx.sft, seed=(args.seed, "A", state["steps"]), sampling=ctx.sampling,
+                                   progress=run.bar, ddp_model=ctx.ddp_model, shard=(run.rank, run.world),
+                                   replay=state.setdefault("replay", []))  # --replay-steps: saved with the state
+        run.spend(step["rollouts"], prompt_tokens=step["prompt_tokens"], completion_tokens=step["completion_tokens"],
+                  optimizer_steps=step["opt_steps"])
+        state["steps"] += 1
+        state["phase_rewards"].append(step["train_reward"])
+        warnings = rs_sft.health_warnings(step, state.setdefault("capped_frac_per_step", []))
         for k in ("kept", "trained_tokens", "capped_frac"):  # what phase A had to learn from, step by step
-            st.setdefault(f"{k}_per_step", []).append(m[k])
-        run.log({"event": "rollout_step", "cycle": st["cycle"], "step": st["steps"], **m,
-                 "step_rollouts": m["rollouts"]}, console=rs_sft.step_line(m, st["steps"], st["cycle"]))
+            state.setdefault(f"{k}_per_step", []).append(step[k])
+        run.log({"event": "rollout_step", "cycle": state["cycle"], "step": state["steps"], **step,
+                 "step_rollouts": step["rollouts"]}, console=rs_sft.step_line(step, state["steps"], state["cycle"]))
         for w in warnings:  # a collapse is seen, not silent
-            run.log({"event": "health_warning", "cycle": st["cycle"], "step": st["steps"], "warning": w, "lr": a.lr,
-                     **{k: m[k] for k in ("capped_frac", "kept_nll_before", "kept_nll_after")}},
-                    console=f"whale: warning: step {st['steps']}: {w}; the update is likely too large for this "
-                            f"model: try a smaller --lr than {a.lr:g} (README: picking --lr)")
-        if weight_phase_over(run, s):
-            st.update(phase="B", phase_rewards=[], pending_eval=f"A{st['cycle']}")
-        elif a.val_every and st["steps"] % a.val_every == 0:
-            st["pending_eval"] = f"A{st['cycle']}.{st['steps']}"  # the phase goes on after this evaluation
-        run.checkpoint(s.engine, s.optimizer, model_changed=True)
-        if st["pending_eval"]:
+            run.log({"event": "health_warning", "cycle": state["cycle"], "step": state["steps"], "warning": w,
+                     "lr": args.lr, **{k: step[k] for k in ("capped_frac", "kept_nll_before", "kept_nll_after")}},
+                    console=f"whale: warning: step {state['steps']}: {w}; the update is likely too large for this "
+                            f"model: try a smaller --lr than {args.lr:g} (README: picking --lr)")
+        if weight_phase_over(run, ctx):
+            state.update(phase="B", phase_rewards=[], pending_eval=f"A{state['cycle']}")
+        elif args.val_every and state["steps"] % args.val_every == 0:
+            state["pending_eval"] = f"A{state['cycle']}.{state['steps']}"  # the phase goes on after this evaluation
+        run.checkpoint(ctx.engine, ctx.optimizer, model_changed=True)
+        if state["pending_eval"]:
             return  # every rank leaves at the same step (the same global metrics decide it)
 
 
-def weight_phase_over(run, s) -> bool:
+def val_means(state) -> list[float]:
+    """The run's validation mean@k so far, oldest first (what a switch policy may read)."""
+    return [e["mean"] for e in state["evals"] if e["split"] == "val"]
+
+
+def weight_phase_over(run, ctx: Context) -> bool:
     """Asked after every RSFT step. A weight phase ends when the budget buys no further step (the
     run ends with it, unless the method still owes its harness stage), else as the method says."""
-    st, method, b = run.state, s.method, s.budget
-    if not b.step_fits(st["rollouts"]):
-        st["done"] = not (method.one_pass and method.harness_until)  # stagewise's harness stage comes next
+    state, method, budget = run.state, ctx.method, ctx.budget
+    if not budget.step_fits(state["rollouts"]):
+        state["done"] = not (method.one_pass and method.harness_until)  # stagewise's harness stage comes next
         return True
     if method.weights_until == "budget":
         return False
     if method.weights_until == "share":
-        return st["rollouts"] >= b.weight_share(s.policy, s.steps_per_epoch) * b.total
-    if not b.cycle_fits(st["rollouts"]):
+        return state["rollouts"] >= budget.weight_share(ctx.policy, ctx.steps_per_epoch) * budget.total
+    if not budget.cycle_fits(state["rollouts"]):
         return False  # no room for another harness phase and a weight step after it: run to the end
-    return s.policy.weight_done(st["phase_rewards"], s.steps_per_epoch)
+    return ctx.policy.weight_done(state["phase_rewards"], ctx.steps_per_epoch, val_means=val_means(state))
 
 
-def harness_phase(run, s):
+def harness_phase(run, ctx: Context):
     """Phase B: a Meta-Harness search from the current harness in its own archive (it resumes from
     the archive after a crash); the search's incumbent carries on."""
     import meta_harness
     import rollout
     from harness_search import proposers
     from rundir.run_dir import crash_point
-    a, st, method = s.a, run.state, s.method
-    archive = run.dir / "archive" / f"phase{st['cycle']:02d}"
-    b, weights_follow = s.budget, not method.one_pass
+    args, state, method, budget = ctx.args, run.state, ctx.method, ctx.budget
+    archive = run.dir / "archive" / f"phase{state['cycle']:02d}"
+    weights_follow = not method.one_pass
 
     def spent():  # the run's rollouts so far: those booked before this phase + this archive's candidates
-        return st["rollouts"] + meta_harness.spent_rollouts(str(archive))
+        return state["rollouts"] + meta_harness.spent_rollouts(str(archive))
 
     def affordable():  # candidates the budget still pays for: the last iteration may be smaller
-        return b.candidates_affordable(spent(), weights_follow)
+        return budget.candidates_affordable(spent(), weights_follow)
 
-    def should_stop(history):  # -> why the phase ends (a sentence), or False
+    def should_stop(paper_scores):  # -> why the phase ends (a sentence), or False
         if affordable() == 0:
-            return (f"budget: {b.total - b.reserve(weights_follow)} rollouts spent or reserved, a candidate "
-                    f"costs {b.candidate_cost}")
-        usd = st["counters"].get("proposer_cost_usd", 0) + meta_harness.spent_usd(str(archive))  # earlier phases + this
-        if a.proposer_budget_usd and usd >= a.proposer_budget_usd:
-            return f"proposer budget: ${usd:.4f} of --proposer-budget-usd {a.proposer_budget_usd:g} spent"
-        return (method.harness_until == "switch" and s.policy.harness_done(history)
+            return (f"budget: {budget.total - budget.reserve(weights_follow)} rollouts spent or reserved, a "
+                    f"candidate costs {budget.candidate_cost}")
+        usd = state["counters"].get("proposer_cost_usd", 0) + meta_harness.spent_usd(str(archive))  # earlier + this
+        if args.proposer_budget_usd and usd >= args.proposer_budget_usd:
+            return f"proposer budget: ${usd:.4f} of --proposer-budget-usd {args.proposer_budget_usd:g} spent"
+        return (method.harness_until == "switch" and ctx.policy.harness_done(paper_scores, val_means(state))
                 and "switch policy: harness phase done")
 
     def run_candidate(source, examples, name):  # one candidate on the search set
         # seeded by example, not by the candidate's name: every candidate gets the same draws (a sharper sign test)
-        records = rollout.run(s.engine, s.domain, source, examples, a.harness_n, seed=(a.seed, "B", st["cycle"]),
-                              sampling=s.sampling, max_tokens=a.max_tokens, progress=run.bar)
+        records = rollout.run(ctx.engine, ctx.domain, source, examples, args.harness_n,
+                              seed=(args.seed, "B", state["cycle"]), sampling=ctx.sampling,
+                              max_tokens=args.max_tokens, progress=run.bar)
         crash_point("harness_eval")
         return records
 
     def validate_run(source):  # one rollout of one example: does it run at all?
-        rec = rollout.run(s.engine, s.domain, source, s.search_set[:1], 1, seed=(a.seed, "validate"),
-                          sampling=s.sampling, max_tokens=a.max_tokens, rollout_timeout=60)[0]
+        rec = rollout.run(ctx.engine, ctx.domain, source, ctx.search_set[:1], 1, seed=(args.seed, "validate"),
+                          sampling=ctx.sampling, max_tokens=args.max_tokens, rollout_timeout=60)[0]
         return None if rec["status"] == "ok" else f"{rec['status']}: {rec['error']}"
 
-    logged = {"rollouts": st["rollouts"]}  # the run's count at the last logged event of this phase
+    logged = {"rollouts": state["rollouts"]}  # the run's count at the last logged event of this phase
 
-    def log(e):  # a resumed search replays its finished events: count them again, in the same order
-        if e["event"] == "harness_candidate":
-            logged["rollouts"] += meta_harness.candidate_rollouts(str(archive), e["cand"])
-        logged["rollouts"] += e.get("confirm_rollouts", 0)  # (an iteration's second-look evaluations)
-        run.log({"event": e.pop("event"), "cycle": st["cycle"], **e}, rollouts=logged["rollouts"])
+    def log(event):  # a resumed search replays its finished events: count them again, in the same order
+        if event["event"] == "harness_candidate":
+            logged["rollouts"] += meta_harness.candidate_rollouts(str(archive), event["cand"])
+        logged["rollouts"] += event.get("confirm_rollouts", 0)  # (an iteration's second-look evaluations)
+        run.log({"event": event.pop("event"), "cycle": state["cycle"], **event}, rollouts=logged["rollouts"])
 
-    res = meta_harness.search_phase(
-        st["harness"], s.domain, s.search_set, run_candidate, validate_run,
-        proposers.from_args(a, s.domain, rollout.text_sampler(s.engine, a), run.dir),
-        archive_dir=str(archive), k=a.candidates, should_stop=should_stop, affordable=affordable,
-        accept_alpha=a.accept_alpha, prompt_only_base=s.h0 if method.prompt_only else None, log=log,
-        confirm_examples=s.confirm_set)
-    c = res["counters"]
-    run.spend(c.get("rollouts", 0), **{k: c.get(k, 0) for k in ("proposer_calls", "proposer_prompt_tokens",
-              "proposer_completion_tokens", "proposer_seconds", "proposer_cost_usd")},
-              harness_candidates=c.get("candidates", 0), harness_invalid=c.get("invalid", 0),
-              harness_accepted=c.get("accepted", 0))
-    st["harness"] = res["incumbent_source"]
+    result = meta_harness.search_phase(
+        state["harness"], ctx.domain, ctx.search_set, run_candidate, validate_run,
+        proposers.from_args(args, ctx.domain, rollout.text_sampler(ctx.engine, args), run.dir),
+        archive_dir=str(archive), k=args.candidates, should_stop=should_stop, affordable=affordable,
+        accept_alpha=args.accept_alpha, prompt_only_base=ctx.h0 if method.prompt_only else None, log=log,
+        confirm_examples=ctx.confirm_set)
+    counters = result["counters"]
+    run.spend(counters.get("rollouts", 0), **{k: counters.get(k, 0) for k in (
+              "proposer_calls", "proposer_prompt_tokens", "proposer_completion_tokens", "proposer_seconds",
+              "proposer_cost_usd")}, harness_candidates=counters.get("candidates", 0),
+              harness_invalid=counters.get("invalid", 0), harness_accepted=counters.get("accepted", 0))
+    state["harness"] = result["incumbent_source"]
     (run.dir / "harnesses").mkdir(exist_ok=True)
-    (run.dir / "harnesses" / f"cycle{st['cycle']:02d}.py").write_text(st["harness"])
-    st.update(phase="A", cycle=st["cycle"] + 1, pending_eval=f"B{st['cycle']}", done=method.one_pass)
-    run.checkpoint(s.engine, s.optimizer, model_changed=False)
+    (run.dir / "harnesses" / f"cycle{state['cycle']:02d}.py").write_text(state["harness"])
+    state.update(phase="A", cycle=state["cycle"] + 1, pending_eval=f"B{state['cycle']}", done=method.one_pass)
+    run.checkpoint(ctx.engine, ctx.optimizer, model_changed=False)
 
 
 if __name__ == "__main__":

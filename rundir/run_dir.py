@@ -36,7 +36,6 @@ under torchrun the rank, with rank 0's state broadcast to the others after each 
 Left out: keeping every checkpoint (only latest and best-on-validation stay).
 """
 import contextlib
-import datetime
 import errno
 import hashlib
 import json
@@ -50,6 +49,7 @@ from pathlib import Path
 
 import torch
 
+from rundir.ddp import broadcast, ddp_setup  # (the torchrun plumbing: a no-op in one process)
 
 
 _CRASH_COUNTS = {}
@@ -489,34 +489,3 @@ class Run:
     def sync(self):
         """The one DDP sync point: every rank takes rank 0's state (a no-op in one process)."""
         self.state = broadcast(self.state, self.world)
-
-
-# -----------------------------------------------------------------------------
-# Data parallel plumbing (a no-op without torchrun)
-
-def ddp_setup(device: str = "cpu") -> tuple[int, int, str]:
-    """(rank, world, device) of this process. Under torchrun (WORLD_SIZE > 1) this
-    joins the process group: gloo on CPU, nccl on CUDA with one GPU per rank."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world <= 1:
-        return 0, 1, device
-    import torch.distributed as dist
-    cuda = device.startswith("cuda")
-    if cuda:
-        device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
-        torch.cuda.set_device(device)
-    if not dist.is_initialized():
-        # rank 0 alone evaluates and searches harnesses while the other ranks wait in a
-        # broadcast; that can take hours on CPU, far past the default 10-30 min timeout
-        dist.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(hours=48))
-    return dist.get_rank(), dist.get_world_size(), device
-
-
-def broadcast(obj, world: int):
-    """Rank 0's copy of a picklable object, on every rank (identity in one process)."""
-    if world <= 1:
-        return obj
-    import torch.distributed as dist
-    box = [obj]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]

@@ -1,0 +1,103 @@
+"""
+The fast path of phase A's forward: a micro-batch's shared prompt tokens run once.
+
+rs_sft.py's reference path runs every kept sequence whole: `model(ids).logits`. But kept
+sequences repeat their prompts: the kept samples of one task carry the same prompt, and every
+prompt of a harness opens with the same instructions and worked examples. Run whole, a step's
+forward and backward spend almost all of their tokens on prompts (phase-A study R7: ~330 tokens
+a sequence, ~10 of them trained). Here a micro-batch runs as a prefix tree of three levels, each
+one forward that attends to the keys and values of the levels above it:
+  head   the tokens all sequences start with (one row);
+  mids   each distinct prompt's tokens after the head (one row per prompt);
+  tails  each sequence's own tokens from its last prompt token on (one row per sequence).
+Sharing stops one token before a sequence's first trained token, so the logits that predict
+trained tokens all come from the tails. The KV cache between the levels keeps its autograd graph,
+so the gradient of every sequence flows back into the shared keys and values.
+
+What it promises rs_sft.py: `logits_and_targets(model, seqs)` returns what rs_sft's reference
+path returns for the positions that are trained: the same loss and gradients up to float
+round-off (test_whale.py pins the two together). What it leaves out: sharing across micro-batches,
+sequences with nothing in common (they run whole, in one forward, as the reference does).
+"""
+import torch
+
+IGNORE = -100  # label value that cross_entropy skips (rs_sft.IGNORE)
+
+
+def plan(seqs, share: bool = True):
+    """Where the tree cuts: (head, mids, row_mid, free), free[r] = the tokens of sequence r that
+    are shared (all but the one that predicts its first label); head None: run each sequence whole."""
+    ids, labels = [list(s[0]) for s in seqs], [list(s[1]) for s in seqs]
+    free = [max(next((i for i, y in enumerate(lab) if y != IGNORE), len(lab)) - 1, 0) for lab in labels]
+    if share and min(free) >= 2:  # (shorter: nothing worth sharing, and no row may be all padding)
+        H = 0
+        while H < min(free) - 1 and all(x[H] == ids[0][H] for x in ids):  # (keep >= 1 token per mid)
+            H += 1
+        prompts = sorted({tuple(x[H:f]) for x, f in zip(ids, free)})
+        if H or len(prompts) < len(ids):
+            index = {p: k for k, p in enumerate(prompts)}
+            return ids[0][:H], [list(p) for p in prompts], [index[tuple(x[H:f])] for x, f in zip(ids, free)], free
+    return None, [], list(range(len(ids))), [0] * len(ids)
+
+
+def tokens_run(seqs, share: bool = True) -> int:
+    """The positions the forward runs (the sequences' tokens, fewer where prompts are shared)."""
+    head, mids, _, free = plan(seqs, share)
+    return len(head or []) + sum(map(len, mids)) + sum(len(s[0]) - f for s, f in zip(seqs, free))
+
+
+def pack(seqs, pad_id: int = 0, share: bool = True) -> dict:
+    """One micro-batch of (ids, labels, ...) sequences as the tensors `logits` runs: head [1, H],
+    mid_ids/mid_mask [P, M] (right-padded; P = 0 without mids), row_mid [S] (each sequence's mid,
+    None: no tree), tail_ids/tail_mask/tail_pos [S, T], targets [S, T] (the token each tail
+    position predicts, IGNORE where nothing is trained) and tokens (real positions run)."""
+    ids, labels = [list(s[0]) for s in seqs], [list(s[1]) for s in seqs]
+    head, mids, row_mid, free = plan(seqs, share)
+    tree = head is not None
+    tails = [x[f:] for x, f in zip(ids, free)]
+    T, M = max(map(len, tails)), max(map(len, mids), default=0)
+
+    def right_padded(lists, width, fill):
+        return torch.tensor([x + [fill] * (width - len(x)) for x in lists], dtype=torch.long).view(len(lists), width)
+    head = head or []
+    return {"head": torch.tensor([head], dtype=torch.long).view(1, len(head)),
+            "mid_ids": right_padded(mids, M, pad_id), "mid_mask": right_padded([[1] * len(m) for m in mids], M, 0),
+            "row_mid": torch.tensor(row_mid, dtype=torch.long) if tree else None,
+            "tail_ids": right_padded(tails, T, pad_id), "tail_mask": right_padded([[1] * len(t) for t in tails], T, 0),
+            "tail_pos": torch.tensor(free).unsqueeze(1) + torch.arange(T),
+            "targets": right_padded([lab[f + 1:] for lab, f in zip(labels, free)], T, IGNORE),
+            "tokens": len(head) + sum(map(len, mids)) + sum(map(len, tails))}
+
+
+def forward(model, batch: dict):
+    """The logits [S, T, vocab] of a `pack`ed micro-batch's tails: logits[r, t] predicts
+    batch["targets"][r, t]. `model` may be the DDP wrapper: the head and mids run through the
+    module inside it and only the tails through the wrapper, because DDP expects one forward per
+    backward (the gradient from all three still reaches every parameter in that backward)."""
+    from transformers import DynamicCache
+
+    from lm.engine import cache_arg
+    core = getattr(model, "module", model)
+    dev = next(core.parameters()).device
+    b = {k: v.to(dev) if torch.is_tensor(v) else v for k, v in batch.items()}
+    if b["row_mid"] is None:  # nothing shared: the plain forward
+        return model(input_ids=b["tail_ids"], attention_mask=b["tail_mask"]).logits
+    cache, kw = DynamicCache(config=core.config), cache_arg(core)  # the levels hand their keys and values down
+    (P, M), H = b["mid_ids"].shape, b["head"].shape[1]
+    if H:
+        core(input_ids=b["head"], use_cache=True, **{kw: cache})
+        cache.batch_select_indices(torch.zeros(P, dtype=torch.long, device=dev))  # the head, once per mid
+    mask = torch.cat([b["mid_mask"].new_ones((P, H)), b["mid_mask"]], 1)
+    core(input_ids=b["mid_ids"], attention_mask=mask, position_ids=H + torch.arange(M, device=dev).expand(P, M),
+         use_cache=True, **{kw: cache})
+    cache.batch_select_indices(b["row_mid"])  # each mid's keys and values to its sequences
+    # (a mid's right padding is a masked gap between it and its tails; positions continue from its end)
+    return model(input_ids=b["tail_ids"], attention_mask=torch.cat([mask[b["row_mid"]], b["tail_mask"]], 1),
+                 position_ids=b["tail_pos"], **{kw: cache}).logits
+
+
+def logits_and_targets(model, seqs, pad_id: int = 0):
+    """rs_sft.logits_and_targets through the prefix tree: (logits [S, T, vocab], targets [S, T]),
+    row r being seqs[r]; the same trained positions, fewer positions run."""
+    batch = pack(seqs, pad_id, share=True)
+    return forward(model, batch), batch["targets"]
