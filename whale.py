@@ -66,7 +66,8 @@ class Args:
     minibatch: int = arg(16, "sequences per optimizer step")
     micro_batch: int = arg(8, "sequences per forward/backward (gradient accumulation)")
     sft_prompts: str = arg("shared", "shared | whole: run the prompt tokens a micro-batch's sequences share once "
-                                     "(rs_sft.pack: the same loss up to round-off), or every sequence whole")
+                                     "(lm/prefix_tree.py: the same loss up to round-off), or every sequence "
+                                     "whole (rs_sft's reference path)")
     clip: float = arg(1.0, "gradient-norm clip")
     train_layers: int = arg(4, "train only the top K blocks (0 = full fine-tuning)")
     max_kept_per_prompt: int = arg(2, "at most this many kept rollouts per prompt (0 = all)")

@@ -351,7 +351,7 @@ def eval_workload(model, tok, n_questions, n_phase_a, harnesses=("h0", "long"), 
     blocks, 0 = all, as `phase_a` says; int8 re-quantizes after the update, counted) phase_a_<sampler>_seconds,
     _fraction_of_peak, phase_a_speedup (landed / fast) and phase_a_int8_speedup (fast / int8).
     "landed" is the whole path as it landed: its sampler and the update on whole sequences
-    (rs_sft.Config(share_prompts=False)); the others share the kept sequences' prompts (rs_sft.pack).
+    (--sft-prompts whole); the others share the kept sequences' prompts (lm/prefix_tree.py).
     That change alone: the update on the fast step's kept sequences, whole vs shared, from the same
     weights (phase_a_update_tokens, _seconds, phase_a_update_shared_speedup)."""
     import rs_sft
@@ -417,8 +417,8 @@ def eval_workload(model, tok, n_questions, n_phase_a, harnesses=("h0", "long"), 
         records = []  # the step's rollouts, kept as rs_sft.rollout_step makes them (it returns only metrics)
         rollout.run = lambda *a, **k: records.extend(real_run(*a, **k)) or records
         t = time.time()
-        cfg = rs_sft.Config(batch=n_phase_a, group=8, minibatch=16, micro_batch=8, max_tokens=max_tokens,
-                            max_kept_per_prompt=phase_a["kept"], share_prompts=s != "landed")
+        cfg = sft_config(prompts_per_step=n_phase_a, group=8, minibatch=16, micro_batch=8, max_tokens=max_tokens,
+                         max_kept_per_prompt=phase_a["kept"], sft_prompts="whole" if s == "landed" else "shared")
         m = rs_sft.rollout_step(engines[s], searchqa, step_harness, pool, rs_sft.new_loader(len(pool), 0),
                                 opt, cfg, seed=(0, "A", 0), sampling={**sampling, "temperature": phase_a["temperature"]})
         seconds[s], sft_seconds[s] = time.time() - t, m["sft_seconds"] + m["health_seconds"]
@@ -437,8 +437,8 @@ def eval_workload(model, tok, n_questions, n_phase_a, harnesses=("h0", "long"), 
     for share in (False, True) * 2:
         model.load_state_dict(saved)
         opt = rs_sft.make_optimizer(rs_sft.set_trainable(model, train_layers), phase_a["lr"])
-        st = rs_sft.sft_update(model, opt, kept["fast"], rs_sft.Config(minibatch=16, micro_batch=8, share_prompts=share),
-                               pad_id=engines["fast"].pad_id, seed=1)
+        cfg = sft_config(minibatch=16, micro_batch=8, sft_prompts="shared" if share else "whole")
+        st = rs_sft.sft_update(model, opt, kept["fast"], cfg, pad_id=engines["fast"].pad_id, seed=1)
         upd[share].append(st)
     if kept["fast"]:
         whole, shared = (min(x["seconds"] for x in upd[k]) for k in (False, True))
@@ -545,14 +545,22 @@ def deadline(e, n_questions, n_puzzles, flood_deadline=30.0):
           f"{rec['charged_s']:.1f} s (deadline {flood_deadline:.0f} s)")
 
 
+def sft_config(**overrides):
+    """Phase A's settings as whale.py builds them from its default command line, these changed."""
+    import dataclasses
+
+    import whale
+    return dataclasses.replace(whale.phase_a_config(whale.Args()), **overrides)
+
+
 def sft(model, prompts, q, peak):
     """SFT throughput and fraction of peak."""
     for layers in (0, 4):
         trainable = rs_sft.set_trainable(model, layers)
         opt = rs_sft.make_optimizer(trainable, 1e-6)
         seqs = [(p + [5] * 16, [-100] * len(p) + [5] * 16) for p in prompts[:16 if not q else 8]]
-        rs_sft.sft_update(model, opt, seqs[:4], rs_sft.Config(minibatch=4, micro_batch=4))  # warm-up
-        st = rs_sft.sft_update(model, opt, seqs, rs_sft.Config(minibatch=8, micro_batch=8))
+        rs_sft.sft_update(model, opt, seqs[:4], sft_config(minibatch=4, micro_batch=4))  # warm-up
+        st = rs_sft.sft_update(model, opt, seqs, sft_config(minibatch=8, micro_batch=8))
         frac = rs_sft.mfu(model, st["tokens_per_s"], peak * 1e9, layers)
         tag = "full" if layers == 0 else f"top{layers}"
         print(f"sft_{tag}_tokens_per_s: {st['tokens_per_s']:.1f}")
