@@ -21,9 +21,9 @@ One harness phase = one search = one archive directory on disk:
                 (the primitives menu is exhausted on the paper's choice) -> the phase ends at once;
                 EMPTY_ITERATIONS_TO_STOP iterations in a row without a valid candidate (the
                 proposer returned nothing, only invalid candidates, or failed) -> it ends; or
-                should_stop(history) (the budget, the switch policy); history[i] = the success of
-                the paper's choice (the archive's top scorer) after iteration i, logged as
-                archive_best (switch.py's harness_done takes exactly that).
+                should_stop(paper_scores) (the budget, the switch policy); paper_scores[i] = the
+                success of the paper's choice (the archive's top scorer) after iteration i (the
+                `archive_best` field of iterations.jsonl; switch.py's harness_done takes exactly that).
                 The reason is logged and written into the last iterations.jsonl line and the
                 phase result. An empty iteration spends no rollouts, so without the first two
                 rules a proposer that never produces a valid candidate would loop forever.
@@ -37,7 +37,7 @@ chosen, which is all selection trusts. Their layout and readers: harness_archive
 
 Resuming: call search_phase again on the same archive_dir. Finished candidates (scores.json or
 invalid.txt) are reused, candidates proposed but not finished are finished without asking the
-proposer again, the history and incumbent come from iterations.jsonl, and the counters are the
+proposer again, the paper scores and incumbent come from iterations.jsonl, and the counters are the
 sum of the costs recorded in summary.jsonl + iterations.jsonl (so they count finished work).
 A resumed search first replays the events of the finished work into `log` (marked
 replayed=True), so a log that was cut back to a checkpoint still holds one line per event.
@@ -61,12 +61,12 @@ import json
 import math
 import os
 import time
-from collections import Counter
 
-from harness_search.harness_archive import (append_jsonl, cand_name, drop_token_ids, ledger_path_for, load_archive,  # the files
-                             paper_choice, read_jsonl, read_ledger, score_records, trusted_archive, write_frontier,
-                             write_json)
-from harness_search.harness_source import differs_only_in, hypothesis, normalized, static_check  # the source, as text
+from harness_search.harness_archive import (  # the files: candidates, lines, the ledger, a search opened or resumed
+    append_jsonl, cand_name, candidate_event, drop_token_ids, iteration_event, ledger_path_for, load_archive,
+    open_search, paper_choice, read_jsonl, read_ledger, score_records, sum_costs, summary_line, trusted_archive,
+    write_candidate, write_frontier, write_json)
+from harness_search.harness_source import differs_only_in, normalized, static_check  # the source, as text
 from jail.sandbox import valid_text  # the one text rule (lone surrogates), at every boundary
 
 EMPTY_ITERATIONS_TO_STOP = 3  # consecutive iterations without a valid candidate end a phase
@@ -116,17 +116,9 @@ def accept(cand_scores, inc_scores, alpha=0.1):
 # The search
 
 
-def _sum_costs(archive_dir):
-    total = Counter()
-    for name in ("summary.jsonl", "iterations.jsonl"):
-        for line in read_jsonl(os.path.join(archive_dir, name)):
-            total.update({k: v for k, v in (line.get("cost") or {}).items() if isinstance(v, (int, float))})
-    return {k: round(v, 6 if k.endswith("usd") else 3) if isinstance(v, float) else v for k, v in total.items()}
-
-
 def spent_rollouts(archive_dir):
     """Rollouts the finished candidates of this archive cost (what a budget rule needs)."""
-    return _sum_costs(archive_dir).get("rollouts", 0)
+    return sum_costs(archive_dir).get("rollouts", 0)
 
 
 def spent_usd(archive_dir):
@@ -135,73 +127,13 @@ def spent_usd(archive_dir):
     done = {line.get("iteration") for line in read_jsonl(os.path.join(archive_dir, "iterations.jsonl"))}
     pending = {c["meta"].get("iteration"): (c["meta"].get("proposal_cost") or {}).get("proposer_cost_usd", 0.0)
                for c in load_archive(archive_dir) if c["meta"].get("iteration") not in done}
-    return _sum_costs(archive_dir).get("proposer_cost_usd", 0.0) + sum(pending.values())
+    return sum_costs(archive_dir).get("proposer_cost_usd", 0.0) + sum(pending.values())
 
 
 def candidate_rollouts(archive_dir, cand):
     """Rollouts one finished candidate of this archive cost (0: rejected before its evaluation)."""
     line = next((x for x in read_jsonl(os.path.join(archive_dir, "summary.jsonl")) if x.get("cand") == cand), {})
     return (line.get("cost") or {}).get("rollouts", 0)
-
-
-# How the primitives proposer made a candidate (kept in meta.json and summary.jsonl, shown by the
-# report): kind = swap | combine | retry | pair, the axes it replaced, the candidates it took them
-# from (the first is the one it was spliced into, also `parent`).
-PROVENANCE = ("kind", "axes", "parents")
-
-
-def _write_candidate(archive_dir, num, cand, iteration, proposal_cost):
-    d = os.path.join(archive_dir, cand_name(num))
-    os.makedirs(d, exist_ok=True)
-    src = cand.get("source") if isinstance(cand.get("source"), str) else ""
-    reject = cand.get("reject")
-    try:  # a source that is not valid Unicode is an invalid candidate, archived with U+FFFD in its place
-        valid_text(src, "the candidate's source")
-    except ValueError as e:
-        src, reject = valid_text(src, replace=True), reject or str(e)
-    with open(os.path.join(d, "harness.py"), "w") as f:
-        f.write(src)
-    if cand.get("raw"):
-        with open(os.path.join(d, "reply.txt"), "w") as f:
-            f.write(valid_text(str(cand["raw"]), replace=True))
-    # The proposer's cost travels with the iteration's candidates so a resumed run can still
-    # book it when it finishes the iteration. `reject` is a reason the proposer already knows
-    # (a reply cut at the length limit, an edit that does not apply): kept so a resumed run
-    # rejects the candidate for the same reason.
-    write_json(os.path.join(d, "meta.json"), dict(
-        iteration=iteration, proposer=str(cand.get("proposer", "?")), parent=cand.get("parent"),
-        axis=cand.get("axis"), note=valid_text(str(cand.get("note", ""))[:2000], replace=True),
-        format=cand.get("format"), finish=cand.get("finish"), reject=reject, proposal_cost=proposal_cost,
-        **{key: cand[key] for key in PROVENANCE if cand.get(key) is not None}))
-
-
-def _summary_line(c):
-    m, s = c["meta"], c["scores"]
-    line = dict(cand=c["name"], iteration=m.get("iteration"), proposer=m.get("proposer"),
-                parent=m.get("parent"), axis=m.get("axis"), format=m.get("format"), note=m.get("note"),
-                hypothesis=hypothesis(c["source"]),
-                **{key: m[key] for key in PROVENANCE if m.get(key) is not None})
-    if s:
-        line.update(status="ok", success=s["success"], mean_turns=s["mean_turns"],
-                    mean_tokens=s["mean_tokens"], n=s["n"], status_counts=s["status_counts"],
-                    cost=s.get("cost", {}))
-    else:
-        line.update(status="invalid", reason=(c["invalid"] or "").strip(),
-                    cost=dict(candidates=1, invalid=1))
-    return line
-
-
-def _candidate_event(line, **extra):
-    """One log line for a finished candidate (from its summary line)."""
-    keep = ("cand", "status", "success", "mean_turns", "proposer", "parent", "axis", "format", "reason")
-    ev = {k: line.get(k) for k in keep if line.get(k) is not None}
-    if "reason" in ev:
-        ev["reason"] = str(ev["reason"])[:300]
-    return dict(event="harness_candidate", **ev, **extra)
-
-
-def _iteration_event(line, **extra):
-    return dict(event="harness_iteration", **{k: v for k, v in line.items() if k != "cost"}, **extra)
 
 
 def read_confirmations(ledger_path):
@@ -251,9 +183,9 @@ def _finish_candidate(c, archive_dir, archive, examples, ids, run_candidate, val
         with open(os.path.join(d, "invalid.txt"), "w") as f:
             f.write(reason.strip() + "\n")
         c["invalid"] = reason
-        line = _summary_line(c)
+        line = summary_line(c)
         append_jsonl(os.path.join(archive_dir, "summary.jsonl"), line)
-        log(_candidate_event(line))
+        log(candidate_event(line))
         return
     t1 = time.time()
     # Exceptions from run_candidate propagate: they mean the infrastructure broke (a broken harness
@@ -273,10 +205,10 @@ def _finish_candidate(c, archive_dir, archive, examples, ids, run_candidate, val
     append_jsonl(ledger_path, dict(cand=c["name"], scores=json.loads(json.dumps(s, default=str))))  # first
     write_json(os.path.join(d, "scores.json"), s)
     c["scores"] = s
-    line = _summary_line(c)
+    line = summary_line(c)
     append_jsonl(os.path.join(archive_dir, "summary.jsonl"), line)
     write_frontier(archive_dir)
-    log(_candidate_event(line))
+    log(candidate_event(line))
 
 
 PROPOSER_COST_KEYS = ("calls", "prompt_chars", "completion_chars", "prompt_tokens", "completion_tokens", "cost_usd")
@@ -340,21 +272,59 @@ def stop_reason(iters, should_stop, max_empty=EMPTY_ITERATIONS_TO_STOP):
     return None
 
 
+def _iteration_line(it, members, archive, incumbent, proposal, integrity, *, accept_alpha, confirm_examples,
+                    run_candidate, ledger_path, affordable) -> dict:
+    """Selection after iteration `it`, as its iterations.jsonl line: the paper's choice (the argmax
+    over the whole phase archive), the paired sign test of it against the incumbent (with a second
+    look on a near miss), the new incumbent, and what the proposer reported (`proposal`)."""
+    scored = [c for c in archive if c["scores"]]
+    by_name = {c["name"]: c for c in scored}
+    paper = paper_choice(scored)
+    inc = by_name[incumbent]
+    test, accepted = None, False
+    if paper["name"] != incumbent:
+        accepted, b, c_, p = accept(paper["scores"]["per_example"], inc["scores"]["per_example"], accept_alpha)
+        test = dict(cand=paper["name"], vs=incumbent, b=b, c=c_, p=round(p, 6), alpha=accept_alpha)
+        if confirm_examples and not accepted and b > c_ and p <= CONFIRM_P:  # a near miss
+            more = _confirm_scores([paper, inc], confirm_examples, run_candidate, ledger_path, it, affordable)
+            if more is not None:  # the second look: the test again on both blocks together
+                accepted, b, c_, p = accept(paper["scores"]["per_example"] + more[0]["per_example"],
+                                            inc["scores"]["per_example"] + more[1]["per_example"], accept_alpha)
+                test["confirm"] = dict(examples=len(confirm_examples), b=b, c=c_, p=round(p, 6))
+    confirm_rollouts = sum(x["rollouts"] for x in read_confirmations(ledger_path).values() if x["iteration"] == it)
+    new_inc = paper["name"] if accepted else incumbent
+    it_scores = [c["scores"]["success"] for c in members if c["scores"]]
+    line = dict(iteration=it, cands=[c["name"] for c in members], valid=len(it_scores),
+                iteration_best=max(it_scores) if it_scores else None,
+                archive_best=paper["scores"]["success"],  # (the paper's score: switch.py's paper_scores)
+                paper_choice=paper["name"], paper_success=paper["scores"]["success"],
+                paper_mean_turns=paper["scores"]["mean_turns"],
+                test=test, accepted=accepted, incumbent=new_inc,
+                incumbent_success=by_name[new_inc]["scores"]["success"],
+                proposer_errors=[str(e)[:300] for e in proposal["errors"]],
+                proposer_failed=proposal["failed"], proposer_exhausted=proposal["exhausted"], integrity=integrity,
+                cost=dict(proposal["cost"], iterations=1, accepted=int(accepted)))
+    if confirm_rollouts:  # (the second look's evaluations, booked with the iteration that made them)
+        line.update(confirm_rollouts=confirm_rollouts)
+        line["cost"]["rollouts"] = confirm_rollouts
+    return line
+
+
 def search_phase(incumbent_src, domain, examples, run_candidate, validate_run, propose, *, archive_dir,
                  k=3, should_stop, affordable=None, prompt_only_base=None, accept_alpha=0.1, log=print,
                  max_empty=EMPTY_ITERATIONS_TO_STOP, backoff=BACKOFF, ledger_path=None, confirm_examples=()):
     """Run (or resume) one Meta-Harness search. Returns dict(incumbent_source, incumbent_scores,
-    iterations, counters, history, incumbent, paper_choice, stop_reason).
+    iterations, counters, paper_scores, incumbent, paper_choice, stop_reason).
 
     Three candidates have names here: the incumbent (what the sign test kept; the phase returns
     it), the paper's choice (the archive's top scorer, paper_choice(); its success after each
-    iteration is `history`, logged as archive_best) and a candidate's parent (what its proposer
+    iteration is `paper_scores`, logged as archive_best) and a candidate's parent (what its proposer
     edited: the paper's choice when it proposed).
 
     run_candidate(source, examples, name) -> rollout records (name = the candidate's;
     seeding by example rather than by name gives every candidate the same random numbers,
     which makes the paired test sharper). validate_run(source) -> reason or None.
-    should_stop(history) is asked after every iteration, iteration 0 included; it may return
+    should_stop(paper_scores) is asked after every iteration, iteration 0 included; it may return
     a string, which becomes the recorded stop reason. affordable() -> how many candidates the
     budget still pays for (None: always k): an iteration proposes min(k, affordable()), so the
     last one of a phase can be smaller and a run spends its whole budget. log(event dict) gets
@@ -362,54 +332,13 @@ def search_phase(incumbent_src, domain, examples, run_candidate, validate_run, p
     it chose (default: beside archive_dir, <archive_dir>.ledger.jsonl); selection reads only it.
     confirm_examples: the second look's block (see CONFIRM_P; empty: none), scored with run_candidate
     and paid from the same budget (affordable()); its rollouts are in the iteration's cost."""
-    os.makedirs(archive_dir, exist_ok=True)
     ids = [str(ex["id"]) for ex in examples]
     allowed = sorted(domain.PROMPT_AXES) if prompt_only_base is not None else None
-    # Proposers read the restriction from the archive, so the flag is not threaded through them.
-    write_json(os.path.join(archive_dir, "rules.json"), dict(allowed_axes=allowed, k=k))
-    summary_path = os.path.join(archive_dir, "summary.jsonl")
-    iters_path = os.path.join(archive_dir, "iterations.jsonl")
-
     ledger_path = ledger_path or ledger_path_for(archive_dir)
-    if not os.path.exists(ledger_path):  # a new search, or an archive from before the ledger: trust its files once
-        for c in load_archive(archive_dir):
-            if c["scores"]:
-                append_jsonl(ledger_path, dict(cand=c["name"], scores=c["scores"]))
-        for line in read_jsonl(iters_path):
-            append_jsonl(ledger_path, dict(iteration=line["iteration"], incumbent=line["incumbent"]))
-        open(ledger_path, "a").close()
-    archive, problems = trusted_archive(archive_dir, ledger_path)  # (also: killed between the ledger and scores.json)
-    for p in problems:
-        log(dict(event="archive_integrity", reason=p))
-    first = next((c for c in archive if c["num"] == 0), None)
-    if first is not None and normalized(first["source"]) != normalized(incumbent_src):
-        raise ValueError(f"{archive_dir} holds a different cand_000; use a fresh archive_dir per phase")
-    if first is None or "iteration" not in first["meta"]:
-        _write_candidate(archive_dir, 0, dict(source=incumbent_src, proposer="incoming",
-                                              note="the incoming harness h0 of this phase"), 0, None)
-    for c in archive:  # a resumed archive must be about the same examples, in the same order
-        if c["scores"] and c["scores"].get("example_ids") != ids:
-            raise ValueError(f"{c['name']} was scored on other examples than these")
-    # Crash between scores.json and its summary line: add the missing lines (append-only).
-    done = {line.get("cand") for line in read_jsonl(summary_path)}
-    for c in archive:
-        if (c["scores"] or c["invalid"]) and c["name"] not in done:
-            append_jsonl(summary_path, _summary_line(c))
-    # Resumed: replay the finished work's events in the order they happened (each iteration's
-    # candidates, then the iteration), so a log cut back to a checkpoint is whole.
-    finished = read_jsonl(summary_path)
-    for line in read_jsonl(iters_path):
-        for cand in finished:
-            if cand.get("iteration") == line["iteration"]:
-                log(_candidate_event(cand, replayed=True))
-        log(_iteration_event(line, replayed=True))
-    for cand in finished:  # of the iteration a crash interrupted
-        if cand.get("iteration") is not None and cand["iteration"] >= len(read_jsonl(iters_path)):
-            log(_candidate_event(cand, replayed=True))
+    iters_path = open_search(archive_dir, incumbent_src, ids, allowed, k, ledger_path, log)  # new or resumed
 
     while True:
         iters = read_jsonl(iters_path)
-        history = [line["archive_best"] for line in iters]
         reason = stop_reason(iters, should_stop, max_empty)
         if reason:
             break
@@ -422,9 +351,9 @@ def search_phase(incumbent_src, domain, examples, run_candidate, validate_run, p
             integrity.append(f"iterations.jsonl names {iters[-1]['incumbent']} the incumbent, the search chose "
                              f"{incumbent}; refused")
         members = [c for c in archive if c["meta"].get("iteration") == it]
-        errors, exhausted, failed = [], False, False
+        proposal = dict(errors=[], exhausted=False, failed=False)
         if members:  # proposed before a crash (or cand_000): finish them, don't ask again
-            cost = next((c["meta"]["proposal_cost"] for c in members if c["meta"].get("proposal_cost")), {})
+            proposal["cost"] = next((c["meta"]["proposal_cost"] for c in members if c["meta"].get("proposal_cost")), {})
         else:
             fails = _trailing(iters, lambda line: line.get("proposer_failed"))
             if fails:  # the last calls failed: wait before asking again (doubling, capped)
@@ -432,11 +361,12 @@ def search_phase(incumbent_src, domain, examples, run_candidate, validate_run, p
                 log(dict(event="proposer_backoff", seconds=wait, failed_calls=fails))
                 time.sleep(wait)
             k_now = k if affordable is None else max(1, min(k, affordable()))  # should_stop ends a phase at 0
-            cands, cost, errors, exhausted = _propose(propose, archive_dir, k_now, log)
-            failed = not cands
+            cands, proposal["cost"], proposal["errors"], proposal["exhausted"] = _propose(propose, archive_dir, k_now,
+                                                                                          log)
+            proposal["failed"] = not cands
             nxt = max([c["num"] for c in archive] + [0]) + 1
             for j, cand in enumerate(cands):
-                _write_candidate(archive_dir, nxt + j, cand, it, cost)
+                write_candidate(archive_dir, nxt + j, cand, it, proposal["cost"])
             archive, problems = trusted_archive(archive_dir, ledger_path)
             integrity += problems
             members = [c for c in archive if c["meta"].get("iteration") == it]
@@ -446,45 +376,14 @@ def search_phase(incumbent_src, domain, examples, run_candidate, validate_run, p
                                   prompt_only_base, allowed, log, ledger_path)
         for p in integrity:
             log(dict(event="archive_integrity", reason=p))
-
-        # Selection: the paper's argmax over the whole phase archive, and ours.
-        scored = [c for c in archive if c["scores"]]
-        by_name = {c["name"]: c for c in scored}
-        paper = paper_choice(scored)
-        inc = by_name[incumbent]
-        test, accepted = None, False
-        if paper["name"] != incumbent:
-            accepted, b, c_, p = accept(paper["scores"]["per_example"], inc["scores"]["per_example"],
-                                        accept_alpha)
-            test = dict(cand=paper["name"], vs=incumbent, b=b, c=c_, p=round(p, 6), alpha=accept_alpha)
-            if confirm_examples and not accepted and b > c_ and p <= CONFIRM_P:  # a near miss
-                more = _confirm_scores([paper, inc], confirm_examples, run_candidate, ledger_path, it, affordable)
-                if more is not None:  # the second look: the test again on both blocks together
-                    accepted, b, c_, p = accept(paper["scores"]["per_example"] + more[0]["per_example"],
-                                                inc["scores"]["per_example"] + more[1]["per_example"], accept_alpha)
-                    test["confirm"] = dict(examples=len(confirm_examples), b=b, c=c_, p=round(p, 6))
-        confirm_rollouts = sum(x["rollouts"] for x in read_confirmations(ledger_path).values()
-                               if x["iteration"] == it)
-        new_inc = paper["name"] if accepted else incumbent
-        it_scores = [c["scores"]["success"] for c in members if c["scores"]]
-        line = dict(iteration=it, cands=[c["name"] for c in members], valid=len(it_scores),
-                    iteration_best=max(it_scores) if it_scores else None,
-                    archive_best=paper["scores"]["success"],
-                    paper_choice=paper["name"], paper_success=paper["scores"]["success"],
-                    paper_mean_turns=paper["scores"]["mean_turns"],
-                    test=test, accepted=accepted, incumbent=new_inc,
-                    incumbent_success=by_name[new_inc]["scores"]["success"],
-                    proposer_errors=[str(e)[:300] for e in errors],
-                    proposer_failed=failed, proposer_exhausted=exhausted, integrity=integrity,
-                    cost=dict(cost, iterations=1, accepted=int(accepted)))
-        if confirm_rollouts:  # (the second look's evaluations, booked with the iteration that made them)
-            line.update(confirm_rollouts=confirm_rollouts)
-            line["cost"]["rollouts"] = confirm_rollouts
-        # The line that ends the phase says why (should_stop sees this iteration's history too).
+        line = _iteration_line(it, members, archive, incumbent, proposal, integrity, accept_alpha=accept_alpha,
+                               confirm_examples=confirm_examples, run_candidate=run_candidate,
+                               ledger_path=ledger_path, affordable=affordable)
+        # The line that ends the phase says why (should_stop sees this iteration's paper score too).
         line["stop_reason"] = stop_reason(iters + [line], should_stop, max_empty)
-        append_jsonl(ledger_path, dict(iteration=it, incumbent=new_inc))  # the ledger first
+        append_jsonl(ledger_path, dict(iteration=it, incumbent=line["incumbent"]))  # the ledger first
         append_jsonl(iters_path, line)
-        log(_iteration_event(line))
+        log(iteration_event(line))
 
     archive, _ = trusted_archive(archive_dir, ledger_path)
     by_name = {c["name"]: c for c in archive}
@@ -492,5 +391,6 @@ def search_phase(incumbent_src, domain, examples, run_candidate, validate_run, p
     log(dict(event="harness_phase_end", reason=reason, iterations=len(iters), incumbent=inc["name"],
              incumbent_success=inc["scores"]["success"]))
     return dict(incumbent_source=inc["source"], incumbent_scores=inc["scores"], iterations=len(iters),
-                counters=_sum_costs(archive_dir), history=history, incumbent=inc["name"],
+                counters=sum_costs(archive_dir), paper_scores=[line["archive_best"] for line in iters],
+                incumbent=inc["name"],
                 paper_choice=iters[-1]["paper_choice"], stop_reason=reason)

@@ -568,7 +568,7 @@ def test_search_archives_everything_and_primitives_never_repeats(tmp_path):
     # past the single swaps it combines, retries and pairs; when even those are spent the phase
     # ends at once, with the reason recorded
     assert {c["meta"]["kind"] for c in arch[1:]} >= {"swap", "combine", "pair"}
-    assert "exhausted" in res["stop_reason"] and res["iterations"] == len(res["history"])
+    assert "exhausted" in res["stop_reason"] and res["iterations"] == len(res["paper_scores"])
     assert constant(res["incumbent_source"], "QUALITY") == 0.8
     s = json.load(open(os.path.join(d, "cand_000", "scores.json")))
     assert s["example_ids"] == [e["id"] for e in EXAMPLES] and len(s["per_example"]) == 40
@@ -862,7 +862,7 @@ def test_resume_after_crash_reuses_archive(tmp_path, fail_at):
     assert len(second_calls) == len(ref_calls) - len(first_calls)   # nothing evaluated twice
     assert not {t for t, _ in first_calls} & {t for t, _ in second_calls}
     assert len(proposer_calls) == 2        # iteration 2 was already proposed: only 3 and 4 ask
-    assert res["incumbent_source"] == ref["incumbent_source"] and res["history"] == ref["history"]
+    assert res["incumbent_source"] == ref["incumbent_source"] and res["paper_scores"] == ref["paper_scores"]
     no_time = {k: v for k, v in res["counters"].items() if not k.endswith("seconds")}
     assert no_time == {k: v for k, v in ref["counters"].items() if not k.endswith("seconds")}
     summary = [json.loads(x)["cand"] for x in open(os.path.join(d, "summary.jsonl"))]

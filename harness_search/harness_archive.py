@@ -40,6 +40,7 @@ import os
 import re
 from collections import Counter
 
+from harness_search.harness_source import hypothesis, normalized
 from jail.sandbox import valid_text  # the one text rule (lone surrogates), at every boundary
 
 
@@ -317,3 +318,129 @@ def unpacked_archive(run_dir):
     if os.path.isdir(folder):
         return folder
     return _unzipped(packed) if os.path.isfile(packed) else None
+
+
+# -----------------------------------------------------------------------------
+# a search's records: candidates, summary and iteration lines, events; a search opened or resumed
+
+def sum_costs(archive_dir):
+    """The costs recorded in summary.jsonl and iterations.jsonl, summed (a search's counters)."""
+    total = Counter()
+    for name in ("summary.jsonl", "iterations.jsonl"):
+        for line in read_jsonl(os.path.join(archive_dir, name)):
+            total.update({k: v for k, v in (line.get("cost") or {}).items() if isinstance(v, (int, float))})
+    return {k: round(v, 6 if k.endswith("usd") else 3) if isinstance(v, float) else v for k, v in total.items()}
+
+
+# How the primitives proposer made a candidate (kept in meta.json and summary.jsonl, shown by the
+# report): kind = swap | combine | retry | pair, the axes it replaced, the candidates it took them
+# from (the first is the one it was spliced into, also `parent`).
+PROVENANCE = ("kind", "axes", "parents")
+
+
+def write_candidate(archive_dir, num, cand, iteration, proposal_cost):
+    """cand_NNN/ of a proposed candidate: harness.py, meta.json (and reply.txt), before it is checked."""
+    d = os.path.join(archive_dir, cand_name(num))
+    os.makedirs(d, exist_ok=True)
+    src = cand.get("source") if isinstance(cand.get("source"), str) else ""
+    reject = cand.get("reject")
+    try:  # a source that is not valid Unicode is an invalid candidate, archived with U+FFFD in its place
+        valid_text(src, "the candidate's source")
+    except ValueError as e:
+        src, reject = valid_text(src, replace=True), reject or str(e)
+    with open(os.path.join(d, "harness.py"), "w") as f:
+        f.write(src)
+    if cand.get("raw"):
+        with open(os.path.join(d, "reply.txt"), "w") as f:
+            f.write(valid_text(str(cand["raw"]), replace=True))
+    # The proposer's cost travels with the iteration's candidates so a resumed run can still
+    # book it when it finishes the iteration. `reject` is a reason the proposer already knows
+    # (a reply cut at the length limit, an edit that does not apply): kept so a resumed run
+    # rejects the candidate for the same reason.
+    write_json(os.path.join(d, "meta.json"), dict(
+        iteration=iteration, proposer=str(cand.get("proposer", "?")), parent=cand.get("parent"),
+        axis=cand.get("axis"), note=valid_text(str(cand.get("note", ""))[:2000], replace=True),
+        format=cand.get("format"), finish=cand.get("finish"), reject=reject, proposal_cost=proposal_cost,
+        **{key: cand[key] for key in PROVENANCE if cand.get(key) is not None}))
+
+
+def summary_line(c):
+    """summary.jsonl's line of a finished candidate (scored or invalid)."""
+    m, s = c["meta"], c["scores"]
+    line = dict(cand=c["name"], iteration=m.get("iteration"), proposer=m.get("proposer"),
+                parent=m.get("parent"), axis=m.get("axis"), format=m.get("format"), note=m.get("note"),
+                hypothesis=hypothesis(c["source"]),
+                **{key: m[key] for key in PROVENANCE if m.get(key) is not None})
+    if s:
+        line.update(status="ok", success=s["success"], mean_turns=s["mean_turns"],
+                    mean_tokens=s["mean_tokens"], n=s["n"], status_counts=s["status_counts"],
+                    cost=s.get("cost", {}))
+    else:
+        line.update(status="invalid", reason=(c["invalid"] or "").strip(),
+                    cost=dict(candidates=1, invalid=1))
+    return line
+
+
+def candidate_event(line, **extra):
+    """One log line for a finished candidate (from its summary line)."""
+    keep = ("cand", "status", "success", "mean_turns", "proposer", "parent", "axis", "format", "reason")
+    ev = {k: line.get(k) for k in keep if line.get(k) is not None}
+    if "reason" in ev:
+        ev["reason"] = str(ev["reason"])[:300]
+    return dict(event="harness_candidate", **ev, **extra)
+
+
+def iteration_event(line, **extra):
+    """One log line for a finished iteration (from its iterations.jsonl line)."""
+    return dict(event="harness_iteration", **{k: v for k, v in line.items() if k != "cost"}, **extra)
+
+
+def open_search(archive_dir, incumbent_src, ids, allowed, k, ledger_path, log) -> str:
+    """A search's archive made ready, new or resumed; returns iterations.jsonl's path. New: rules.json,
+    an empty ledger, cand_000 (the incoming harness). Resumed: the ledger (an archive from before
+    it: its files trusted once), what differs from it refused and logged (archive_integrity), the
+    summary lines a crash lost added, and the finished work's events replayed into `log`
+    (replayed=True, each iteration's candidates then the iteration), so that a log cut back to a
+    checkpoint holds one line per event. Refuses an archive of another incoming harness or of
+    other examples (ValueError)."""
+    os.makedirs(archive_dir, exist_ok=True)
+    # Proposers read the restriction from the archive, so the flag is not threaded through them.
+    write_json(os.path.join(archive_dir, "rules.json"), dict(allowed_axes=allowed, k=k))
+    summary_path = os.path.join(archive_dir, "summary.jsonl")
+    iters_path = os.path.join(archive_dir, "iterations.jsonl")
+    if not os.path.exists(ledger_path):  # a new search, or an archive from before the ledger: trust its files once
+        for c in load_archive(archive_dir):
+            if c["scores"]:
+                append_jsonl(ledger_path, dict(cand=c["name"], scores=c["scores"]))
+        for line in read_jsonl(iters_path):
+            append_jsonl(ledger_path, dict(iteration=line["iteration"], incumbent=line["incumbent"]))
+        open(ledger_path, "a").close()
+    archive, problems = trusted_archive(archive_dir, ledger_path)  # (also: killed between the ledger and scores.json)
+    for p in problems:
+        log(dict(event="archive_integrity", reason=p))
+    first = next((c for c in archive if c["num"] == 0), None)
+    if first is not None and normalized(first["source"]) != normalized(incumbent_src):
+        raise ValueError(f"{archive_dir} holds a different cand_000; use a fresh archive_dir per phase")
+    if first is None or "iteration" not in first["meta"]:
+        write_candidate(archive_dir, 0, dict(source=incumbent_src, proposer="incoming",
+                                             note="the incoming harness h0 of this phase"), 0, None)
+    for c in archive:  # a resumed archive must be about the same examples, in the same order
+        if c["scores"] and c["scores"].get("example_ids") != ids:
+            raise ValueError(f"{c['name']} was scored on other examples than these")
+    # Crash between scores.json and its summary line: add the missing lines (append-only).
+    done = {line.get("cand") for line in read_jsonl(summary_path)}
+    for c in archive:
+        if (c["scores"] or c["invalid"]) and c["name"] not in done:
+            append_jsonl(summary_path, summary_line(c))
+    # Resumed: replay the finished work's events in the order they happened (each iteration's
+    # candidates, then the iteration), so a log cut back to a checkpoint is whole.
+    finished = read_jsonl(summary_path)
+    for line in read_jsonl(iters_path):
+        for cand in finished:
+            if cand.get("iteration") == line["iteration"]:
+                log(candidate_event(cand, replayed=True))
+        log(iteration_event(line, replayed=True))
+    for cand in finished:  # of the iteration a crash interrupted
+        if cand.get("iteration") is not None and cand["iteration"] >= len(read_jsonl(iters_path)):
+            log(candidate_event(cand, replayed=True))
+    return iters_path
