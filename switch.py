@@ -135,6 +135,25 @@ USAGE = ('expected "fixed" (= fixed:0.6,6), "fixed:E,I" (E epochs > 0, I int >= 
          '"adaptive:w=..,pw=..,min_w=..,ph=..,min_h=..,max_h=.." (ints >= 1, any subset)')
 
 
+def check(args, method, weight_pool_size: int | None) -> str | None:
+    """What is wrong with --schedule for this run, as a sentence (None: nothing): it must parse, and
+    an adaptive weight phase's minimum length must leave room in --budget for a harness phase
+    (weight_pool_size None: the parse only). rundir/run_setup.py calls it before a run starts."""
+    try:
+        policy = parse_schedule(args.schedule)
+    except ValueError as e:
+        return str(e)
+    if weight_pool_size is None or not (method and method.weights_until == "switch" and isinstance(policy, Patience)):
+        return None
+    step = args.prompts_per_step * args.group
+    min_w = policy.min_w or epochs_to_steps(0.2, max(1, weight_pool_size // args.prompts_per_step))
+    if min_w * step < args.budget:
+        return None
+    return (f"--schedule {args.schedule}: the first weight phase lasts at least {min_w} steps ({min_w * step} "
+            f"rollouts, 0.2 epoch unless min_w is given), the whole --budget {args.budget}, so no harness phase "
+            f"would run; scale it, e.g. adaptive:w=2,pw=2,min_w=2")
+
+
 def parse_schedule(text: str) -> Fixed | Patience:
     """CLI string -> policy, e.g. "fixed:0.6,6", "fixed-steps:3,4", "adaptive:ph=3"."""
     kind, _, args = text.strip().partition(":")

@@ -46,6 +46,7 @@ import torch
 import meta_harness as mh
 import rollout
 import rs_sft
+import switch
 import whale
 from domains import searchqa
 from harness_search import harness_archive
@@ -627,7 +628,7 @@ def test_a_run_from_before_a_setting_existed_resumes_as_it_ran(tmp_path):
     run.mkdir()
     saved = {k: v for k, v in vars(whale.Args()).items() if k not in ("confirm_examples", "sft_prompts")}
     (run / "config.json").write_text(json.dumps(saved))
-    _, a = run_setup.open_run(whale.Args(resume=str(run)))
+    _, a = run_setup.open_run(whale.Args(resume=str(run)), whale.METHODS, switch.check)
     assert a.confirm_examples == 0 and whale.Args().confirm_examples == 64
     assert a.sft_prompts == "whole" and whale.Args().sft_prompts == "shared"
     assert set(run_setup.ADDED_LATER) <= set(vars(whale.Args()))
@@ -1782,9 +1783,9 @@ def test_the_methods_table_is_the_list_the_command_line_accepts(monkeypatch):
     monkeypatch.setattr(run_setup, "check_model", lambda a: None)
     assert "eval" not in whale.METHODS
     for name in [*whale.METHODS, "eval"]:
-        run_setup.check_args(whale.Args(domain="searchqa", method=name))
+        run_setup.check_args(whale.Args(domain="searchqa", method=name), whale.METHODS, switch.check)
     with pytest.raises(run_setup.UserError) as e:
-        run_setup.check_args(whale.Args(domain="searchqa", method="weights-only"))
+        run_setup.check_args(whale.Args(domain="searchqa", method="weights-only"), whale.METHODS, switch.check)
     assert all(name in str(e.value) for name in [*whale.METHODS, "eval"])
 
 

@@ -173,7 +173,8 @@ def main(args: Args):
     from rundir import ddp
     from rundir import run_dir as rd
 
-    run = rd.Run(args, open_run)  # new or resumed: directory, state, metrics.jsonl, DDP rank, progress bar
+    # new or resumed: directory, state, metrics.jsonl, DDP rank, progress bar (the checks get the method's tables)
+    run = rd.Run(args, lambda a: open_run(a, METHODS, switch.check))
     args = run.args               # a resumed run keeps the settings it started with
     domain = importlib.import_module(f"domains.{args.domain}")
     splits = {s: domain.load_split(s) for s in ("weight", "harness", "val", "test")}  # checked in check_args

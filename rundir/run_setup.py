@@ -14,7 +14,6 @@ import importlib
 import importlib.util
 import os
 import re
-import sys
 from pathlib import Path
 
 import domains
@@ -55,12 +54,13 @@ CHOICES = {"test_split": ("test", "val"), "engine": ("hf", "vllm"), "chat_format
 ADDED_LATER = {"confirm_examples": 0, "sft_prompts": "whole"}
 
 
-def check_args(a):
-    """Every mistake a command line can hold, found before a run directory exists. `a` is whale.Args;
-    the method table METHODS lives beside it in whale.py, and the checks read its fields."""
+def check_args(a, methods, check_schedule):
+    """Every mistake a command line can hold, found before a run directory exists. `a` is whale.Args.
+    The method's own tables are passed in, never imported: methods is whale.METHODS (the checks read
+    its fields), check_schedule(args, method, weight_pool_size) -> a reason or None is switch.check
+    (weight_pool_size None: only whether --schedule parses)."""
     import dataclasses
     import math
-    methods = sys.modules[type(a).__module__].METHODS  # whale.py's (also when it runs as __main__)
     for f in dataclasses.fields(a):  # nan passes every range check below (nan < 0 is False); inf means nothing here
         if type(f.default) is float and not math.isfinite(getattr(a, f.name)):
             raise UserError(f"--{f.name.replace('_', '-')} must be a finite number, not {getattr(a, f.name)}")
@@ -134,11 +134,9 @@ def check_args(a):
                                 f"not {getattr(a, flag)}")
     if a.lr < 0 or a.clip <= 0 or not 0 <= a.accept_alpha <= 1:
         raise UserError("--lr must be >= 0, --clip > 0 and --accept-alpha in [0, 1]")
-    import switch
-    try:
-        policy = switch.parse_schedule(a.schedule)
-    except ValueError as e:
-        raise UserError(str(e))
+    why = check_schedule(a, method, None)
+    if why:
+        raise UserError(why)
     # contradictory flags: each would otherwise be silently ignored or run nothing
     if a.tp > 1 and a.engine != "vllm":
         raise UserError(f"--tp {a.tp} shards a vLLM engine; it needs --engine vllm")
@@ -163,12 +161,9 @@ def check_args(a):
         except Exception as e:
             source = getattr(domain, "DATA", domain.__file__)  # a domain without DATA generates its splits
             raise UserError(f"cannot load the {a.domain} {split} split from {source}: {type(e).__name__}: {e}")
-    if method and method.weights_until == "switch" and isinstance(policy, switch.Patience):  # (a small budget)
-        min_w = policy.min_w or switch.epochs_to_steps(0.2, max(1, sizes["weight"] // a.prompts_per_step))
-        if min_w * step >= a.budget:
-            raise UserError(f"--schedule {a.schedule}: the first weight phase lasts at least {min_w} steps "
-                            f"({min_w * step} rollouts, 0.2 epoch unless min_w is given), the whole --budget "
-                            f"{a.budget}, so no harness phase would run; scale it, e.g. adaptive:w=2,pw=2,min_w=2")
+    why = check_schedule(a, method, sizes["weight"])  # (e.g. an adaptive first phase longer than the budget)
+    if why:
+        raise UserError(why)
 
     check_model(a)
 
@@ -311,9 +306,10 @@ def lock_run(run: Path):
     HELD_LOCKS.append(fd)
 
 
-def open_run(a):
+def open_run(a, methods, check_schedule):
     """A new run directory with config.json, or the one --resume names (with its saved args).
-    `a` is whale.Args; its class gives the defaults a resumed run is compared against."""
+    `a` is whale.Args; its class gives the defaults a resumed run is compared against; methods and
+    check_schedule are check_args'."""
     from rundir import run_dir as rd  # (imports torch: not needed to print --help or a flag error)
     from jail import sandbox
     Args = type(a)
@@ -338,11 +334,11 @@ def open_run(a):
                 raise UserError(f"--resume {run}: --{k.replace('_', '-')} cannot change on resume "
                                 f"(the run has {saved.get(k)!r})")
         a = Args(**{**ADDED_LATER, **saved, **hardware, "resume": str(run)})
-        check_args(a)
+        check_args(a, methods, check_schedule)
         rd.clean_partial(run)
         sandbox.clean_dead_scratch()  # what sandboxes of a killed run left in /tmp
         return run, a
-    check_args(a)
+    check_args(a, methods, check_schedule)
     run = Path(a.out or f"runs/{a.domain}-{a.method}-s{a.seed}")
     if (run / "config.json").exists():
         raise UserError(f"{run} already holds a run; pass --resume {run} or another --out")

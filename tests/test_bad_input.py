@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import switch
 import whale
 from rundir import run_dir
 from rundir import run_setup
@@ -189,10 +190,10 @@ def test_bad_input_of_a_word_flag_names_the_flag_and_its_words():
         assert getattr(whale.Args(), flag) in words  # the default is one of them
         with pytest.raises(run_setup.UserError, match=f"unknown --{flag.replace('_', '-')} 'nosuch'; choose "
                                                       + re.escape(" | ".join(words))):
-            run_setup.check_args(whale.Args(**{flag: "nosuch"}))
+            run_setup.check_args(whale.Args(**{flag: "nosuch"}), whale.METHODS, switch.check)
     for name in ("nosuch", "searchqa_h0", "__init__"):  # a seed harness or a helper file is no domain
         with pytest.raises(run_setup.UserError, match="unknown domain"):
-            run_setup.check_args(whale.Args(domain=name))
+            run_setup.check_args(whale.Args(domain=name), whale.METHODS, switch.check)
 
 
 @pytest.mark.slow

@@ -14,6 +14,7 @@ import types
 
 import pytest
 
+import switch
 import whale
 from harness_search import harness_source as hsrc
 from rundir import run_setup
@@ -160,7 +161,7 @@ def test_every_run_all_preset_is_a_valid_whale_command(tmp_path, preset, n_cells
     # cpu-claim: searchqa and math x 3)
     assert len(cells) == n_cells and all("--out" in c for c in cells), [c[c.index("--out") + 1] for c in cells]
     for argv in cells:
-        run_setup.check_args(run_setup.parse_args(whale.Args, argv))
+        run_setup.check_args(run_setup.parse_args(whale.Args, argv), whale.METHODS, switch.check)
     # the grid's summary goes into a README that holds its block (results.py refuses one that does not)
     summary = [a[1:-1] for a in argvs if a[0] == "tools/results.py" and "--pack" not in a]
     assert len(summary) == 1 and "--readme" in summary[0], summary

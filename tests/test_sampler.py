@@ -19,6 +19,7 @@ import torch
 
 import rollout
 import rs_sft
+import switch
 import whale
 from domains import math as M
 from domains import searchqa
@@ -655,7 +656,7 @@ def broken_model(tiny_models, tmp_path, case):
 def test_bad_model_is_found_by_check_args(tiny_models, own_cache, tmp_path, case, chat_format, needle):
     a = whale.Args(model=broken_model(tiny_models, tmp_path, case), chat_format=chat_format)
     with pytest.raises(run_setup.UserError) as e:
-        run_setup.check_args(a)
+        run_setup.check_args(a, whale.METHODS, switch.check)
     assert needle in str(e.value) and "\n" not in str(e.value), str(e.value)
 
 
