@@ -42,8 +42,8 @@ sum of the costs recorded in summary.jsonl + iterations.jsonl (so they count fin
 A resumed search first replays the events of the finished work into `log` (marked
 replayed=True), so a log that was cut back to a checkpoint still holds one line per event.
 
-Proposers live in proposers.py (one interface: propose(archive_dir, k) -> [dict(source,
-proposer, note, ...)]); search_phase only calls the one it is given.
+Proposers live in harness_search/ (one interface: propose(archive_dir, k) -> Proposal(candidates,
+errors, exhausted, usage), or just the list of candidates); search_phase only calls the one it is given.
 
 Events (to `log`, one dict each): harness_candidate (scored or invalid, with the reason),
 proposer_error, proposer_backoff, archive_integrity, harness_iteration, harness_phase_end
@@ -67,6 +67,7 @@ from harness_search.harness_archive import (  # the files: candidates, lines, th
     open_search, paper_choice, read_jsonl, read_ledger, score_records, sum_costs, summary_line, trusted_archive,
     write_candidate, write_frontier, write_json)
 from harness_search.harness_source import differs_only_in, normalized, static_check  # the source, as text
+from harness_search.proposers import Proposal  # what a proposer call returns
 from jail.sandbox import valid_text  # the one text rule (lone surrogates), at every boundary
 
 EMPTY_ITERATIONS_TO_STOP = 3  # consecutive iterations without a valid candidate end a phase
@@ -216,18 +217,18 @@ PROPOSER_COST_KEYS = ("calls", "prompt_chars", "completion_chars", "prompt_token
 
 def _propose(propose, archive_dir, k, log):
     """Ask the proposer; never let it crash the run. Returns (candidates, cost, errors, exhausted)."""
-    stats0 = dict(getattr(propose, "stats", {}) or {})
     t0 = time.time()
     try:
-        cands = list(propose(archive_dir, k) or [])[:k]
-        errors = list(getattr(propose, "errors", []) or [])
+        out = propose(archive_dir, k)
+        if not isinstance(out, Proposal):  # a plain function: its list of candidates (one call)
+            out = Proposal(list(out or []))
     except Exception as e:
-        cands, errors = [], [f"proposer raised {type(e).__name__}: {e}"]
+        out = Proposal([], [f"proposer raised {type(e).__name__}: {e}"])
+    cands = list(out.candidates or [])[:k]
     # (an agent's own words, e.g. from its JSON output, go to the console and iterations.jsonl)
-    errors = [valid_text(str(e), replace=True) for e in errors]
-    stats = dict(getattr(propose, "stats", {}) or {})
-    cost = {f"proposer_{key}": stats.get(key, 0) - stats0.get(key, 0) for key in PROPOSER_COST_KEYS}
-    cost["proposer_calls"] = cost["proposer_calls"] or 1  # a plain callable counts as one call
+    errors = [valid_text(str(e), replace=True) for e in out.errors or []]
+    cost = {f"proposer_{key}": (out.usage or {}).get(key, 0) for key in PROPOSER_COST_KEYS}
+    cost["proposer_calls"] = cost["proposer_calls"] or 1
     cost["proposer_seconds"] = round(time.time() - t0, 3)
     cost["proposer_cost_usd"] = round(cost["proposer_cost_usd"], 6)
     cands = [c if isinstance(c, dict) else {"source": c if isinstance(c, str) else ""} for c in cands]
@@ -237,8 +238,7 @@ def _propose(propose, archive_dir, k, log):
         log(dict(event="proposer_error", reason=str(e)[:500]))
     # Only "nothing at all on this archive" counts as exhausted: the next call sees the same
     # archive, so it would return nothing again (primitives is deterministic given the archive).
-    exhausted = bool(getattr(propose, "exhausted", False)) and not cands
-    return cands, cost, errors, exhausted
+    return cands, cost, errors, bool(out.exhausted) and not cands
 
 
 def _valid_count(line):

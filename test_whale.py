@@ -84,10 +84,10 @@ def test_labels_mask_everything_but_completions(hf):
     seqs = rs_sft.sequences(rec)
     c1, c2 = rec["calls"]
     # every label is either IGNORE or exactly the token in place, and the labelled tokens are the completions
-    labelled = [t for ids, lab in seqs for t, l in zip(ids, lab) if l != rs_sft.IGNORE]
+    labelled = [t for ids, lab, _ in seqs for t, l in zip(ids, lab) if l != rs_sft.IGNORE]
     assert labelled == c1["completion_ids"] + c2["completion_ids"]
-    for ids, lab in seqs:
-        assert len(ids) == len(lab)
+    for ids, lab, weight in seqs:
+        assert len(ids) == len(lab) and weight == (1.0 if rec["score"] > 0.5 else 0.0)
         assert all(l == rs_sft.IGNORE or l == t for t, l in zip(ids, lab))
     # call 2's prompt: when it extends call 1's prompt+completion, one merged sequence with the tool output masked
     if c2["prompt_ids"][:len(c1["prompt_ids"]) + len(c1["completion_ids"])] == c1["prompt_ids"] + c1["completion_ids"]:
@@ -441,7 +441,7 @@ def test_phase_a_replay_buffer_keeps_the_last_steps_and_trains_on_them(hf):
     m, _ = phase_a_step(hf, 1e-4, cfg, replay)
     assert m["sequences"] == 4 and m["replay_sequences"] == 8 and m["opt_steps"] == 4  # 2 epochs x 2 minibatches
     assert len(replay) == 2 and replay[0] == earlier[0] and len(replay[1]) == 4
-    assert m["trained_tokens"] == 2 * (4 * 2 + sum(sum(l != rs_sft.IGNORE for l in lab[1:]) for _, lab in replay[1]))
+    assert m["trained_tokens"] == 2 * (4 * 2 + sum(sum(l != rs_sft.IGNORE for l in s.labels[1:]) for s in replay[1]))
     m1, _ = phase_a_step(hf, 1e-4, sft_cfg(prompts_per_step=2, group=2, max_kept_per_prompt=2, minibatch=4,
                                                  micro_batch=2), replay=[])
     assert m1["replay_sequences"] == 4 and m1["opt_steps"] == 1  # the defaults: this step's kept set, once
@@ -588,7 +588,8 @@ def test_search_archives_everything_and_primitives_never_repeats(tmp_path):
     assert res["counters"]["iterations"] == res["iterations"] and res["counters"]["proposer_calls"] == its[-1]["iteration"]
     assert its[-1]["cands"] == [] and its[-1]["proposer_exhausted"] and its[-1]["stop_reason"] == res["stop_reason"]
     # once the alternatives run out, the proposer says so instead of repeating itself
-    assert prop(d, 3) == [] and prop.exhausted
+    last = prop(d, 3)
+    assert last.candidates == [] and last.exhausted
 
 
 def test_primitives_axis_follows_failure_signature(tmp_path):
@@ -597,7 +598,7 @@ def test_primitives_axis_follows_failure_signature(tmp_path):
             return [record(ex, i < 5, answer=answer, tool_result=tool_result) for i, ex in enumerate(examples)]
         mh.search_phase(H0, DOMAIN, EXAMPLES, evaluate, ok_validate, None, archive_dir=d,
                         should_stop=stop_after(1), log=quiet)
-        return proposers.make_proposer("primitives", DOMAIN)(d, 1)[0]["axis"]
+        return proposers.make_proposer("primitives", DOMAIN)(d, 1).candidates[0]["axis"]
     # no answer extracted -> the answer-extraction axis
     assert run_iter0(str(tmp_path / "a"), None, "") == "extract_answer"
     # an answer the tool output does not contain -> a retrieval axis
@@ -607,16 +608,16 @@ def test_primitives_axis_follows_failure_signature(tmp_path):
     assert run_iter0(str(tmp_path / "c"), "passage", "a passage cut ...\n[2] more") == "TOP_K"
     assert run_iter0(str(tmp_path / "c2"), "passage", "a whole passage.") != "TOP_K"
     # deterministic given rng_seed
-    p1 = proposers.make_proposer("primitives", DOMAIN, rng_seed=3)(str(tmp_path / "a"), 3)
-    p2 = proposers.make_proposer("primitives", DOMAIN, rng_seed=3)(str(tmp_path / "a"), 3)
+    p1 = proposers.make_proposer("primitives", DOMAIN, rng_seed=3)(str(tmp_path / "a"), 3).candidates
+    p2 = proposers.make_proposer("primitives", DOMAIN, rng_seed=3)(str(tmp_path / "a"), 3).candidates
     assert [c["source"] for c in p1] == [c["source"] for c in p2]
     assert len({c["axis"] for c in p1}) == 3    # k different axes first (extract_answer has one alternative)
     # an axis that explains over half the failures gets all its alternatives first, then the others
-    p3 = proposers.make_proposer("primitives", DOMAIN)(str(tmp_path / "c"), 3)
+    p3 = proposers.make_proposer("primitives", DOMAIN)(str(tmp_path / "c"), 3).candidates
     assert [c["axis"] for c in p3][:2] == ["TOP_K", "TOP_K"] and p3[2]["axis"] != "TOP_K"
     wide = types.SimpleNamespace(**{**vars(DOMAIN), "PRIMITIVES": {**DOMAIN.PRIMITIVES,
                                                                    "TOP_K": [f"TOP_K = {n}" for n in (2, 3, 5, 8)]}})
-    p4 = proposers.make_proposer("primitives", wide)(str(tmp_path / "c"), 5)
+    p4 = proposers.make_proposer("primitives", wide)(str(tmp_path / "c"), 5).candidates
     assert [c["axis"] for c in p4] == ["TOP_K"] * 4 + [p4[4]["axis"]] and p4[4]["axis"] != "TOP_K"
 
 
@@ -699,7 +700,7 @@ def test_primitives_axis_follows_the_domains_failure_signature(tmp_path):
     def first_axis(d, domain):
         mh.search_phase(h0, template, examples, lambda source, exs, tag: records, ok_validate, None,
                         archive_dir=str(d), should_stop=stop_after(1), log=quiet)
-        return proposers.make_proposer("primitives", domain)(str(d), 1)[0]["axis"]
+        return proposers.make_proposer("primitives", domain)(str(d), 1).candidates[0]["axis"]
     assert first_axis(tmp_path / "own", template) == "extract_answer"
     assert first_axis(tmp_path / "default", without) in template.PROMPT_AXES
 
@@ -730,8 +731,9 @@ def test_primitives_menu_keeps_proposing_after_every_single_swap(tmp_path):
     seen = {hsrc.normalized(c["source"]) for c in arch}
     assert singles <= seen | {hsrc.normalized(best["source"])}  # every single swap on the best is archived
     prop = proposers.make_proposer("primitives", DOMAIN, rng_seed=4)
-    out = prop(d, 6)
-    assert len(out) == 6 and not prop.exhausted and not prop.errors
+    proposal = prop(d, 6)
+    out = proposal.candidates
+    assert len(out) == 6 and not proposal.exhausted and not proposal.errors
     norms = [hsrc.normalized(c["source"]) for c in out]
     assert len(set(norms)) == 6 and not set(norms) & seen  # distinct, never seen
     by_name = {c["name"]: c for c in arch}
@@ -743,7 +745,7 @@ def test_primitives_menu_keeps_proposing_after_every_single_swap(tmp_path):
             == set(c["axes"]) and c["axis"] == "+".join(c["axes"])
     combined = [c for c in out if c["kind"] == "combine" and len(c["axes"]) == 2]
     assert combined and all(len(c["parents"]) == 3 and c["parents"][0] == best["name"] for c in combined)
-    assert [c["source"] for c in proposers.make_proposer("primitives", DOMAIN, rng_seed=4)(d, 6)] \
+    assert [c["source"] for c in proposers.make_proposer("primitives", DOMAIN, rng_seed=4)(d, 6).candidates] \
         == [c["source"] for c in out]  # deterministic: the archive on disk is the state
     # near misses (within two examples of the best, behaving differently) are retried one swap on
     miss = primitives.near_misses(best, [c for c in arch if c["scores"]], 2 / len(EXAMPLES))
@@ -1095,11 +1097,12 @@ def test_command_agent_ends_by_its_deadline_with_everything_it_started(tmp_path,
                                      ("setsid sleep 62.5 & sleep 60", 2, "sleep 62.5")]:
         prop = proposers.make_proposer("command", DOMAIN, command=command, timeout=timeout)
         t0 = time.time()
-        assert prop(str(d), 1) == []
+        proposal = prop(str(d), 1)
+        assert proposal.candidates == []
         took = time.time() - t0
         assert took < timeout + agent_jail.GRACE_S + 5 < 60, took  # not the daemon's 60 s
         assert leftover_processes(marker) == [], marker
-        assert ("timed out" in " ".join(prop.errors)) == (timeout == 2)
+        assert ("timed out" in " ".join(proposal.errors)) == (timeout == 2)
     time.sleep(4)  # the forger would have written by now
     assert (d / "cand_000" / "scores.json").read_bytes() == scores
 
@@ -1133,9 +1136,10 @@ def test_openai_proposer_request_is_bounded_as_a_whole_against_a_dripping_server
             prop = proposers.make_proposer("openai", DOMAIN, base_url=f"http://127.0.0.1:{server.server_address[1]}"
                                            f"/{where}", model="m", timeout=2)
             t0 = time.time()
-            assert prop(d, 2) == []
+            proposal = prop(d, 2)
+            assert proposal.candidates == []
             assert time.time() - t0 < 10  # the drip lasts 20 s
-            assert len(prop.errors) == 1 and "TimeoutError" in prop.errors[0] and "in all" in prop.errors[0]
+            assert len(proposal.errors) == 1 and "TimeoutError" in proposal.errors[0] and "in all" in proposal.errors[0]
     finally:
         server.shutdown()
 
@@ -1253,7 +1257,8 @@ def test_command_agent_is_jailed_by_the_kernel(tmp_path, monkeypatch):
     prop = proposers.make_proposer("command", DOMAIN, timeout=60, agent_env=["WHALE_TEST_NAMED"],
                                    command=f"{sys.executable} {script} {shlex.quote(json.dumps(plan))}")
     try:
-        cands = prop(str(d), 1)
+        proposal = prop(str(d), 1)
+        cands = proposal.candidates
     finally:
         listener.close()
     doc = cands[0]["note"]
@@ -1262,7 +1267,7 @@ def test_command_agent_is_jailed_by_the_kernel(tmp_path, monkeypatch):
     assert "env: WHALE_TEST_NAMED." in doc  # named: passed; WHALE_TEST_SECRET: scrubbed
     for f in ("GUIDE.md", "OUTCOMES.md", "outcomes.tsv", "failures", "PROPOSE.md"):
         assert f in doc.split("files: ")[1], f
-    errors = " | ".join(prop.errors)
+    errors = " | ".join(proposal.errors)
     for what in ["read the repository's data", "read WHALE_DATA", "read the run directory", "read the real archive",
                  "read the home directory", "read tmp", "write tmp", "write the run directory", "write the repository",
                  "connect to a local service"]:  # (as root, what lives under /tmp is not even in its mounts)

@@ -466,20 +466,23 @@ def command_proposer(domain, command, timeout, digest_chars, workdir_root=None, 
     from jail import agent_jail
     hosts = agent_jail.DEFAULT_HOSTS if hosts is None else tuple(hosts)
 
+    from harness_search.proposers import Proposal
+
     def propose(archive_dir, k):
-        propose.errors = []
+        errors, spent = [], dict(calls=0, prompt_chars=0, completion_chars=0, prompt_tokens=0, completion_tokens=0,
+                                 cost_usd=0.0, seconds=0.0)
         archive = harness_archive.load_archive(archive_dir)
         names = {c["name"] for c in archive}
         best = harness_archive.paper_choice(archive)
         prompt = command_prompt(domain, archive_dir, k, digest_chars)
-        propose.stats["calls"] += 1
-        propose.stats["prompt_chars"] += len(prompt)
+        spent["calls"] += 1
+        spent["prompt_chars"] += len(prompt)
 
         def step(what, fn, default=None):  # one failing step costs its own report, never the candidates
             try:
                 return fn()
             except Exception as e:
-                propose.errors.append(f"integrity: {what} failed ({type(e).__name__}: {short(str(e), 200)})")
+                errors.append(f"integrity: {what} failed ({type(e).__name__}: {short(str(e), 200)})")
                 return default
         # root/archive: its copy (cwd); root/home: its HOME and TMPDIR. Both writable, nothing else.
         root = tempfile.mkdtemp(prefix="whale-agent-", dir=workdir_root)
@@ -506,52 +509,52 @@ def command_proposer(domain, command, timeout, digest_chars, workdir_root=None, 
                                            timeout, env_names, private=_private_paths(archive_dir, private),
                                            hosts=hosts)
                 out, err, rc, timed_out, network = res["out"], res["err"], res["rc"], res["timed_out"], res["network"]
-                propose.errors += [f"command: {n}" for n in res["notes"]]
+                errors += [f"command: {n}" for n in res["notes"]]
                 if timed_out:
-                    propose.errors.append(f"command: timed out after {timeout:g}s; collecting what it wrote")
+                    errors.append(f"command: timed out after {timeout:g}s; collecting what it wrote")
                 elif rc:  # one error per line of its stderr's end: every refusal it met is listed
                     tail = [x for x in (err or out or "").splitlines() if x.strip()][-20:]
-                    propose.errors.append(f"command: exit status {rc}")
-                    propose.errors += [f"command: stderr: {short(x, 240)}" for x in tail]
+                    errors.append(f"command: exit status {rc}")
+                    errors += [f"command: stderr: {short(x, 240)}" for x in tail]
                 refused = list(dict.fromkeys(f"{n['host']}:{n['port']}: {n['why']}" if n["host"] else n["why"]
                                              for n in network if not n["allowed"]))
-                propose.errors += [f"network: refused {x}" for x in refused[:8]]
+                errors += [f"network: refused {x}" for x in refused[:8]]
             except OSError as e:
                 res = {}
-                propose.errors.append(f"command: could not start: {e}")
+                errors.append(f"command: could not start: {e}")
             # What the agent wrote first: nothing below may cost the candidates.
             files, problems = step("reading new/", lambda: collect_candidates(os.path.join(work, "new"), k), ([], []))
             for p in problems:
-                propose.errors.append(f"integrity: ignored {p}")
+                errors.append(f"integrity: ignored {p}")
             outside = step("looking for writes outside its copy", lambda: writes_outside(
                 archive_dir, since, skip=[root, archive_dir], tmp=not res.get("landlock"),
                 more=[p for p in private if os.path.isdir(p)]), [])
             if outside:
-                propose.errors.append("integrity: written outside its copy during the call (by the agent or "
+                errors.append("integrity: written outside its copy during the call (by the agent or "
                                       f"another process): {_list([(p, 'written') for p in outside])}")
             # The real archive: nothing the agent did there may reach selection.
             undone = step("checking the archive", lambda: restore(archive_dir, archive_before, snapshot(archive_dir)),
                           [])
             if undone:
-                propose.errors.append("integrity: the archive itself changed while the agent ran (it works in a "
+                errors.append("integrity: the archive itself changed while the agent ran (it works in a "
                                       f"copy): {_list(undone)}")
             limits = []
             elsewhere = step("comparing its copy", lambda: [
                 (p, how) for p, how in changed_paths(work_before, snapshot(work, problems=limits))
                 if p != "new" and not p.startswith("new" + os.sep)], [])
             if elsewhere:
-                propose.errors.append(f"integrity: the agent changed files outside new/ (ignored): {_list(elsewhere)}")
-            propose.errors += [f"integrity: {x}" for x in limits[:4]]
+                errors.append(f"integrity: the agent changed files outside new/ (ignored): {_list(elsewhere)}")
+            errors += [f"integrity: {x}" for x in limits[:4]]
         finally:
             left = remove_tree(root)
             if left:
-                propose.errors.append(f"integrity: its copy could not be removed: {_list([(x, 'left') for x in left])}")
+                errors.append(f"integrity: its copy could not be removed: {_list([(x, 'left') for x in left])}")
         seconds = time.time() - t0
-        propose.stats["seconds"] += seconds
+        spent["seconds"] += seconds
         usage = agent_usage(out)
-        propose.errors += [f"command: {e}" for e in usage["errors"]]
+        errors += [f"command: {e}" for e in usage["errors"]]
         for key in ("prompt_tokens", "completion_tokens", "cost_usd"):
-            propose.stats[key] += usage[key]
+            spent[key] += usage[key]
         cands = []
         for fname, src in files:
             doc = (harness_source.docstring(src) or "").strip()
@@ -559,9 +562,9 @@ def command_proposer(domain, command, timeout, digest_chars, workdir_root=None, 
             cands.append(dict(source=src, proposer="command", format="file",
                               parent=m.group(1) if m and m.group(1) in names else (best["name"] if best else None),
                               note=(doc.splitlines() or [""])[0][:300] or f"(new/{fname}, no docstring)"))
-        propose.stats["completion_chars"] += len(out or "") + sum(len(c["source"]) for c in cands)
+        spent["completion_chars"] += len(out or "") + sum(len(c["source"]) for c in cands)
         if not cands:
-            propose.errors.append("command: no new/cand_*.py files were written")
+            errors.append("command: no new/cand_*.py files were written")
         # What the agent was told and said (its output is already bounded), and one line per call.
         with open(os.path.join(archive_dir, "PROPOSE.md"), "w") as f:
             f.write(prompt)
@@ -569,12 +572,9 @@ def command_proposer(domain, command, timeout, digest_chars, workdir_root=None, 
             f.write((out or "") + ("\n--- stderr ---\n" + err if err else ""))
         harness_archive.append_jsonl(os.path.join(archive_dir, "proposer_calls.jsonl"), dict(
             time=round(t0, 3), command=command, exit=rc, timed_out=timed_out, seconds=round(seconds, 3),
-            files=[f for f, _ in files], errors=list(propose.errors), network=network[:50],
+            files=[f for f, _ in files], errors=list(errors), network=network[:50],
             usage={k_: v for k_, v in usage.items() if k_ != "errors"}))
-        return cands
-    propose.stats = dict(calls=0, prompt_chars=0, completion_chars=0, prompt_tokens=0, completion_tokens=0,
-                         cost_usd=0.0, seconds=0.0)
-    propose.errors = []
+        return Proposal(cands, errors, False, spent)
     return propose
 
 

@@ -15,7 +15,7 @@ harness-split traces. A proposal, in this order:
 Every candidate says how it was made (kind, axes, parents: meta_harness keeps it in meta.json),
 and its docstring's first line says it too (its hypothesis in summary.jsonl and the report).
 The same archive gives the same proposals (seeded by its size), so a resumed search proposes
-what the crashed one would have; once nothing new is left, .exhausted ends the phase.
+what the crashed one would have; once nothing new is left, its Proposal says exhausted and the phase ends.
 
 failure_signatures is also what the LLM and agent proposers show of failed traces. What it
 leaves out: learning which axes help across runs (every search starts from the menu's order).
@@ -207,16 +207,17 @@ def later_candidates(domain, best, scored, order, margin, seed_source):
 
 
 def proposer(domain, rng_seed=0):
-    """propose(archive_dir, k) -> up to k candidates (proposers.py's interface), with .exhausted set
+    """propose(archive_dir, k) -> Proposal of up to k candidates (proposers.py's interface), exhausted
     once nothing is left to propose on this archive."""
+    from harness_search.proposers import Proposal  # (proposers.py imports this file)
+
     def propose(archive_dir, k):
-        propose.errors, propose.exhausted = [], False
-        propose.stats["calls"] += 1
+        errors, spent = [], dict(calls=1)
         archive = harness_archive.load_archive(archive_dir)
         parent = harness_archive.paper_choice(archive)
         if parent is None:
-            propose.errors.append("primitives: no evaluated candidate to start from")
-            return []
+            errors.append("primitives: no evaluated candidate to start from")
+            return Proposal([], errors, False, spent)
         allowed = (harness_archive.read_json(os.path.join(archive_dir, "rules.json"), {}) or {}).get("allowed_axes")
         spans = top_level_names(parent["source"])
         axes = [a for a in domain.PRIMITIVES if a in spans and (allowed is None or a in allowed)]
@@ -235,7 +236,7 @@ def proposer(domain, rng_seed=0):
                 try:
                     src = splice(parent["source"], axis, alt)
                 except (ValueError, KeyError, SyntaxError) as e:
-                    propose.errors.append(f"primitives: {axis} alternative {j}: {e}")
+                    errors.append(f"primitives: {axis} alternative {j}: {e}")
                     continue
                 queues[axis].append((j, src))
         # One candidate per axis first (k different mechanisms), then second choices, ...; but
@@ -285,10 +286,8 @@ def proposer(domain, rng_seed=0):
                 if len(out) >= k:
                     break
         if not out:
-            propose.errors.append("primitives: every alternative of every allowed axis is in the archive, "
+            errors.append("primitives: every alternative of every allowed axis is in the archive, "
                                   "alone, combined and on the near misses")
         # The search ends at once on an exhausted menu: the same archive gives the same nothing.
-        propose.exhausted = not out
-        return out
-    propose.stats, propose.errors, propose.exhausted = dict(calls=0), [], False
+        return Proposal(out, errors, not out, spent)
     return propose

@@ -1,8 +1,10 @@
 """proposers.py: who writes the harness candidates of phase B (meta_harness.py runs the search).
 
-One interface: propose(archive_dir, k) -> [dict(source, proposer, note, [parent, axis, format,
-finish, reject, raw])], with .stats (calls, chars, tokens, seconds, cost_usd), .errors (what went
-wrong in the last call) and, for primitives, .exhausted (nothing left to propose).
+One interface: propose(archive_dir, k) -> Proposal(candidates, errors, exhausted, usage): the
+candidates as dicts (source, proposer, note, [parent, axis, format, finish, reject, raw]), what
+went wrong in this call, whether nothing is left to propose on this archive (primitives' menu),
+and what the call cost (calls, chars, tokens, seconds, cost_usd). A plain function returning a
+list of candidates is a proposer too (meta_harness.py reads it as Proposal(that list)).
   primitives  offline default: the paper's choice (the archive's top scorer) with one axis of
               domain.PRIMITIVES swapped, then combinations, retries and pairs: primitives.py;
   self        the policy model writes candidates from an archive digest (llm_text callable);
@@ -32,6 +34,7 @@ import re
 import time
 import urllib.error
 import urllib.request
+from typing import NamedTuple
 
 from harness_search import harness_archive
 from harness_search import primitives
@@ -40,6 +43,14 @@ from jail.sandbox import valid_text
 
 # -----------------------------------------------------------------------------
 # LLM proposers: the prompt, the reply, the endpoints
+
+class Proposal(NamedTuple):
+    """What one proposer call returns (meta_harness.py books it with the iteration)."""
+    candidates: list          # dicts: source, proposer, note, [parent, axis, format, finish, reject, raw]
+    errors: list = []         # what went wrong in this call, one sentence each
+    exhausted: bool = False   # nothing left to propose on this archive (the next call would say the same)
+    usage: dict = {}          # this call's cost: calls, prompt/completion chars and tokens, seconds, cost_usd
+
 
 EDIT_HELP = """Edit blocks against the parent's source, one per change, each exactly:
 <<<<<<< SEARCH
@@ -151,39 +162,37 @@ def _llm_proposer(name, domain, ask, digest_chars, reply_format="any", transport
     the run; a transport failure (endpoint down, an HTTP error) ends the batch instead of
     waiting out K timeouts."""
     def propose(archive_dir, k):
-        propose.errors = []
+        errors, spent = [], dict(calls=0, prompt_chars=0, completion_chars=0, prompt_tokens=0,
+                                 completion_tokens=0, seconds=0.0, cut=0)
         parent = harness_archive.paper_choice(harness_archive.load_archive(archive_dir))
         digest = archive_digest(archive_dir, digest_chars)  # the archive does not change within a call
         out, notes = [], []
         for i in range(k):
             prompt = build_prompt(domain, archive_dir, i, k, notes, digest_chars, reply_format, digest)
-            propose.stats["calls"] += 1
-            propose.stats["prompt_chars"] += len(prompt)
+            spent["calls"] += 1
+            spent["prompt_chars"] += len(prompt)
             t0 = time.time()
             try:
                 text, usage, finish = ask(prompt)
                 valid_text(text, f"the {name} reply")  # a lone surrogate (a JSON "\\ud800"): a failed call
             except Exception as e:
                 detail = f": {short(getattr(e, 'body', ''), 200)}" if getattr(e, "body", "") else ""
-                propose.errors.append(f"{name} call {i + 1}/{k}: {type(e).__name__}: {short(e, 300)}{detail}")
+                errors.append(f"{name} call {i + 1}/{k}: {type(e).__name__}: {short(e, 300)}{detail}")
                 if isinstance(e, transport_errors):
                     break
                 continue
             finally:
-                propose.stats["seconds"] += time.time() - t0
-            propose.stats["completion_chars"] += len(text)
-            propose.stats["prompt_tokens"] += int(usage.get("prompt_tokens") or 0)
-            propose.stats["completion_tokens"] += int(usage.get("completion_tokens") or 0)
-            propose.stats["cut"] += finish == "length"
+                spent["seconds"] += time.time() - t0
+            spent["completion_chars"] += len(text)
+            spent["prompt_tokens"] += int(usage.get("prompt_tokens") or 0)
+            spent["completion_tokens"] += int(usage.get("completion_tokens") or 0)
+            spent["cut"] += finish == "length"
             note = extract_note(text)
             notes.append(note)
             cand = candidate_from_reply(text, parent["source"] if parent else None, finish)
             out.append(dict(cand, proposer=name, note=note, raw=text, finish=finish,
                             parent=parent["name"] if parent else None))
-        return out
-    propose.stats = dict(calls=0, prompt_chars=0, completion_chars=0, prompt_tokens=0,
-                         completion_tokens=0, seconds=0.0, cut=0)
-    propose.errors = []
+        return Proposal(out, errors, False, spent)
     return propose
 
 
@@ -296,8 +305,8 @@ def make_proposer(name, domain, *, llm_text=None, base_url=None, model=None, api
                   api_key_env="OPENAI_API_KEY", command=None, rng_seed=0, max_tokens=4096, timeout=None,
                   digest_chars=DIGEST_CHARS, reply_format="any", workdir_root=None, agent_env=(), private=(),
                   hosts=None):
-    """propose(archive_dir, k) -> [dict(source, proposer, note, [parent, axis, format, reject, raw])].
-    The callable carries .stats (calls, chars, tokens, seconds, cost) and .errors (last call).
+    """propose(archive_dir, k) -> Proposal(candidates, errors, exhausted, usage): the candidates as
+    [dict(source, proposer, note, [parent, axis, format, reject, raw])], this call's errors and cost.
     max_tokens: the LLM reply's length limit; timeout: seconds per LLM request as a whole, from
     connect to the last byte (openai, default 600) or per agent run with everything it started
     (command, default 1800); reply_format: what the LLM is asked for (file | edit | any; replies

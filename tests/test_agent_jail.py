@@ -297,10 +297,10 @@ def test_what_an_agent_leaves_is_read_with_bounds_and_costs_only_itself(tmp_path
     work_root = tmp_path / "cells"
     work_root.mkdir()
     prop = agent_proposer.command_proposer(DOMAIN, f"{sys.executable} {agent}", 120, 4000, workdir_root=str(work_root))
-    cands = prop(str(d), 2)
-    assert [c["source"] for c in cands] == [good], prop.errors
+    proposal = prop(str(d), 2)
+    assert [c["source"] for c in proposal.candidates] == [good], proposal.errors
     assert list(work_root.iterdir()) == []  # the copy is gone, whatever it held
-    errors = " | ".join(prop.errors)
+    errors = " | ".join(proposal.errors)
     assert "could not be removed" not in errors and "failed (" not in errors, errors
     log = (d / "PROPOSE.log").stat().st_size
     assert log < 3 * agent_jail.OUT_KEEP

@@ -62,14 +62,16 @@ def test_openai_proposer_survives_garbage_and_down_endpoint(tmp_path):
     server, url = openai_server(then={"raw": b"<html>502 nonsense"})
     try:
         prop = proposers.make_proposer("openai", DOMAIN, base_url=url, model="m", timeout=5)
-        assert prop(d, 3) == [] and len(prop.errors) == 3 and len(server.requests) == 3
+        proposal = prop(d, 3)
+        assert proposal.candidates == [] and len(proposal.errors) == 3 and len(server.requests) == 3
     finally:
         server.shutdown()
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     prop = proposers.make_proposer("openai", DOMAIN, base_url=f"http://127.0.0.1:{port}/v1", model="m", timeout=5)
-    assert prop(d, 3) == [] and len(prop.errors) == 1  # gives up after the first refused connection
+    proposal = prop(d, 3)
+    assert proposal.candidates == [] and len(proposal.errors) == 1  # gives up after the first refused connection
     # and inside a search: an iteration with zero candidates, logged, no crash
     events = []
     res = mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate, prop, archive_dir=d,
@@ -107,11 +109,12 @@ def test_proposer_reply_or_candidate_with_a_lone_surrogate_is_a_failed_call_or_a
     server, url = openai_server([{"content": REPLY.replace("short answer", "short \ud800 answer")}, {"content": REPLY}])
     try:
         prop = proposers.make_proposer("openai", DOMAIN, base_url=url, model="m", timeout=10)
-        cands = prop(d, 2)
+        proposal = prop(d, 2)
     finally:
         server.shutdown()
+    cands = proposal.candidates
     assert len(cands) == 1 and cands[0]["note"] == "ask for a short answer."
-    assert len(prop.errors) == 1 and "openai reply is not valid Unicode (a lone surrogate U+D800" in prop.errors[0]
+    assert len(proposal.errors) == 1 and "openai reply is not valid Unicode (a lone surrogate U+D800" in proposal.errors[0]
     bad = H0.replace("QUALITY = 0.2", "QUALITY = 0.9  # \udfff")
     events = []
     res = mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate,
@@ -124,8 +127,7 @@ def test_proposer_reply_or_candidate_with_a_lone_surrogate_is_a_failed_call_or_a
     assert res["iterations"] == 2 and [e["status"] for e in events if e["event"] == "harness_candidate"][-2] == "invalid"
 
     def agent(archive_dir, k):  # a proposer whose error text (e.g. an agent's JSON output) holds one
-        agent.errors = ["agent reported an error: \udc80"]
-        return []
+        return proposers.Proposal([], ["agent reported an error: \udc80"])
     mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate, agent, archive_dir=d,
                     should_stop=stop_after(3), log=events.append)
     said = [e["reason"] for e in events if e["event"] == "proposer_error"]
@@ -165,7 +167,8 @@ def test_archive_written_before_the_text_rule_resumes_and_reaches_the_tokenizer_
                           if "0.3" in src else None, prop, archive_dir=str(d), k=1, should_stop=stop_after(3), log=quiet)
     arch = harness_archive.load_archive(str(d))
     assert arch[1]["invalid"] == "error: ValueError: bad \ufffd\n"
-    assert prop.errors == [] and len(prompts) == 1 and "\ufffd" in prompts[0] and arch[2]["scores"] is not None
+    assert not any(line["proposer_errors"] for line in harness_archive.read_jsonl(str(d / "iterations.jsonl")))
+    assert len(prompts) == 1 and "\ufffd" in prompts[0] and arch[2]["scores"] is not None
     assert all(r["answer"] == "yes \ufffd" for r in harness_archive.read_traces(arch[0]))
     assert res["iterations"] == 3
 
@@ -184,11 +187,12 @@ def test_command_proposer_collects_files_and_survives_timeout(tmp_path):
         open("new/cand_2.py", "w").write("broken(")
         '''))
     prop = proposers.make_proposer("command", DOMAIN, command=f"{sys.executable} {script}", timeout=30)
-    cands = prop(d, 2)
+    proposal = prop(d, 2)
+    cands = proposal.candidates
     assert [c["note"] for c in cands][0] == "Higher quality." and len(cands) == 2
-    assert prop.stats["calls"] == 1 and prop.stats["prompt_chars"] > 0
-    slow = proposers.make_proposer("command", DOMAIN, command="sleep 30", timeout=0.5)
-    assert slow(d, 2) == [] and any("timed out" in e for e in slow.errors)
+    assert proposal.usage["calls"] == 1 and proposal.usage["prompt_chars"] > 0
+    slow = proposers.make_proposer("command", DOMAIN, command="sleep 30", timeout=0.5)(d, 2)
+    assert slow.candidates == [] and any("timed out" in e for e in slow.errors)
 
 
 def test_edit_blocks_apply_to_the_parent_or_say_why_not():
@@ -252,7 +256,7 @@ def test_openai_reply_cut_by_the_length_limit_is_recorded_as_cut(tmp_path):
     assert "cut at the length limit" in arch[1]["invalid"] and arch[1]["meta"]["finish"] == "length"
     assert arch[2]["meta"]["format"] == "edit" and arch[2]["scores"] is not None
     assert arch[2]["source"] == H0.replace("QUALITY = 0.2", "QUALITY = 0.6") and arch[2]["meta"]["parent"] == "cand_000"
-    assert prop.stats["cut"] == 1 and "<<<<<<< SEARCH" in requests[0]["messages"][0]["content"]
+    assert "<<<<<<< SEARCH" in requests[0]["messages"][0]["content"]
 
 
 def test_agent_usage_reads_claude_and_codex_json():
