@@ -94,7 +94,7 @@ def sign_test(cand_scores, inc_scores):
 # loses but misses alpha with p <= CONFIRM_P is scored with the incumbent on a block of examples
 # the search never used, and the test is redone on both blocks together. Why: a top candidate that
 # narrowly fails the test stays the archive's top and is tested again every iteration on the same
-# examples with the same result, so a real but small gain (cpu-long-search seed 0: 6 wins to 3,
+# examples with the same result, so a real but small gain (e.g. 6 wins to 3 on 64 examples,
 # p = 0.25) blocks the search for good. Looking twice lets an equal candidate in somewhat more
 # often than alpha; a worse one still has to win both blocks together.
 CONFIRM_P = 0.5

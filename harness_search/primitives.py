@@ -242,8 +242,8 @@ def proposer(domain, rng_seed=0):
         # One candidate per axis first (k different mechanisms), then second choices, ...; but
         # when one axis explains most failures of the parent (over half of them), every one of
         # its alternatives on this parent comes before the other axes': one or two draws of a
-        # clearly implicated axis are a poor test of it (cpu-long-search seed 0 drew two of
-        # RETRIEVAL's five on h0 and never the whole top passage that won cpu-long)
+        # clearly implicated axis are a poor test of it (two draws of five alternatives can miss
+        # the one that works)
         out, order = [], list(queues)
         rank = list(order)
         top = order[0] if order else None
@@ -264,8 +264,8 @@ def proposer(domain, rng_seed=0):
                                     axis=axis, kind="swap", axes=[axis], parents=[parent["name"]], note=note))
                     break
             order = list(queues)  # later rounds: one more per axis, in rank order
-        # The single swaps on the best are used up: combine, retry near misses, pair (issue 33:
-        # a menu that runs dry ends a harness-only run with budget left).
+        # The single swaps on the best are used up: combine, retry near misses, pair (a
+        # menu that runs dry would end a harness-only run with budget left).
         if len(out) < k:
             scored = [c for c in archive if c["scores"]]
             margin = 2.0 / max(1, parent["scores"].get("n") or 1)  # two examples' worth
