@@ -39,7 +39,7 @@ case "$preset" in
   cpu)   common=(--budget 1664 --prompts-per-step 16 --group 8 --harness-examples 64 --harness-n 2
                  --candidates 3 --schedule fixed-steps:4,3 --test-limit 200 --test-n 8 --val-limit 32
                  --val-n 2 --test-subset 32 --max-tokens 48 --train-layers 4 --temperature 0.3 --lr 3e-4
-                 --confirm-examples 0)  # (as it ran: before the sign test's second look)
+                 --max-kept-per-prompt 2 --confirm-examples 0)  # (as it ran: before the sign test's second look)
          adaptive=adaptive:w=2,pw=2,min_w=2,min_h=3,max_h=6 ;;
   # cpu-long: 3x the budget, every setting chosen off the test set (results/preset/README.md: no
   # phase-A setting learned measurably on val, so the rule kept the cpu grid's lr, layers and cap);

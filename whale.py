@@ -62,15 +62,16 @@ class Args:
     # phase A
     prompts_per_step: int = arg(16, "B: prompts per rollout step")
     group: int = arg(8, "G: rollouts per prompt")
-    lr: float = arg(3e-4, "AdamW learning rate of the top-K-layer training (README: picking --lr for another model)")
+    lr: float = arg(1e-5, "AdamW learning rate (phase-A study: 1e-5 with full fine-tuning learns at 135M; "
+                          "README: picking --lr for another model)")
     minibatch: int = arg(16, "sequences per optimizer step")
     micro_batch: int = arg(8, "sequences per forward/backward (gradient accumulation)")
     sft_prompts: str = arg("shared", "shared | whole: run the prompt tokens a micro-batch's sequences share once "
                                      "(lm/prefix_tree.py: the same loss up to round-off), or every sequence "
                                      "whole (rs_sft's reference path)")
     clip: float = arg(1.0, "gradient-norm clip")
-    train_layers: int = arg(4, "train only the top K blocks (0 = full fine-tuning)")
-    max_kept_per_prompt: int = arg(2, "at most this many kept rollouts per prompt (0 = all)")
+    train_layers: int = arg(0, "train only the top K blocks (0 = full fine-tuning: the phase-A study's regime)")
+    max_kept_per_prompt: int = arg(4, "at most this many kept rollouts per prompt (0 = all; 4: the study's)")
     replay_steps: int = arg(1, "R: each RSFT step trains on the kept rollouts of the last R steps")
     sft_epochs: int = arg(1, "E: passes of each RSFT step over its kept rollouts")
     val_every: int = arg(0, "also evaluate validation (+ --test-subset) every N RSFT steps (0 = after each phase)")
@@ -99,8 +100,8 @@ class Args:
     confirm_examples: int = arg(64, "second look: a near-miss top candidate (p in (alpha, 0.5]) is scored on this "
                                     "many further harness-split examples and tested on both blocks (0 = none)")
     # sampling and evaluation
-    temperature: float = arg(0.3, "sampling temperature (training, search, evaluation); the paper's 1.0 "
-                                  "suits 2B models, the 135M default scores ~0 there")
+    temperature: float = arg(0.7, "sampling temperature (training, search, evaluation): the phase-A study's "
+                                  "0.7; the paper's 1.0 suits 2B models, the 135M model scores ~0 there")
     top_k: int = arg(20, "top-k of sampling")
     top_p: float = arg(1.0, "top-p of sampling")
     max_tokens: int = arg(48, "cap on new tokens per llm() call (the parent enforces it)")

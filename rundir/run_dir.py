@@ -49,6 +49,7 @@ from pathlib import Path
 
 import torch
 
+from rundir import phases  # what each phase did: the closing table, the curve's spans
 from rundir.ddp import broadcast, ddp_setup  # (the torchrun plumbing: a no-op in one process)
 
 
@@ -223,7 +224,8 @@ def clean_partial(run: Path):
 
 
 def plot_curve(run: Path, evals: list[dict], title: str):
-    """curve.png: validation and test mean@k vs cumulative target rollouts (matplotlib optional)."""
+    """curve.png: validation and test mean@k vs cumulative target rollouts, the spans of phase A
+    (weights) and phase B (harness) shaded (matplotlib optional)."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -231,6 +233,13 @@ def plot_curve(run: Path, evals: list[dict], title: str):
     except ImportError:
         return None
     fig, ax = plt.subplots(figsize=(6, 4))
+    named = set()
+    for p in phases.phases(run):  # which span was phase A (weights) and which phase B (harness)
+        if p["rollouts_end"] > p["rollouts_start"]:
+            label = "phase A (weights)" if p["phase"] == "A" else "phase B (harness)"
+            ax.axvspan(p["rollouts_start"], p["rollouts_end"], color="tab:blue" if p["phase"] == "A" else "tab:green",
+                       alpha=0.12, lw=0, label=None if label in named else label)
+            named.add(label)
     for split in ("val", "test"):
         pts = [(e["rollouts"], e["mean"], e["se"]) for e in evals if e["split"] == split]
         if pts:
@@ -424,7 +433,8 @@ class Run:
             # tokens per RSFT step; phase B's candidates that were valid, and accepted
             "kept_per_step": st.get("kept_per_step", []), "trained_tokens_per_step": st.get("trained_tokens_per_step", []),
             "capped_frac_per_step": st.get("capped_frac_per_step", []),  # the health figure: replies cut by the cap
-            "harness_valid": c["harness_candidates"] - c["harness_invalid"]}
+            "harness_valid": c["harness_candidates"] - c["harness_invalid"],
+            "phases": phases.phases(self.dir)}  # what each phase did (rundir/phases.py)
         write_json(self.dir / "summary.json", summary)
         return summary
 
@@ -434,6 +444,8 @@ class Run:
         print(f"  {a.test_split} mean@{a.test_n} ({s['test_examples']} questions)  initial {s['test_mean8_initial']:.3f} "
               f"+- {s['test_mean8_initial_se']:.3f}   final {s['test_mean8_final']:.3f} +- {s['test_mean8_final_se']:.3f}")
         print(f"  gain {s['test_gain']:+.3f} +- {s['test_gain_se']:.3f} (SE of the per-question differences)")
+        if s.get("phases"):
+            print("\n".join(phases.table(self.dir, a.val_n)))
         if a.method != "eval":
             print(f"  best-on-validation checkpoint: {a.test_split} {s['test_mean8_best_val']:.3f} "
                   f"+- {s['test_mean8_best_val_se']:.3f}")

@@ -310,3 +310,41 @@ def test_report_in_headless_chromium_shows_diff_acceptance_test_and_a_trace(tiny
         assert loads == [url], loads  # the page itself and nothing else
     finally:
         b.close()
+
+
+def test_the_closing_table_says_what_each_phase_did(tmp_path):
+    """rundir/phases.py reads metrics.jsonl (and the archive's summary lines) back into one row per
+    phase: phase A's steps, kept rollouts and trained tokens, phase B's iterations, candidates and
+    what the sign test accepted, each with validation before -> after and its span of rollouts."""
+    from rundir import phases
+    events = [dict(t=0.0, event="start", rollouts=0),
+              dict(t=10.0, event="eval", split="val", tag="initial", cycle=0, rollouts=0, mean=0.1),
+              dict(t=40.0, event="rollout_step", cycle=0, step=1, rollouts=128, step_rollouts=128, kept=12,
+                   trained_tokens=300),
+              dict(t=70.0, event="rollout_step", cycle=0, step=2, rollouts=256, step_rollouts=128, kept=20,
+                   trained_tokens=500),
+              dict(t=80.0, event="eval", split="val", tag="A0", cycle=0, rollouts=256, mean=0.2),
+              dict(t=90.0, event="harness_candidate", cycle=0, rollouts=384, cand="cand_000", status="ok"),
+              dict(t=95.0, event="harness_iteration", cycle=0, rollouts=384, iteration=0, accepted=False,
+                   incumbent_success=0.05, test=None),
+              dict(t=99.0, event="harness_candidate", cycle=0, rollouts=512, cand="cand_001", status="ok"),
+              dict(t=120.0, event="harness_iteration", cycle=0, rollouts=512, iteration=1, accepted=True,
+                   incumbent_success=0.09, test=dict(cand="cand_001")),
+              dict(t=130.0, event="eval", split="val", tag="B0", cycle=1, rollouts=512, mean=0.25),
+              dict(t=150.0, event="rollout_step", cycle=1, step=3, rollouts=640, step_rollouts=128, kept=30,
+                   trained_tokens=700)]  # a run stopped in its second weight phase: no point after it
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events) + '{"torn')
+    (tmp_path / "archive" / "phase00").mkdir(parents=True)
+    (tmp_path / "archive" / "phase00" / "summary.jsonl").write_text(json.dumps(
+        dict(cand="cand_001", axis="RETRIEVAL", note="RETRIEVAL: alternative 2/5 on cand_000")) + "\n")
+    a, b, a2 = phases.phases(tmp_path)
+    assert (a["phase"], a["steps"], a["kept"], a["rollouts"], a["trained_tokens"]) == ("A", 2, 32, 256, 800)
+    assert (a["val_before"], a["val_after"], a["rollouts_start"], a["rollouts_end"]) == (0.1, 0.2, 0, 256)
+    assert (b["phase"], b["iterations"], b["candidates"], b["search_before"], b["search_after"]) == ("B", 1, 1, 0.05, 0.09)
+    assert b["accepted"] == [dict(cand="cand_001", axis="RETRIEVAL", hypothesis="RETRIEVAL: alternative 2/5 on cand_000")]
+    assert (b["val_before"], b["val_after"], b["rollouts_start"], b["rollouts_end"]) == (0.2, 0.25, 256, 512)
+    assert (a2["cycle"], a2["val_before"], a2["val_after"], a2["rollouts_end"]) == (1, 0.25, None, 640)
+    rows = phases.table(tmp_path, 2)
+    assert len(rows) == 4 and "0.100 -> 0.200" in rows[1] and "kept 32 of 256 rollouts" in rows[1]
+    assert "accepted cand_001 (RETRIEVAL: alternative 2/5" in rows[2] and "search set 0.050 -> 0.090" in rows[2]
+    assert "0.250 ->   -" in rows[3]

@@ -366,7 +366,23 @@ def render_summary(run):
         score_rows.append(("gain final − initial (paired over the same questions)",
                            mean_ci(s["test_gain"], s.get("test_gain_se"), lo=-1.0)))
     return ('<h2 id="summary">Summary</h2>' + kv_table(rows) +
-            f"<h3>Test mean@{esc(k)} on {esc(n_q)} questions (± SE [95% interval])</h3>" + kv_table(score_rows))
+            f"<h3>Test mean@{esc(k)} on {esc(n_q)} questions (± SE [95% interval])</h3>" + kv_table(score_rows) +
+            render_phase_table(s.get("phases"), cfg.get("val_n", "k")))
+
+
+def render_phase_table(phase_rows, val_n):
+    """What each phase did (summary.json's phases, rundir/phases.py): the table the console printed."""
+    if not phase_rows:
+        return ""
+    from rundir.phases import what_it_did
+
+    def val(x):
+        return "–" if x is None else f"{x:.3f}"
+    rows = "".join(f"<tr><td>{esc(p['phase'])}{esc(p['cycle'])}</td><td>{val(p.get('val_before'))} → "
+                   f"{val(p.get('val_after'))}</td><td>{esc(p['rollouts_end'] - p['rollouts_start'])}</td>"
+                   f"<td>{p.get('seconds', 0) / 60:.1f}</td><td>{esc(what_it_did(p))}</td></tr>" for p in phase_rows)
+    return (f"<h3>What each phase did</h3><table><tr><th>phase</th><th>val mean@{esc(val_n)}</th><th>rollouts</th>"
+            f"<th>min</th><th>what it did</th></tr>{rows}</table>")
 
 
 def render_curve(run, sections):

@@ -1,0 +1,115 @@
+"""
+What each phase of a run did, read back from its metrics.jsonl (and the archive's summary lines):
+the table the console prints when a run ends, the spans curve.png shades, and the top of
+report.html. A reader sees at once whether the weights or the harness moved the number.
+
+  phase A   RSFT steps, kept rollouts, trained tokens, validation before -> after
+  phase B   iterations, candidates, what the sign test accepted (the candidate, its axis and
+            hypothesis), the search set's success of the incumbent before -> after
+
+Only what the run logged is shown: a phase without a validation point after it (a run stopped
+in it) has no "after". Left out: per-step detail (metrics.jsonl and the report have it).
+"""
+import json
+from pathlib import Path
+
+
+def read_events(run_dir) -> list[dict]:
+    """metrics.jsonl as dicts (a torn last line skipped)."""
+    out = []
+    path = Path(run_dir) / "metrics.jsonl"
+    for line in path.read_text(errors="replace").splitlines() if path.exists() else []:
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue
+    return out
+
+
+def hypotheses(run_dir, cycle: int) -> dict:
+    """{candidate: (axis, hypothesis)} of the harness phase of this cycle, from its archive."""
+    path = Path(run_dir) / "archive" / f"phase{cycle:02d}" / "summary.jsonl"
+    out = {}
+    for line in path.read_text(errors="replace").splitlines() if path.exists() else []:
+        try:
+            c = json.loads(line)
+        except ValueError:
+            continue
+        out[c.get("cand")] = (c.get("axis"), c.get("note") or c.get("hypothesis") or "")
+    return out
+
+
+def phases(run_dir) -> list[dict]:
+    """One dict per phase, in order: phase ("A" | "B"), cycle, rollouts_start, rollouts_end, seconds,
+    val_before, val_after (None where there is none) and what the phase did (see the docstring)."""
+    out, current, last_val, last_rollouts, last_t = [], None, None, 0, 0.0
+
+    def start(phase, cycle):
+        return dict(phase=phase, cycle=cycle, rollouts_start=last_rollouts, t_start=last_t, val_before=last_val,
+                    val_after=None, steps=0, kept=0, rollouts=0, trained_tokens=0, iterations=0, candidates=0,
+                    accepted=[], search_before=None, search_after=None)
+
+    for e in read_events(run_dir):
+        kind = e.get("event")
+        if kind == "rollout_step":
+            if current is None or current["phase"] != "A":
+                current = start("A", e.get("cycle", 0))
+                out.append(current)
+            current["steps"] += 1
+            for k in ("kept", "trained_tokens"):
+                current[k] += e.get(k) or 0
+            current["rollouts"] += e.get("step_rollouts") or 0
+        elif kind in ("harness_candidate", "harness_iteration"):
+            if current is None or current["phase"] != "B":
+                current = start("B", e.get("cycle", 0))
+                out.append(current)
+            if kind == "harness_candidate" and e.get("cand") != "cand_000":
+                current["candidates"] += 1
+            if kind == "harness_iteration":
+                current["iterations"] += e.get("iteration", 0) > 0
+                if current["search_before"] is None:
+                    current["search_before"] = e.get("incumbent_success")
+                current["search_after"] = e.get("incumbent_success")
+                if e.get("accepted") and e.get("test"):
+                    current["accepted"].append(e["test"]["cand"])
+        elif kind == "eval" and e.get("split") == "val":
+            tag = str(e.get("tag"))
+            if current is not None and tag == f"{current['phase']}{current['cycle']}":  # the point after it
+                current["val_after"] = e.get("mean")
+                current = None
+            last_val = e.get("mean")
+        last_rollouts = e.get("rollouts", last_rollouts)
+        if current is not None:
+            current["rollouts_end"] = last_rollouts
+            current["seconds"] = round(e.get("t", last_t) - current["t_start"], 1)
+        last_t = e.get("t", last_t)
+    for p in out:
+        p.setdefault("rollouts_end", p["rollouts_start"])
+        p.setdefault("seconds", 0.0)
+        p.pop("t_start")
+        if p["phase"] == "B":
+            about = hypotheses(run_dir, p["cycle"])
+            p["accepted"] = [dict(cand=c, axis=about.get(c, (None, ""))[0], hypothesis=about.get(c, (None, ""))[1])
+                             for c in p["accepted"]]
+    return out
+
+
+def what_it_did(p: dict) -> str:
+    """One phase in words."""
+    if p["phase"] == "A":
+        return f"{p['steps']} RSFT steps: kept {p['kept']} of {p['rollouts']} rollouts, trained on {p['trained_tokens']} tokens"
+    accepted = "; ".join(f"accepted {a['cand']} ({a['hypothesis'][:80] or a['axis']})" for a in p["accepted"])
+    search = ("" if p["search_before"] is None else
+              f"; search set {p['search_before']:.3f} -> {p['search_after']:.3f}")
+    return f"{p['iterations']} iterations, {p['candidates']} candidates; {accepted or 'nothing accepted'}{search}"
+
+
+def table(run_dir, val_n: int) -> list[str]:
+    """The closing table's lines: one per phase, with validation mean@val_n before -> after."""
+    def val(x):
+        return "  -  " if x is None else f"{x:.3f}"
+    lines = [f"  {'phase':<6} {'val mean@' + str(val_n):<15} {'rollouts':>9} {'min':>5}  what it did"]
+    for p in phases(run_dir):
+        lines.append(f"  {p['phase'] + str(p['cycle']):<6} {val(p['val_before']) + ' -> ' + val(p['val_after']):<15} "
+                     f"{p['rollouts_end'] - p['rollouts_start']:>9} {p['seconds'] / 60:>5.1f}  {what_it_did(p)}")
+    return lines
