@@ -1858,3 +1858,27 @@ def test_eval_key_changes_with_the_scoring_code_and_the_data_and_nothing_else(tm
     assert k1 != k0
     append(domain_file)
     assert key(domain=generated) != k1
+
+
+def test_a_finished_full_fine_tuning_run_keeps_its_weights_once_in_bfloat16(tmp_path):
+    """run_dir.halve_weights (a finished run's last step): checkpoint/ and best_val/ holding the same
+    point share one bfloat16 file; a different best_val point gets its own; both load back into an
+    fp32 model as the bf16-rounded weights; a run's config says bfloat16."""
+    from safetensors.torch import load_file
+    model = tiny_lm()
+    run = tmp_path / "run"
+    model.save_pretrained(run / "checkpoint")
+    run_dir.copy_checkpoint(run, "checkpoint", "best_val")  # the same point: hard links
+    fp32 = (run / "checkpoint" / "model.safetensors").stat().st_size
+    run_dir.halve_weights(run)
+    ck, bv = run / "checkpoint" / "model.safetensors", run / "best_val" / "model.safetensors"
+    assert ck.stat().st_ino == bv.stat().st_ino and ck.stat().st_size < 0.6 * fp32
+    assert all(t.dtype == torch.bfloat16 for t in load_file(ck).values())
+    assert json.loads((run / "best_val" / "config.json").read_text())["dtype"] == "bfloat16"
+    back = type(model).from_pretrained(run / "checkpoint", dtype=torch.float32)
+    for (name, p), q in zip(model.named_parameters(), back.parameters()):
+        assert q.dtype == torch.float32 and torch.equal(p.detach().to(torch.bfloat16).float(), q.detach()), name
+    other = tiny_lm(seed=1)  # best_val an earlier point: its own file, halved too
+    other.save_pretrained(run / "best_val")
+    run_dir.halve_weights(run)
+    assert ck.stat().st_ino != bv.stat().st_ino and all(t.dtype == torch.bfloat16 for t in load_file(bv).values())

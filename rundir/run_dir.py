@@ -212,6 +212,40 @@ def copy_checkpoint(run: Path, src: str, dst: str):
     os.rename(tmp, run / dst)
 
 
+def halve_weights(run: Path):
+    """checkpoint/ and best_val/'s model.safetensors in bfloat16, each distinct file once (the two
+    share one when best-on-validation is the last point): half the disk of a finished full
+    fine-tuning run (270 MB a point for the 135M model, not 540). Only for a finished run: a
+    resume of it loads them back into fp32 and only reports; an unfinished run keeps fp32, so that
+    its resume is exact. Atomic per file; trained-block checkpoints (--train-layers K) are small
+    and stay as they are."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+    by_file = {}
+    for name in ("checkpoint", "best_val"):
+        f = run / name / "model.safetensors"
+        if f.exists():
+            by_file.setdefault(f.stat().st_ino, []).append(f)
+    for files in by_file.values():
+        with safe_open(files[0], "pt") as src:
+            meta = src.metadata() or {}
+        tensors = load_file(files[0])
+        if not any(t.dtype == torch.float32 for t in tensors.values()):
+            continue
+        half = files[0].with_name(".model.bf16.tmp")
+        save_file({k: t.to(torch.bfloat16) if t.dtype == torch.float32 else t for k, t in tensors.items()}, half,
+                  metadata=meta)
+        for f in files:
+            os.link(half, f.with_name(".model.bf16.link"))
+            os.replace(f.with_name(".model.bf16.link"), f)
+            config = f.with_name("config.json")
+            if config.exists():  # what `from_pretrained(dtype="auto")` reads
+                c = read_json(config)
+                c.update({k: "bfloat16" for k in ("torch_dtype", "dtype") if k in c} or {"torch_dtype": "bfloat16"})
+                write_json(config, c)
+        half.unlink()
+
+
 def clean_partial(run: Path):
     """Remove temp folders a killed run left behind (never a finished checkpoint)."""
     for p in run.glob(".*.tmp*"):
@@ -495,8 +529,10 @@ class Run:
         engine.sync_weights()
 
     def drop_optimizer(self):
-        """A finished run trains no more: its optimizer state (2x the trained weights) goes."""
+        """A finished run trains no more: its optimizer state (2x the trained weights) goes, and a
+        whole model (full fine-tuning) is kept in bfloat16 (halve_weights)."""
         (self.dir / "checkpoint" / "optimizer.pt").unlink(missing_ok=True)
+        halve_weights(self.dir)
 
     def sync(self):
         """The one DDP sync point: every rank takes rank 0's state (a no-op in one process)."""
