@@ -6,7 +6,7 @@ import json
 import sys
 from pathlib import Path
 
-VOLATILE = ("second", "per_s", "_s", "time", "date", "commit", "mfu", "dir", "path", "out", "host", "peak", "rss",
+VOLATILE = ("seconds", "argv", "per_s", "_s", "time", "date", "commit", "mfu", "dir", "path", "out", "host", "peak", "rss",
             "t", "elapsed", "python", "torch", "version")
 
 
