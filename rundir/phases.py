@@ -94,14 +94,20 @@ def phases(run_dir) -> list[dict]:
     return out
 
 
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
 def what_it_did(p: dict) -> str:
     """One phase in words."""
     if p["phase"] == "A":
-        return f"{p['steps']} RSFT steps: kept {p['kept']} of {p['rollouts']} rollouts, trained on {p['trained_tokens']} tokens"
+        return (f"{plural(p['steps'], 'RSFT step')}: kept {p['kept']} of {p['rollouts']} rollouts, trained on "
+                f"{p['trained_tokens']} tokens")
     accepted = "; ".join(f"accepted {a['cand']} ({a['hypothesis'][:80] or a['axis']})" for a in p["accepted"])
     search = ("" if p["search_before"] is None else
               f"; search set {p['search_before']:.3f} -> {p['search_after']:.3f}")
-    return f"{p['iterations']} iterations, {p['candidates']} candidates; {accepted or 'nothing accepted'}{search}"
+    return (f"{plural(p['iterations'], 'iteration')}, {plural(p['candidates'], 'candidate')}; "
+            f"{accepted or 'nothing accepted'}{search}")
 
 
 def table(run_dir, val_n: int) -> list[str]:

@@ -1,0 +1,123 @@
+"""
+Exporting what a run found (tools/export.py): a complete HF model directory whose logits are the
+run's model's, the point's harness, agent.json and a README; every bad input one line and exit 2
+with nothing written.
+"""
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from lm import chat_format
+from lm import models
+from tests.helpers import ROOT
+from tools import export
+
+
+def run_export(*args):
+    return subprocess.run([sys.executable, str(ROOT / "tools" / "export.py"), *map(str, args)], capture_output=True,
+                          text=True, timeout=300, cwd=ROOT)
+
+
+def one_error_line(r, needle):
+    """exit 2 and one `export: error:` line holding needle (a model load's progress bar may precede it)."""
+    errors = [x for x in r.stderr.splitlines() if x.startswith("export:")]
+    return r.returncode == 2 and len(errors) == 1 and needle in errors[0] and "Traceback" not in r.stderr
+
+
+@pytest.mark.slow
+def test_an_exported_model_has_the_runs_logits_and_the_runs_harness(tiny_reference, tmp_path):
+    """A --train-layers 1 run: its trained block merged into the base; the exported folder loads with
+    AutoModelForCausalLM.from_pretrained and gives the logits of the run's own model (the checkpoint
+    as whale.py loads it), bit for bit; harness.py is the run's final harness; agent.json holds the
+    test score and sampling the run reports."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    r = run_export(tiny_reference, tmp_path / "agent")
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = tmp_path / "agent"
+    state = json.loads((tiny_reference / "checkpoint" / "state.json").read_text())
+    summary = json.loads((tiny_reference / "summary.json").read_text())
+    assert (out / "harness.py").read_text() == state["harness"]
+    agent = json.loads((out / "agent.json").read_text())
+    assert agent["test"]["mean"] == summary["test_mean8_final"] and agent["test"]["se"] == summary["test_mean8_final_se"]
+    assert agent["sampling"]["temperature"] == 0.3 and agent["weights"].startswith("the top 1 blocks")
+    exported = AutoModelForCausalLM.from_pretrained(out / "model", dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(out / "model")
+    assert tok.chat_template  # the embedded model's chat template travels with it
+    own, _ = models.load_model(str(tiny_reference / "checkpoint"))
+    base, _ = models.load_model("embedded")
+    ids = torch.tensor([chat_format.chat_ids(tok, [{"role": "user", "content": "Who wrote Hamlet?"}], "template")])
+    with torch.no_grad():
+        a, b, c = exported(ids).logits, own(ids).logits, base(ids).logits
+    assert torch.equal(a, b) and not torch.equal(a, c)  # the trained block is in it
+
+
+@pytest.mark.slow
+def test_bad_input_to_export_is_one_line_and_exit_2_with_nothing_written(tiny_reference, tmp_path):
+    """An unfinished run (refused unless --unfinished, then a warning), a damaged checkpoint, blocks on
+    another base, a folder that is not a run, an OUT that exists: one line each, exit 2, no OUT."""
+    run = tmp_path / "run"
+    shutil.copytree(tiny_reference, run)
+    (run / "summary.json").rename(tmp_path / "summary.json")
+    r = run_export(run, tmp_path / "a")
+    assert one_error_line(r, "has not finished"), r.stderr
+    r = run_export(run, tmp_path / "a", "--unfinished")
+    assert r.returncode == 0 and "had not finished" in r.stderr
+    assert "had not finished" in json.loads((tmp_path / "a" / "agent.json").read_text())["warning"]
+    (tmp_path / "summary.json").rename(run / "summary.json")
+    cases = {"a folder that is not a run": (tmp_path, "no config.json"),
+             "an OUT that exists": (run, "already exists")}
+    for what, (src, needle) in cases.items():
+        r = run_export(src, tmp_path / "a" if what.startswith("an OUT") else tmp_path / "b")
+        assert one_error_line(r, needle), (what, r.stderr)
+    base = json.loads((run / "checkpoint" / "base.json").read_text())
+    (run / "checkpoint" / "base.json").write_text(json.dumps({**base, "sha256": "0" * 64}))
+    r = run_export(run, tmp_path / "c")
+    assert one_error_line(r, "other base weights") and not (tmp_path / "c").exists(), r.stderr
+    (run / "checkpoint" / "base.json").write_text(json.dumps(base))
+    blocks = run / "checkpoint" / "trained.safetensors"
+    blocks.write_bytes(blocks.read_bytes()[:1000])
+    r = run_export(run, tmp_path / "d")
+    assert one_error_line(r, "do not load"), r.stderr
+    assert not (tmp_path / "d").exists() and not list(tmp_path.glob(".d.tmp*"))
+
+
+def test_export_refuses_what_it_cannot_export_before_loading_anything(tmp_path):
+    """In-process, no model: a folder without config.json, a --method eval run."""
+    with pytest.raises(export.ExportError, match="not a run directory"):
+        export.export(str(tmp_path), str(tmp_path / "out"))
+    (tmp_path / "config.json").write_text(json.dumps({"method": "eval"}))
+    (tmp_path / "summary.json").write_text("{}")
+    (tmp_path / "checkpoint").mkdir()
+    (tmp_path / "checkpoint" / "state.json").write_text(json.dumps({"harness": "", "evals": []}))
+    with pytest.raises(export.ExportError, match="trained nothing"):
+        export.export(str(tmp_path), str(tmp_path / "out"))
+
+
+@pytest.mark.slow
+def test_the_exported_agent_answers_as_the_run_scored_it(tiny_reference, tmp_path):
+    """Parity through the project's own engine: run outside WHALE (tools/run_agent.load_agent, the
+    harness in the sandbox), the exported agent gives the run's final test evaluation question for
+    question (same weights, harness, sampling and seeds), and with greedy sampling the same answers
+    as the run's own evaluation path (rollout.run on the run's checkpoint)."""
+    import rollout
+    from domains import searchqa
+    from lm.engine import load_engine
+    from tools import run_agent
+    assert run_export(tiny_reference, tmp_path / "agent").returncode == 0
+    config = json.loads((tiny_reference / "config.json").read_text())
+    state = json.loads((tiny_reference / "checkpoint" / "state.json").read_text())
+    final = next(e for e in state["evals"] if e["split"] == "test" and e["tag"] == "final")
+    questions = searchqa.load_split("test")[:config["test_limit"]]
+    agent = run_agent.load_agent(tmp_path / "agent")
+    got = agent.answer_all(questions, n=config["test_n"])
+    assert rollout.per_example_means([r["record"] for r in got]) == final["per_example"]
+    greedy = {"temperature": 0.0, "top_k": config["top_k"], "top_p": config["top_p"]}
+    own = rollout.run(load_engine(str(tiny_reference / "checkpoint")), searchqa, state["harness"], questions, 1,
+                      seed=0, sampling=greedy, max_tokens=config["max_tokens"])
+    exported = run_agent.load_agent(tmp_path / "agent", sampling={"temperature": 0.0}).answer_all(questions, seed=0)
+    assert [r["answer"] for r in exported] == [r.get("answer") for r in own]
+    assert [r["score"] for r in exported] == [r["score"] for r in own]
