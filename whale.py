@@ -140,7 +140,7 @@ METHODS = {
 class Context:
     """What the loop's phases share, fixed for the whole run (main builds it; evaluation.py reads it).
     What changes as the run goes (step, cycle, harness, rollouts spent, evaluations) is run.state
-    instead: its keys are listed in rundir/run_dir.py's new_state, and a checkpoint saves it."""
+    instead: each of its keys is documented in rundir/run_dir.py's new_state; a checkpoint saves it."""
     args: Args                 # the run's settings (a resumed run keeps those it started with)
     method: Method | None      # METHODS[args.method]; None: --method eval (no phase, only the test)
     domain: types.ModuleType   # domains/<name>.py: its splits, h0, tools and verifier

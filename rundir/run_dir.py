@@ -340,12 +340,25 @@ COUNTERS = ("prompt_tokens", "completion_tokens", "optimizer_steps", "proposer_c
 
 
 def new_state(phase, done, harness, loader):
-    """The state of a run that has not started: everything a checkpoint saves and a resume reads."""
-    return {"phase": phase, "done": done, "cycle": 0, "steps": 0, "rollouts": 0, "harness": harness,
-            "loader": loader, "phase_rewards": [], "evals": [], "best_val": None, "pending_eval": "initial",
-            "seconds": 0.0, "metrics_lines": 0, "counters": dict.fromkeys(COUNTERS, 0),
-            "kept_per_step": [], "trained_tokens_per_step": [], "capped_frac_per_step": [],
-            "replay": []}  # --replay-steps: the kept sequences of earlier steps the next step trains on
+    """The state of a run that has not started: everything a checkpoint saves and a resume reads
+    (run.state; whale.py's loop and evaluation.py change it, a checkpoint writes it whole)."""
+    return {
+        "phase": phase,            # "A" (weights) or "B" (harness): what the loop runs next
+        "done": done,              # the budget is spent (or --method eval): only the final evaluation is left
+        "cycle": 0,                # harness phases finished (phase A of cycle c comes before phase B of cycle c)
+        "steps": 0,                # RSFT steps so far, over the whole run
+        "rollouts": 0,             # target rollouts spent (what the budget counts)
+        "harness": harness,        # the current harness's source (the incumbent of the last harness phase)
+        "loader": loader,          # phase A's prompt loader (rs_sft.new_loader): epoch and position
+        "phase_rewards": [],       # this weight phase's train reward per step (what a switch policy reads)
+        "evals": [],               # every evaluation point (evaluation.py): split, tag, mean, se, per question
+        "best_val": None,          # the best validation point so far, with its harness (best_val/ holds its weights)
+        "pending_eval": "initial", # the evaluation due before the loop goes on (a tag), or None
+        "seconds": 0.0,            # wall time so far, over every resume
+        "metrics_lines": 0,        # metrics.jsonl lines this state has seen (a resume cuts the file back to it)
+        "counters": dict.fromkeys(COUNTERS, 0),  # tokens, optimizer steps, proposer use, candidates
+        "kept_per_step": [], "trained_tokens_per_step": [], "capped_frac_per_step": [],  # phase A, per step
+        "replay": []}              # --replay-steps: the kept sequences of earlier steps the next step trains on
 
 
 class Run:
