@@ -22,7 +22,9 @@ from tests.helpers import TINY, run_whale, tiny_model, tiny_tokenizer, write_qwe
 # pytest-xdist (.ci/run: -n 2 --dist loadgroup): a test that takes a session fixture which is a whole
 # whale.py run or a download (SHARED_RUNS) runs on the worker of that fixture's group, so the run is
 # made once, not once per worker; the tests whose attacks aim at PWNED (/tmp/whale_pwned) share the
-# group "pwned". Computed here from each test's fixtures and source: no list kept by hand.
+# group "pwned". Computed here from each test's fixtures and source: no list kept by hand. (tryfirst:
+# xdist's worker reads the marks in its own pytest_collection_modifyitems, which must come after this.)
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     import inspect
     import re

@@ -251,6 +251,36 @@ class Tracker:
         self.backends = {}
 
 
+def log_bundle(run: Path, folder: Path) -> list[str]:
+    """An exported agent (tools/export.py) logged as the model artifact of the run's own tracker run
+    (tracker.json says which): MLflow, the folder's files under `agent/` of that run; W&B, an
+    artifact of type "model" in the resumed run. Returns the backends that took it; a backend the
+    run did not use is skipped, one that fails raises (export turns it into one line)."""
+    try:
+        saved = json.loads((run / "tracker.json").read_text())
+    except (OSError, ValueError):
+        return []
+    done = []
+    if saved.get("mlflow_run_id"):
+        from mlflow.tracking import MlflowClient
+        uri = os.environ.get("MLFLOW_TRACKING_URI")
+        if not uri:
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+            uri = (run / "mlruns").resolve().as_uri()
+        MlflowClient(tracking_uri=uri).log_artifacts(saved["mlflow_run_id"], str(folder), artifact_path="agent")
+        done.append("mlflow")
+    if (run / "wandb").is_dir() and saved.get("id"):
+        import wandb
+        wb = wandb.init(project=os.environ.get("WANDB_PROJECT", "whale"), id=saved["id"], resume="allow", dir=str(run),
+                        settings=wandb.Settings(console="off"))
+        artifact = wandb.Artifact(f"{saved['id']}-agent", type="model")
+        artifact.add_dir(str(folder))
+        wb.log_artifact(artifact)
+        wb.finish()
+        done.append("wandb")
+    return done
+
+
 def open_tracker(run: Path, args: dict) -> Tracker | None:
     """The run's tracker, or None for --tracker none (then nothing here is imported)."""
     return Tracker(run, args) if parse(args.get("tracker") or "none") else None

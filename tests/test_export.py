@@ -121,3 +121,25 @@ def test_the_exported_agent_answers_as_the_run_scored_it(tiny_reference, tmp_pat
     exported = run_agent.load_agent(tmp_path / "agent", sampling={"temperature": 0.0}).answer_all(questions, seed=0)
     assert [r["answer"] for r in exported] == [r.get("answer") for r in own]
     assert [r["score"] for r in exported] == [r["score"] for r in own]
+
+
+@pytest.mark.slow
+def test_the_exported_bundle_goes_to_the_runs_mlflow_run(tiny_reference, tmp_path):
+    """--to-tracker: the bundle becomes the model artifact (agent/...) of the run's own MLflow run, the
+    one tracker.json names; a second call with the same OUT logs without exporting again."""
+    pytest.importorskip("mlflow", reason="mlflow is not installed (rundir/requirements-track.txt)")
+    from mlflow.tracking import MlflowClient
+
+    from rundir import tracking
+    run = tmp_path / "run"
+    shutil.copytree(tiny_reference, run)
+    saved = {}
+    tracking.open_mlflow(run, {"method": "whale"}, "test-id", saved)  # as a --tracker mlflow run made it
+    (run / "tracker.json").write_text(json.dumps({**saved, "id": "test-id"}))
+    r = run_export(run, tmp_path / "agent", "--to-tracker")
+    assert r.returncode == 0 and "logged to the run's tracker: mlflow" in r.stdout, r.stdout + r.stderr
+    client = MlflowClient(tracking_uri=(run / "mlruns").resolve().as_uri())
+    names = {a.path for a in client.list_artifacts(saved["mlflow_run_id"], "agent")}
+    assert {"agent/agent.json", "agent/harness.py", "agent/model", "agent/README.md"} <= names
+    again = run_export(run, tmp_path / "agent", "--to-tracker")
+    assert again.returncode == 0 and "logging it only" in again.stdout

@@ -15,6 +15,8 @@ and a record of where they came from and how they scored.
                   test mean@k with its SE and question count, and the harness changes the sign
                   test accepted, with what each tried
   OUT/README.md   the same for a reader, and how to run it
+With --to-tracker the bundle is also logged as the model artifact of the run's own MLflow or W&B
+run (rundir/tracking.log_bundle).
 
 A run that has not finished is refused in one line (exit 2), or, with --unfinished, exported from
 its last checkpoint with a warning that agent.json and the README repeat. Everything is written
@@ -172,16 +174,33 @@ def main(argv=None) -> int:
     ap.add_argument("--checkpoint", choices=("final", "best_val"), default="final",
                     help="the run's last point, or the one chosen on validation")
     ap.add_argument("--unfinished", action="store_true", help="export a run that has not finished (its last checkpoint)")
+    ap.add_argument("--to-tracker", action="store_true", help="also log the bundle as the model artifact of the run's "
+                    "own --tracker run (MLflow, W&B: tracker.json says which)")
     a = ap.parse_args(argv)
+    out = Path(a.out)
     try:
-        out = export(a.run, a.out, a.checkpoint, a.unfinished)
+        if a.to_tracker and (out / "agent.json").exists() and \
+                read_json(out / "agent.json", "the export").get("run") == str(Path(a.run).resolve()):
+            print(f"{out} already holds this run's export: logging it only")
+        else:
+            out = export(a.run, a.out, a.checkpoint, a.unfinished)
     except ExportError as e:
         print(f"export: error: {e}", file=sys.stderr)
         return 2
     agent = json.loads((out / "agent.json").read_text())
     if agent.get("warning"):
         print(f"export: warning: {agent['warning']}", file=sys.stderr)
-    print(f"exported {a.run} ({a.checkpoint}) to {out}/: model/, harness.py, agent.json, README.md")
+    print(f"{a.run} ({agent['checkpoint']}) is in {out}/: model/, harness.py, agent.json, README.md")
+    if a.to_tracker:
+        from rundir import tracking
+        try:
+            took = tracking.log_bundle(Path(a.run), out)
+        except Exception as e:
+            print(f"export: error: the tracker did not take the bundle ({type(e).__name__}: {str(e)[:200]}); "
+                  f"{out} is whole; the same command again logs it", file=sys.stderr)
+            return 2
+        print(f"logged to the run's tracker: {', '.join(took)}" if took else
+              "export: the run has no tracker run (it ran without --tracker mlflow|wandb): nothing logged")
     return 0
 
 
