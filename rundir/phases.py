@@ -94,6 +94,12 @@ def phases(run_dir) -> list[dict]:
     return out
 
 
+def short(text: str, limit: int = 80) -> str:
+    """A note in a table cell: up to its first parenthesis (the primitives' failure counts), cut at a word."""
+    text = text.split(" (")[0].strip()
+    return text if len(text) <= limit else text[:limit].rsplit(" ", 1)[0] + " ..."
+
+
 def plural(n: int, word: str) -> str:
     return f"{n} {word}{'' if n == 1 else 's'}"
 
@@ -103,7 +109,7 @@ def what_it_did(p: dict) -> str:
     if p["phase"] == "A":
         return (f"{plural(p['steps'], 'RSFT step')}: kept {p['kept']} of {p['rollouts']} rollouts, trained on "
                 f"{p['trained_tokens']} tokens")
-    accepted = "; ".join(f"accepted {a['cand']} ({a['hypothesis'][:80] or a['axis']})" for a in p["accepted"])
+    accepted = "; ".join(f"accepted {a['cand']} ({short(a['hypothesis']) or a['axis']})" for a in p["accepted"])
     search = ("" if p["search_before"] is None else
               f"; search set {p['search_before']:.3f} -> {p['search_after']:.3f}")
     return (f"{plural(p['iterations'], 'iteration')}, {plural(p['candidates'], 'candidate')}; "
