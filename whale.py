@@ -41,10 +41,11 @@ def arg(default, help):
 class Args:
     domain: str = arg("searchqa", "task family: domains/<name>.py (searchqa, math, chess; template: the example to copy)")
     method: str = arg("whale", "whale | fst | weight-only | harness-only | stagewise | eval")
-    schedule: str = arg("fixed-steps:4,3", "switch policy: fixed:E,I (epochs) | fixed-steps:S,I | adaptive[:w=..] "
+    schedule: str = arg("fixed-steps:3,3", "switch policy: fixed:E,I (epochs) | fixed-steps:S,I | adaptive[:w=..] "
                                            "(I counts the incoming harness: 3 = two proposer iterations)")
-    budget: int = arg(1664, "total target rollouts (phase A + phase B), the same for every method (the default "
-                            "buys 4 + 2 RSFT steps of 128 and one harness phase of 1 + 2 x 3 candidates x 128)")
+    budget: int = arg(1408, "total target rollouts (phase A + phase B), the same for every method (the default "
+                            "buys 3 + 1 RSFT steps of 128 and one harness phase of 1 + 2 x 3 candidates x 128; "
+                            "sized to 15 min here: results/first-run/)")
     seed: int = arg(0, "seed for data order, sampling and proposals")
     out: str = arg("", "run directory (default runs/<domain>-<method>-s<seed>)")
     resume: str = arg("", "continue the run in this directory from its last checkpoint")
@@ -110,7 +111,7 @@ class Args:
     test_split: str = arg("test", "the split scored as 'test': test, or val to choose settings without "
                                   "ever reading the test split")
     val_n: int = arg(2, "samples per validation question")
-    val_limit: int = arg(32, "validation questions evaluated after every phase (0 = all)")
+    val_limit: int = arg(16, "validation questions evaluated after every phase (0 = all; 16: results/first-run/)")
     test_subset: int = arg(0, "also evaluate this many test questions after every phase (curves)")
 
 
