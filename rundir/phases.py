@@ -116,12 +116,27 @@ def what_it_did(p: dict) -> str:
             f"{accepted or 'nothing accepted'}{search}")
 
 
+def what_did_not_move(rows: list[dict]) -> list[str]:
+    """One line for each half that had nothing to work with: phase A without a kept rollout (the
+    verifier accepted none: at this scale, nothing to imitate), phase B without an accepted change."""
+    out = []
+    a = [p for p in rows if p["phase"] == "A"]
+    b = [p for p in rows if p["phase"] == "B"]
+    if a and not any(p["kept"] for p in a):
+        out.append("phase A kept no rollout (the verifier accepted none), so it trained on nothing: at this "
+                   "model size the domain's starting harness gives it nothing to imitate")
+    if b and not any(p["accepted"] for p in b):
+        out.append("phase B accepted no harness change: no candidate beat the incumbent by the sign test")
+    return out
+
+
 def table(run_dir, val_n: int) -> list[str]:
     """The closing table's lines: one per phase, with validation mean@val_n before -> after."""
     def val(x):
         return "  -  " if x is None else f"{x:.3f}"
     lines = [f"  {'phase':<6} {'val mean@' + str(val_n):<15} {'rollouts':>9} {'min':>5}  what it did"]
-    for p in phases(run_dir):
+    rows = phases(run_dir)
+    for p in rows:
         lines.append(f"  {p['phase'] + str(p['cycle']):<6} {val(p['val_before']) + ' -> ' + val(p['val_after']):<15} "
                      f"{p['rollouts_end'] - p['rollouts_start']:>9} {p['seconds'] / 60:>5.1f}  {what_it_did(p)}")
-    return lines
+    return lines + [f"  note: {x}" for x in what_did_not_move(rows)]

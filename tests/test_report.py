@@ -348,3 +348,18 @@ def test_the_closing_table_says_what_each_phase_did(tmp_path):
     assert len(rows) == 4 and "0.100 -> 0.200" in rows[1] and "kept 32 of 256 rollouts" in rows[1]
     assert "accepted cand_001 (RETRIEVAL: alternative 2/5" in rows[2] and "search set 0.050 -> 0.090" in rows[2]
     assert "0.250 ->   -" in rows[3]
+
+
+def test_the_closing_table_says_in_one_line_when_a_half_had_nothing_to_work_with(tmp_path):
+    """A chess-like run at this scale: phase A kept nothing and phase B accepted nothing; each says so."""
+    from rundir import phases
+    events = [dict(t=0.0, event="eval", split="val", tag="initial", cycle=0, rollouts=0, mean=0.0),
+              dict(t=5.0, event="rollout_step", cycle=0, step=1, rollouts=128, step_rollouts=128, kept=0,
+                   trained_tokens=0),
+              dict(t=6.0, event="eval", split="val", tag="A0", cycle=0, rollouts=128, mean=0.0),
+              dict(t=9.0, event="harness_iteration", cycle=0, rollouts=256, iteration=0, accepted=False,
+                   incumbent_success=0.0, test=None),
+              dict(t=9.5, event="eval", split="val", tag="B0", cycle=1, rollouts=256, mean=0.0)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    notes = [x for x in phases.table(tmp_path, 2) if x.strip().startswith("note:")]
+    assert len(notes) == 2 and "phase A kept no rollout" in notes[0] and "accepted no harness change" in notes[1]
