@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The first run's procedure (results/first-run/README.md).
-#   bash results/first-run/run.sh time    # the default searchqa run, timed, cold cache
+#   bash results/first-run/run.sh time [DOMAIN]   # the default run (searchqa unless named), timed, cold cache
 #   bash results/first-run/run.sh int8    # the paired fp32 / int8 validation check (rule 2)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -8,11 +8,13 @@ out=${OUT:-/tmp/whale-first-run}
 mkdir -p "$out"
 case "${1:-}" in
   time)
-    rm -rf "$out/cache" "$out/run"
-    WHALE_CACHE=$out/cache /usr/bin/time -v -o "$out/time.txt" python whale.py --domain searchqa --out "$out/run" \
-        2>&1 | tee "$out/console.log"
-    grep -E "Elapsed|Maximum resident" "$out/time.txt"
-    du -sh "$out/run" ;;
+    domain=${2:-searchqa}
+    run=$out/run${2:+-$2}
+    rm -rf "$out/cache" "$run"
+    WHALE_CACHE=$out/cache /usr/bin/time -v -o "$run.time.txt" python whale.py --domain "$domain" --out "$run" \
+        2>&1 | tee "$run.console.log"
+    grep -E "Elapsed|Maximum resident" "$run.time.txt"
+    du -sh "$run" ;;
   int8)
     for p in fp32 int8; do
       [ -f "$out/val-$p/summary.json" ] || python whale.py --domain searchqa --method eval --test-split val \
