@@ -654,7 +654,7 @@ def broken_model(tiny_models, tmp_path, case):
     ("", "template", "has no chat template"),  # --chat-format template for a base model
 ])
 def test_bad_model_is_found_by_check_args(tiny_models, own_cache, tmp_path, case, chat_format, needle):
-    a = whale.Args(model=broken_model(tiny_models, tmp_path, case), chat_format=chat_format)
+    a = whale.Args(model=broken_model(tiny_models, tmp_path, case), chat_format=chat_format, train_layers=4)
     with pytest.raises(run_setup.UserError) as e:
         run_setup.check_args(a, whale.METHODS, switch.check)
     assert needle in str(e.value) and "\n" not in str(e.value), str(e.value)
