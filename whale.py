@@ -161,10 +161,12 @@ class Context:
     ddp_model: object | None   # the DDP wrapper under torchrun, else None
 
 
-def phase_a_config(args: Args):
-    """rs_sft.Config from the command line: Args holds every default, the names are the same."""
+def phase_a_config(args: Args, **changes):
+    """rs_sft.Config from the command line (Args holds every default, the names are the same), with
+    `changes` on top (a fork's loss_fn, a test's minibatch)."""
     import rs_sft
-    return rs_sft.Config(**{f.name: getattr(args, f.name) for f in fields(rs_sft.Config) if f.name != "loss_fn"})
+    settings = {f.name: getattr(args, f.name) for f in fields(rs_sft.Config) if f.name != "loss_fn"}
+    return rs_sft.Config(**{**settings, **changes})
 
 
 def main(args: Args):

@@ -4,7 +4,6 @@ check_run (what every run directory must hold), the in-process harness kit (load
 scripted_llm, FakeTools), a tiny random causal LM, stand-in agents and their archives.
 """
 import ast
-import dataclasses
 import http.server
 import json
 import os
@@ -40,7 +39,7 @@ TINY = ["--budget", "32", "--prompts-per-step", "2", "--group", "4", "--candidat
 
 def sft_cfg(**overrides):
     """rs_sft.Config as whale.py builds it from the default command line, with these fields changed."""
-    return dataclasses.replace(whale.phase_a_config(whale.Args()), **overrides)
+    return whale.phase_a_config(whale.Args(), **overrides)
 
 
 def run_whale(*args, timeout=900, env=None):

@@ -41,12 +41,11 @@ from tests.helpers import E2E, ROOT, TINY_CONVERSATIONS, e2e_run, run_whale
 DDP_SCRIPT = textwrap.dedent(r"""
     import json, os, sys
     import torch
-    import dataclasses
     import rs_sft, whale
     from lm import engine, models
     from rundir import ddp
     rank, world, device = ddp.ddp_setup("cpu")
-    sft_cfg = lambda **kw: dataclasses.replace(whale.phase_a_config(whale.Args()), **kw)
+    sft_cfg = lambda **kw: whale.phase_a_config(whale.Args(), **kw)
     model, tok = models.load_model("embedded")
     texts = [("What is 2+3?", "2+3 = 5."), ("Name a colour.", "Blue."), ("Capital of France?", "Paris."),
              ("Say hi.", "Hello there, friend!"), ("Largest planet?", "Jupiter is the largest planet."),

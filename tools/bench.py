@@ -547,10 +547,8 @@ def deadline(e, n_questions, n_puzzles, flood_deadline=30.0):
 
 def sft_config(**overrides):
     """Phase A's settings as whale.py builds them from its default command line, these changed."""
-    import dataclasses
-
     import whale
-    return dataclasses.replace(whale.phase_a_config(whale.Args()), **overrides)
+    return whale.phase_a_config(whale.Args(), **overrides)
 
 
 def sft(model, prompts, q, peak):
