@@ -33,7 +33,7 @@ One harness phase = one search = one archive directory on disk:
 The archive (cand_NNN/ with harness.py, meta.json, scores.json, traces.jsonl; summary.jsonl,
 iterations.jsonl, ...) is everything a proposer may read: harness-split traces, never the reference
 answers or the test split. Beside it, the parent's ledger: every score measured and incumbent
-chosen, which is all selection trusts. Their layout and readers: harness_archive.py.
+chosen, which is all selection trusts. Their layout and readers: harness_search/harness_archive.py.
 
 Resuming: call search_phase again on the same archive_dir. Finished candidates (scores.json or
 invalid.txt) are reused, candidates proposed but not finished are finished without asking the
@@ -49,12 +49,12 @@ Events (to `log`, one dict each): harness_candidate (scored or invalid, with the
 proposer_error, proposer_backoff, archive_integrity, harness_iteration, harness_phase_end
 (with the reason).
 
-Reading harness source (names, splice, duplicates, the static check) is harness_source.py.
-What it leaves out: running harness code (sandbox.py, behind the run_candidate/validate_run
-callables the lead passes in), the model (engine.py), when to switch (switch.py), parallel
-proposer calls, the proposers themselves (proposers.py). Selection reads only the ledger this
+Reading harness source (names, splice, duplicates, the static check) is harness_search/harness_source.py.
+What it leaves out: running harness code (jail/sandbox.py, behind the run_candidate/validate_run
+callables the lead passes in), the model (lm/engine.py), when to switch (switch.py), parallel
+proposer calls, the proposers themselves (harness_search/proposers.py). Selection reads only the ledger this
 module writes; the command proposer's coding agent works in a copy of the archive, never in
-this directory (agent_proposer.py says how that is enforced and checked).
+this directory (harness_search/agent_proposer.py says how that is enforced and checked).
 """
 
 import json

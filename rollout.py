@@ -4,8 +4,8 @@ Rollouts: run one harness over examples x n samples, verify, and score mean@k.
 This is the one path phase A (training rollouts), phase B (scoring harness
 candidates) and evaluation (mean@8 on val/test) all share, so that the three
 always mean the same thing by "a rollout":
-  harness code runs in the sandbox child (sandbox.py), its llm() calls come
-  back to us in batches and are sampled by the engine (engine.py), its tool
+  harness code runs in the sandbox child (jail/sandbox.py), its llm() calls come
+  back to us in batches and are sampled by the engine (lm/engine.py), its tool
   calls run here against the domain's tools, and the domain's verifier scores
   the answer here. The reference answer never leaves this process.
 
