@@ -1878,6 +1878,12 @@ def test_a_finished_full_fine_tuning_run_keeps_its_weights_once_in_bfloat16(tmp_
     back = type(model).from_pretrained(run / "checkpoint", dtype=torch.float32)
     for (name, p), q in zip(model.named_parameters(), back.parameters()):
         assert q.dtype == torch.float32 and torch.equal(p.detach().to(torch.bfloat16).float(), q.detach()), name
+    same = tmp_path / "same"  # the same weights written twice (nothing trained between): one file too
+    model.save_pretrained(same / "checkpoint")
+    model.save_pretrained(same / "best_val")
+    run_dir.halve_weights(same)
+    assert (same / "checkpoint" / "model.safetensors").stat().st_ino == \
+        (same / "best_val" / "model.safetensors").stat().st_ino
     other = tiny_lm(seed=1)  # best_val an earlier point: its own file, halved too
     other.save_pretrained(run / "best_val")
     run_dir.halve_weights(run)

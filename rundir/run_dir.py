@@ -213,19 +213,25 @@ def copy_checkpoint(run: Path, src: str, dst: str):
 
 
 def halve_weights(run: Path):
-    """checkpoint/ and best_val/'s model.safetensors in bfloat16, each distinct file once (the two
-    share one when best-on-validation is the last point): half the disk of a finished full
+    """checkpoint/ and best_val/'s model.safetensors in bfloat16, each distinct content once (the two
+    share one file when best-on-validation is the last point, or when nothing trained between them): half the disk of a finished full
     fine-tuning run (270 MB a point for the 135M model, not 540). Only for a finished run: a
     resume of it loads them back into fp32 and only reports; an unfinished run keeps fp32, so that
     its resume is exact. Atomic per file; trained-block checkpoints (--train-layers K) are small
     and stay as they are."""
     from safetensors import safe_open
     from safetensors.torch import load_file, save_file
+    def content(f):  # (the same bytes in two files: a run whose updates all were skipped)
+        h = hashlib.sha256()
+        with open(f, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 24), b""):
+                h.update(block)
+        return h.hexdigest()
     by_file = {}
     for name in ("checkpoint", "best_val"):
         f = run / name / "model.safetensors"
         if f.exists():
-            by_file.setdefault(f.stat().st_ino, []).append(f)
+            by_file.setdefault(content(f), []).append(f)
     for files in by_file.values():
         with safe_open(files[0], "pt") as src:
             meta = src.metadata() or {}
