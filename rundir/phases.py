@@ -10,33 +10,16 @@ report.html. A reader sees at once whether the weights or the harness moved the 
 Only what the run logged is shown: a phase without a validation point after it (a run stopped
 in it) has no "after". Left out: per-step detail (metrics.jsonl and the report have it).
 """
-import json
 from pathlib import Path
 
-
-def read_events(run_dir) -> list[dict]:
-    """metrics.jsonl as dicts (a torn last line skipped)."""
-    out = []
-    path = Path(run_dir) / "metrics.jsonl"
-    for line in path.read_text(errors="replace").splitlines() if path.exists() else []:
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            continue
-    return out
+from harness_search.harness_archive import read_jsonl  # a line cut by a crash is skipped
 
 
 def hypotheses(run_dir, cycle: int) -> dict:
-    """{candidate: (axis, hypothesis)} of the harness phase of this cycle, from its archive."""
-    path = Path(run_dir) / "archive" / f"phase{cycle:02d}" / "summary.jsonl"
-    out = {}
-    for line in path.read_text(errors="replace").splitlines() if path.exists() else []:
-        try:
-            c = json.loads(line)
-        except ValueError:
-            continue
-        out[c.get("cand")] = (c.get("axis"), c.get("note") or c.get("hypothesis") or "")
-    return out
+    """{candidate: (axis, what it tried)} of the harness phase of this cycle, from its archive: the
+    proposer's note (the primitives' swap, an LLM's stated idea), else the harness's docstring line."""
+    return {c.get("cand"): (c.get("axis"), c.get("note") or c.get("hypothesis") or "")
+            for c in read_jsonl(Path(run_dir) / "archive" / f"phase{cycle:02d}" / "summary.jsonl")}
 
 
 def phases(run_dir) -> list[dict]:
@@ -49,7 +32,7 @@ def phases(run_dir) -> list[dict]:
                     val_after=None, steps=0, kept=0, rollouts=0, trained_tokens=0, iterations=0, candidates=0,
                     accepted=[], search_before=None, search_after=None)
 
-    for e in read_events(run_dir):
+    for e in read_jsonl(Path(run_dir) / "metrics.jsonl"):  # (a line cut by a kill is skipped)
         kind = e.get("event")
         if kind == "rollout_step":
             if current is None or current["phase"] != "A":

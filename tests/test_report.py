@@ -344,10 +344,9 @@ def test_the_closing_table_says_what_each_phase_did(tmp_path):
     assert b["accepted"] == [dict(cand="cand_001", axis="RETRIEVAL", hypothesis="RETRIEVAL: alternative 2/5 on cand_000")]
     assert (b["val_before"], b["val_after"], b["rollouts_start"], b["rollouts_end"]) == (0.2, 0.25, 256, 512)
     assert (a2["cycle"], a2["val_before"], a2["val_after"], a2["rollouts_end"]) == (1, 0.25, None, 640)
-    rows = phases.table(tmp_path, 2)
-    assert len(rows) == 4 and "0.100 -> 0.200" in rows[1] and "kept 32 of 256 rollouts" in rows[1]
-    assert "accepted cand_001 (RETRIEVAL: alternative 2/5" in rows[2] and "search set 0.050 -> 0.090" in rows[2]
-    assert "0.250 ->   -" in rows[3]
+    rows = phases.table(tmp_path, 2)  # (the numbers each row must carry; its wording is free)
+    assert len(rows) == 4 and all(x in rows[1] for x in ("0.100", "0.200", "32", "256", "800"))
+    assert all(x in rows[2] for x in ("cand_001", "RETRIEVAL", "0.050", "0.090")) and "0.250" in rows[3]
 
 
 def test_the_closing_table_says_in_one_line_when_a_half_had_nothing_to_work_with(tmp_path):
@@ -362,4 +361,4 @@ def test_the_closing_table_says_in_one_line_when_a_half_had_nothing_to_work_with
               dict(t=9.5, event="eval", split="val", tag="B0", cycle=1, rollouts=256, mean=0.0)]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
     notes = [x for x in phases.table(tmp_path, 2) if x.strip().startswith("note:")]
-    assert len(notes) == 2 and "phase A kept no rollout" in notes[0] and "accepted no harness change" in notes[1]
+    assert len(notes) == 2 and "phase A" in notes[0] and "phase B" in notes[1]
