@@ -635,6 +635,32 @@ def test_a_run_from_before_a_setting_existed_resumes_as_it_ran(tmp_path):
     assert set(run_setup.ADDED_LATER) <= set(vars(whale.Args()))
 
 
+def test_a_domains_own_defaults_apply_to_it_alone_and_the_command_line_overrides_them(tmp_path, capsys):
+    """domains/<name>.py DEFAULTS (chess's run size): `--domain chess` gets them, another domain gets
+    whale.Args', a flag given beats both, --help shows both, and a chess run from before the domain
+    had DEFAULTS resumes with `--domain chess` as it ran (the new defaults are not taken for flags)."""
+    from domains import chess
+    assert chess.DEFAULTS and set(chess.DEFAULTS) <= set(vars(whale.Args()))
+    a = run_setup.parse_args(whale.Args, ["--domain", "chess"])
+    assert {k: getattr(a, k) for k in chess.DEFAULTS} == chess.DEFAULTS
+    run_setup.check_args(a, whale.METHODS, switch.check)  # the domain's own size is a valid run
+    plain = run_setup.parse_args(whale.Args, ["--domain", "searchqa"])
+    assert {k: getattr(plain, k) for k in chess.DEFAULTS} == {k: getattr(whale.Args(), k) for k in chess.DEFAULTS}
+    k = next(iter(chess.DEFAULTS))
+    flag, value = "--" + k.replace("_", "-"), str(getattr(whale.Args(), k))
+    assert str(getattr(run_setup.parse_args(whale.Args, ["--domain", "chess", flag, value]), k)) == value
+    with pytest.raises(SystemExit):
+        run_setup.parse_args(whale.Args, ["--help"])
+    assert f"chess: {chess.DEFAULTS[k]}" in capsys.readouterr().out
+    run = tmp_path / "chess-run"
+    run.mkdir()
+    before = vars(whale.Args(domain="chess"))
+    (run / "config.json").write_text(json.dumps(before))
+    _, resumed = run_setup.open_run(run_setup.parse_args(whale.Args, ["--resume", str(run), "--domain", "chess"]),
+                                    whale.METHODS, switch.check)
+    assert vars(resumed) == {**before, "resume": str(run)}
+
+
 def test_a_near_miss_gets_a_second_look_on_the_confirmation_block(tmp_path):
     """The sign test's second look (meta_harness.CONFIRM_P): a top candidate that wins 2 to 0 on
     the search block (p 0.25 > alpha 0.2) is scored with the incumbent on the confirmation block,

@@ -2,8 +2,8 @@
 example to copy). Each holds its data splits, tools, verifier, seed harness <name>_h0.py and the
 axes the harness search may change (a long menu of them may live in <name>_menu.py).
 
-This file holds what they share: the list of domain names (what --domain accepts) and the record
-check every load_split of a data file runs, so that a data file a fork brings (WHALE_DATA) fails
+This file holds what they share: the list of domain names (what --domain accepts), the settings
+a domain sets for itself (defaults: a domain file's DEFAULTS), and the record check every load_split of a data file runs, so that a data file a fork brings (WHALE_DATA) fails
 with one clear line at start-up, not a KeyError in the middle of a run.
 """
 from pathlib import Path
@@ -14,6 +14,16 @@ def names():
     (<name>_menu.py) and _private files."""
     return sorted(p.stem for p in Path(__file__).parent.glob("*.py")
                   if not p.stem.startswith("_") and not p.stem.endswith(("_h0", "_menu")))
+
+
+def defaults(name) -> dict:
+    """The settings a domain sets for itself (its DEFAULTS dict, e.g. chess's run size): they replace
+    whale.Args' defaults for that domain, and a flag on the command line replaces both. {} for a
+    domain without DEFAULTS or a name that is not a domain (the command-line check names it)."""
+    if name not in names():
+        return {}
+    import importlib
+    return dict(getattr(importlib.import_module(f"domains.{name}"), "DEFAULTS", {}))
 
 
 def check_records(records, path, task_keys, answer_keys):

@@ -25,21 +25,35 @@ class UserError(Exception):
 
 def parse_args(args_class, argv=None, description=""):
     """The command line as an args_class (whale.Args): one flag per field, its help string from the
-    field's metadata. argparse's own errors (--budget abc, --nosuch) become one UserError line."""
+    field's metadata. A value comes from the command line, else from the domain's own DEFAULTS
+    (domains/<name>.py, e.g. chess's run size), else from args_class. argparse's own errors
+    (--budget abc, --nosuch) become one UserError line."""
     import argparse
     import dataclasses
 
     def one_line(message):  # (argparse would print its whole usage and exit)
         raise UserError(f"{message} (python whale.py --help lists the flags)")
-    p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawTextHelpFormatter)
+    by_domain = {d: domains.defaults(d) for d in domains.names()}
+    p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawTextHelpFormatter,
+                                argument_default=argparse.SUPPRESS)  # only what the command line gives
     p.error = one_line
     for f in dataclasses.fields(args_class):
-        shown = f" [default: {f.default}]" if f.default != "" else ""
+        shown = "; ".join([f"default: {f.default}"] * (f.default != "")
+                          + [f"{d}: {v[f.name]}" for d, v in by_domain.items() if f.name in v])
+        shown = f" [{shown}]" if shown else ""
         repeatable = f.name == "proposer_env"  # (the one flag that may be given several times)
-        p.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=None if repeatable else f.default,
-                       help=f.metadata["help"] + shown, action="append" if repeatable else "store")
-    a = vars(p.parse_args(argv))
-    a["proposer_env"] = ",".join(x.strip() for v in a["proposer_env"] or [] for x in v.split(",") if x.strip())
+        p.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), help=f.metadata["help"] + shown,
+                       action="append" if repeatable else "store")
+    given = vars(p.parse_args(argv))
+    a = {f.name: f.default for f in dataclasses.fields(args_class)}
+    domain_defaults = by_domain.get(given.get("domain", a["domain"]), {})
+    unknown = sorted(set(domain_defaults) - set(a))
+    if unknown:  # a fork's typo in a domain file, not the user's: still one line
+        raise UserError(f"domains/{given.get('domain', a['domain'])}.py: DEFAULTS names no flag: {', '.join(unknown)}")
+    a.update(domain_defaults)
+    a.update(given)
+    if "proposer_env" in given:
+        a["proposer_env"] = ",".join(x.strip() for v in given["proposer_env"] for x in v.split(",") if x.strip())
     return args_class(**a)
 
 
@@ -326,10 +340,11 @@ def open_run(a, methods, check_schedule):
         for k in ("domain", "method", "seed"):
             if getattr(a, k) != getattr(Args(), k) and getattr(a, k) != saved.get(k):
                 raise UserError(f"--resume {run}: that is a {k}={saved.get(k)} run, not {k}={getattr(a, k)}")
+        default = {**vars(Args()), **domains.defaults(a.domain)}  # what parse_args gave the flags not given
         hardware = {k: getattr(a, k) for k in ("device", "engine", "tp", "tracker")  # (and where it reports to)
-                    if getattr(a, k) != getattr(Args(), k)}
+                    if getattr(a, k) != default[k]}
         for k, v in vars(a).items():  # a resumed run keeps its settings (the hardware it runs on may change)
-            if k not in ("resume", "out", "domain", "method", "seed", *hardware) and v != getattr(Args(), k) \
+            if k not in ("resume", "out", "domain", "method", "seed", *hardware) and v != default[k] \
                     and v != saved.get(k):
                 raise UserError(f"--resume {run}: --{k.replace('_', '-')} cannot change on resume "
                                 f"(the run has {saved.get(k)!r})")

@@ -22,6 +22,9 @@ Prints one `name: value` line per measurement:
     turn) with those replies asked as one llm(..., n=5) call vs as 5 llm() calls, the same seeds;
   - memory (only with --only memory): peak RSS of one long-context evaluation (16 questions x 8)
     per sampler, each in its own process: landed, fast with a cache copy per row, fast;
+  - hugepages (only with --only hugepages): a small whale run (the default's phases, smaller) in
+    a fresh process with transparent huge pages for torch's tensors off and on (whale.py turns
+    them on: THP_MEM_ALLOC_ENABLE=1), wall and system seconds and page faults, and their ratio;
   - deadline (only with --only deadline): what rollouts are charged against their
     deadline (own time + tools + their share of each model batch) in a real evaluation,
     64 searchqa questions x 8 = one 512-rollout wave and 16 chess puzzles x 8 (multi-turn,
@@ -35,6 +38,7 @@ Prints one `name: value` line per measurement:
     python tools/bench.py --only eval --harnesses '' --phase-a study  # one phase-A step of the study's regime
     python tools/bench.py --only memory           # peak memory per sampler (~10 min on 2 cores)
     python tools/bench.py --only vote --questions 16  # llm(n=5) vs 5 calls in the voting harness
+    python tools/bench.py --only hugepages        # a small whale run, huge pages off vs on (~15 min on 2 cores)
 
 The limit (eval section): on a CPU a rollout's time is matmul time, so no sampler can beat
 (matmul peak) / (the FLOPs the rollouts need): 2N per prompt position, a prefix shared by
@@ -142,13 +146,13 @@ def main():
                     help="eval: the new-token cap of each rollout (whale.py's --max-tokens; the CPU dry run of gpu_check.sh: 16)")
     ap.add_argument("--questions", type=int, default=0,
                     help="eval: test questions x 8 (default 64, 8 with --quick; phase A: a quarter of it); "
-                         "memory and vote: 16, 4 with --quick")
+                         "memory and vote: 16, 4 with --quick; hugepages: 8, 4 with --quick")
     ap.add_argument("--memory-child", default="", help=argparse.SUPPRESS)  # memory(): one run in its own process
     args = ap.parse_args()
     if args.memory_child:
         return memory_child(args.memory_child, args.model, args.questions)
     only = set(args.only.split(","))
-    sections = {"rollout", "decode", "sandbox", "multiturn", "sft", "deadline", "eval", "memory", "vote"}
+    sections = {"rollout", "decode", "sandbox", "multiturn", "sft", "deadline", "eval", "memory", "vote", "hugepages"}
     if only - sections:
         print(f"bench.py: unknown section(s) {', '.join(sorted(only - sections))}; "
               f"choose from {', '.join(sorted(sections))}", file=sys.stderr)
@@ -191,6 +195,8 @@ def main():
         memory(args.model, args.questions or (4 if q else 16))
     if "vote" in only:
         vote(e, args.questions or (4 if q else 16), args.max_tokens)
+    if "hugepages" in only:
+        hugepages(args.questions or (4 if q else 8))
     if "eval" in only:  # restores the weights it trains
         n_q = args.questions or (8 if q else 64)
         eval_workload(model, tok, n_q, max(1, n_q // 4), args.harnesses.split(","), PHASE_A[args.phase_a],
@@ -517,6 +523,52 @@ def memory_child(sampler, model_name, n_questions):
                            sampling={"temperature": 0.3, "top_k": 20, "top_p": 1.0}, max_tokens=48)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6
     print(json.dumps({"peak_gb": peak, "model_gb": base, "seconds": res["seconds"], "mean": res["mean"]}))
+
+
+def hugepages(n_questions):
+    """Transparent huge pages for torch's tensors, off vs on, on the run itself: `python whale.py
+    --domain searchqa` at the default's settings but smaller (2 + 1 RSFT steps of 8 prompts x 8, one
+    harness phase of two candidates on 16 examples x 2, test n_questions x 8), each in a fresh process, in the order off,
+    on, on, off (a drift of the machine's load hits both sides alike).
+
+    Why it matters: every sandbox child is forked from the run's process, and a fork write-protects
+    each page the process holds (weights, AdamW state, caches: GBs in full fine-tuning), so the run
+    then takes a fault on every page it writes again; at 2 MB a page there are 512 times fewer, and
+    the fork copies 512 times fewer page-table entries. The same tokens either way (the tensors'
+    values do not depend on where they live), checked on the runs' final test means.
+    Prints hugepages_<off|on>_seconds (wall, the better of two), _sys_seconds, _minor_faults (of the
+    run and its sandbox children, the same run), then hugepages_speedup (off / on wall)."""
+    import json
+    import resource
+    import shutil
+    import subprocess
+    import tempfile
+    cmd = [sys.executable, str(ROOT / "whale.py"), "--domain", "searchqa", "--budget", "288", "--schedule",
+           "fixed-steps:2,2", "--prompts-per-step", "8", "--test-limit", str(n_questions), "--val-limit", "8",
+           "--harness-examples", "16", "--candidates", "2", "--confirm-examples", "0"]
+    res = {"0": [], "1": []}
+    for thp in ("0", "1", "1", "0"):
+        out = tempfile.mkdtemp(prefix="whale-bench-hugepages-")
+        os.makedirs(f"{out}/cache")  # a cold evaluation cache each time, the model converted once
+        os.symlink(models.embedded_model_dir(), f"{out}/cache/{models.embedded_model_dir().name}")
+        r0, t = resource.getrusage(resource.RUSAGE_CHILDREN), time.time()
+        done = subprocess.run(cmd + ["--out", f"{out}/run"], capture_output=True, text=True,
+                              env={**os.environ, "THP_MEM_ALLOC_ENABLE": thp, "WHALE_CACHE": f"{out}/cache"})
+        wall, r1 = time.time() - t, resource.getrusage(resource.RUSAGE_CHILDREN)
+        if done.returncode:
+            raise SystemExit(f"bench.py: the whale run (huge pages {thp}) failed:\n{done.stderr[-2000:]}")
+        final = json.loads(Path(f"{out}/run/summary.json").read_text())["test_mean8_final"]
+        shutil.rmtree(out)
+        res[thp].append(dict(wall=wall, sys=r1.ru_stime - r0.ru_stime, faults=r1.ru_minflt - r0.ru_minflt, final=final))
+    for thp, name in (("0", "off"), ("1", "on")):
+        best = min(res[thp], key=lambda r: r["wall"])
+        walls = ", ".join(f"{r['wall']:.1f}" for r in res[thp])
+        print(f"hugepages_{name}_seconds: {best['wall']:.1f} (the two runs: {walls})")
+        print(f"hugepages_{name}_sys_seconds: {best['sys']:.1f}")
+        print(f"hugepages_{name}_minor_faults: {best['faults']}")
+    finals = {r["final"] for rs in res.values() for r in rs}
+    print(f"hugepages_final_test_means: {', '.join(f'{x:.4f}' for x in sorted(finals))} (one value: the same run)")
+    print(f"hugepages_speedup: {min(r['wall'] for r in res['0']) / min(r['wall'] for r in res['1']):.2f} (off / on wall)")
 
 
 def deadline(e, n_questions, n_puzzles, flood_deadline=30.0):
