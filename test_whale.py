@@ -1886,6 +1886,28 @@ def test_eval_key_changes_with_the_scoring_code_and_the_data_and_nothing_else(tm
     assert key(domain=generated) != k1
 
 
+def test_a_checkpoint_after_no_update_links_the_weights_and_optimizer_state_and_resumes_the_same(tmp_path):
+    """run_dir.save_checkpoint with model_changed=False (after an evaluation or a harness phase):
+    the weights and the optimizer's state (1 GB at full fine-tuning) are hard links to the last
+    checkpoint's, not new copies; after an update both are written anew; each loads back as saved."""
+    model = tiny_lm()
+    engine = types.SimpleNamespace(model=model, tokenizer=types.SimpleNamespace(save_pretrained=lambda d: None))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.tensor([[1, 2, 3]])).logits.sum().backward()
+    opt.step()
+    files = lambda: [tmp_path / "checkpoint" / f for f in ("model.safetensors", "optimizer.pt")]
+    run_dir.save_checkpoint(tmp_path, engine, opt, {"n": 1}, model_changed=True)
+    first = [f.stat().st_ino for f in files()]
+    run_dir.save_checkpoint(tmp_path, engine, opt, {"n": 2}, model_changed=False)
+    assert [f.stat().st_ino for f in files()] == first
+    assert json.loads((tmp_path / "checkpoint" / "state.json").read_text()) == {"n": 2}
+    opt.step()  # an update: both written anew
+    run_dir.save_checkpoint(tmp_path, engine, opt, {"n": 3}, model_changed=True)
+    assert all(f.stat().st_ino != i for f, i in zip(files(), first))
+    saved = torch.load(files()[1], weights_only=True)
+    assert all(torch.equal(a, b) for a, b in zip(saved["state"][0].values(), opt.state_dict()["state"][0].values()))
+
+
 def test_a_finished_full_fine_tuning_run_keeps_its_weights_once_in_bfloat16(tmp_path):
     """run_dir.halve_weights (a finished run's last step): checkpoint/ and best_val/ holding the same
     point share one bfloat16 file; a different best_val point gets its own; both load back into an

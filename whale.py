@@ -22,12 +22,12 @@ purpose: multi-node training and asynchronous rollouts. Data-parallel phase A ru
 """
 import os
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # spinning OpenMP threads starve the sandbox child
-# Tensors of 2 MB and more on transparent huge pages (torch reads this once, at its first allocation).
-# Every sandbox child is forked from this process, and a fork write-protects each page the run holds
-# (weights, AdamW state, caches: GBs), so the run then faults once per page it writes again; with 2 MB
-# pages that is 512 times fewer faults (tools/bench.py --only hugepages measures the run with and without).
-os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
+# OpenMP threads wait for the next parallel region by spinning briefly, then sleeping: 20,000 spins.
+# Sleeping at once (OMP_WAIT_POLICY=PASSIVE) costs a futex wake-up per region, and a decode step has
+# hundreds: 1.3x the time of an evaluation; spinning long (libgomp's default) would take the cores from
+# the sandbox child and from a second run (tools/bench.py --only omp measures it).
+if "OMP_WAIT_POLICY" not in os.environ:  # (a policy the user sets is theirs)
+    os.environ.setdefault("GOMP_SPINCOUNT", "20000")
 import importlib
 import sys
 import types

@@ -153,7 +153,7 @@ def save_checkpoint(run: Path, engine, optimizer, state: dict, name: str = "chec
                  fingerprint of the weights they sit on, which every load checks);
       "none"     no weights and no optimizer (--method eval: nothing trains).
     When the model did not change since the last checkpoint (a harness phase, an evaluation),
-    the weights file is hard-linked instead of written again."""
+    the weights file and the optimizer's state are hard-linked instead of written again."""
     target = run / name
     tmp = Path(tempfile.mkdtemp(dir=run, prefix=f".{name}.tmp"))
     if weights == "all":
@@ -175,7 +175,11 @@ def save_checkpoint(run: Path, engine, optimizer, state: dict, name: str = "chec
                       tmp / "trained.safetensors")
         write_json(tmp / "base.json", base)
     if optimizer is not None and weights != "none":
-        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        old_optimizer = target / "optimizer.pt"
+        if not model_changed and old_optimizer.exists():  # no step since: the same state (1 GB at full fine-tuning)
+            os.link(old_optimizer, tmp / "optimizer.pt")
+        else:
+            torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
     write_json(tmp / "state.json", state)
     crash_point("checkpoint")
     old = run / f".{name}.old"

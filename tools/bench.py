@@ -22,9 +22,9 @@ Prints one `name: value` line per measurement:
     turn) with those replies asked as one llm(..., n=5) call vs as 5 llm() calls, the same seeds;
   - memory (only with --only memory): peak RSS of one long-context evaluation (16 questions x 8)
     per sampler, each in its own process: landed, fast with a cache copy per row, fast;
-  - hugepages (only with --only hugepages): a small whale run (the default's phases, smaller) in
-    a fresh process with transparent huge pages for torch's tensors off and on (whale.py turns
-    them on: THP_MEM_ALLOC_ENABLE=1), wall and system seconds and page faults, and their ratio;
+  - omp (only with --only omp): how OpenMP's threads wait between parallel regions, searchqa h0
+    evaluated in fresh processes with OMP_WAIT_POLICY=PASSIVE (sleep at once) and with
+    GOMP_SPINCOUNT=20000 (whale.py's: spin briefly, then sleep): rollouts/s, context switches, ratio;
   - deadline (only with --only deadline): what rollouts are charged against their
     deadline (own time + tools + their share of each model batch) in a real evaluation,
     64 searchqa questions x 8 = one 512-rollout wave and 16 chess puzzles x 8 (multi-turn,
@@ -38,7 +38,7 @@ Prints one `name: value` line per measurement:
     python tools/bench.py --only eval --harnesses '' --phase-a study  # one phase-A step of the study's regime
     python tools/bench.py --only memory           # peak memory per sampler (~10 min on 2 cores)
     python tools/bench.py --only vote --questions 16  # llm(n=5) vs 5 calls in the voting harness
-    python tools/bench.py --only hugepages        # a small whale run, huge pages off vs on (~15 min on 2 cores)
+    python tools/bench.py --only omp              # OpenMP threads sleeping at once vs spinning briefly (~2 min)
 
 The limit (eval section): on a CPU a rollout's time is matmul time, so no sampler can beat
 (matmul peak) / (the FLOPs the rollouts need): 2N per prompt position, a prefix shared by
@@ -59,7 +59,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # `python tools/x.py` imports the repository's modules
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+if "OMP_WAIT_POLICY" not in os.environ:  # as whale.py does (the omp section compares)
+    os.environ.setdefault("GOMP_SPINCOUNT", "20000")
 import torch
 
 from lm import engine as eng
@@ -146,13 +147,16 @@ def main():
                     help="eval: the new-token cap of each rollout (whale.py's --max-tokens; the CPU dry run of gpu_check.sh: 16)")
     ap.add_argument("--questions", type=int, default=0,
                     help="eval: test questions x 8 (default 64, 8 with --quick; phase A: a quarter of it); "
-                         "memory and vote: 16, 4 with --quick; hugepages: 8, 4 with --quick")
+                         "memory and vote: 16, 4 with --quick")
     ap.add_argument("--memory-child", default="", help=argparse.SUPPRESS)  # memory(): one run in its own process
+    ap.add_argument("--omp-child", action="store_true", help=argparse.SUPPRESS)  # omp(): one evaluation in its own process
     args = ap.parse_args()
     if args.memory_child:
         return memory_child(args.memory_child, args.model, args.questions)
+    if args.omp_child:
+        return omp_child(args.model, args.questions)
     only = set(args.only.split(","))
-    sections = {"rollout", "decode", "sandbox", "multiturn", "sft", "deadline", "eval", "memory", "vote", "hugepages"}
+    sections = {"rollout", "decode", "sandbox", "multiturn", "sft", "deadline", "eval", "memory", "vote", "omp"}
     if only - sections:
         print(f"bench.py: unknown section(s) {', '.join(sorted(only - sections))}; "
               f"choose from {', '.join(sorted(sections))}", file=sys.stderr)
@@ -195,8 +199,8 @@ def main():
         memory(args.model, args.questions or (4 if q else 16))
     if "vote" in only:
         vote(e, args.questions or (4 if q else 16), args.max_tokens)
-    if "hugepages" in only:
-        hugepages(args.questions or (4 if q else 8))
+    if "omp" in only:
+        omp(args.model, args.questions or (4 if q else 16))
     if "eval" in only:  # restores the weights it trains
         n_q = args.questions or (8 if q else 64)
         eval_workload(model, tok, n_q, max(1, n_q // 4), args.harnesses.split(","), PHASE_A[args.phase_a],
@@ -525,50 +529,48 @@ def memory_child(sampler, model_name, n_questions):
     print(json.dumps({"peak_gb": peak, "model_gb": base, "seconds": res["seconds"], "mean": res["mean"]}))
 
 
-def hugepages(n_questions):
-    """Transparent huge pages for torch's tensors, off vs on, on the run itself: `python whale.py
-    --domain searchqa` at the default's settings but smaller (2 + 1 RSFT steps of 8 prompts x 8, one
-    harness phase of two candidates on 16 examples x 2, test n_questions x 8), each in a fresh process, in the order off,
-    on, on, off (a drift of the machine's load hits both sides alike).
+OMP_WAITS = {"passive": {"OMP_WAIT_POLICY": "PASSIVE"}, "spin": {"GOMP_SPINCOUNT": "20000"}}
 
-    Why it matters: every sandbox child is forked from the run's process, and a fork write-protects
-    each page the process holds (weights, AdamW state, caches: GBs in full fine-tuning), so the run
-    then takes a fault on every page it writes again; at 2 MB a page there are 512 times fewer, and
-    the fork copies 512 times fewer page-table entries. The same tokens either way (the tensors'
-    values do not depend on where they live), checked on the runs' final test means.
-    Prints hugepages_<off|on>_seconds (wall, the better of two), _sys_seconds, _minor_faults (of the
-    run and its sandbox children, the same run), then hugepages_speedup (off / on wall)."""
+
+def omp(model_name, n_questions):
+    """How OpenMP's threads wait between parallel regions: searchqa h0 on n_questions test questions
+    x 8 at whale.py's sampling, each in a fresh process (libgomp reads its settings once), in the
+    order passive, spin, spin, passive (a drift of the load hits both). A decode step runs hundreds
+    of small parallel regions; a thread that sleeps at once must be woken by a futex for each.
+    Prints omp_<passive|spin>_rollouts_per_s (the better of two), _context_switches (voluntary, of
+    that process), _mean (the same tokens: the same mean), then omp_speedup (spin / passive)."""
+    import json
+    import subprocess
+    res = {k: [] for k in OMP_WAITS}
+    for k in ("passive", "spin", "spin", "passive"):
+        env = {key: v for key, v in os.environ.items() if key not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+        out = subprocess.run([sys.executable, __file__, "--omp-child", "--model", model_name,
+                              "--questions", str(n_questions)], capture_output=True, text=True, env={**env, **OMP_WAITS[k]})
+        if out.returncode:
+            raise SystemExit(f"bench.py: the {k} evaluation failed:\n{out.stderr[-2000:]}")
+        res[k].append(json.loads(out.stdout.strip().splitlines()[-1]))
+    for k in OMP_WAITS:
+        best = max(res[k], key=lambda r: r["rollouts_per_s"])
+        runs = ", ".join(f"{r['rollouts_per_s']:.2f}" for r in res[k])
+        print(f"omp_{k}_rollouts_per_s: {best['rollouts_per_s']:.2f} (the two runs: {runs})")
+        print(f"omp_{k}_context_switches: {best['context_switches']}")
+        print(f"omp_{k}_mean: {best['mean']:.4f}")
+    rate = {k: max(r["rollouts_per_s"] for r in res[k]) for k in OMP_WAITS}
+    print(f"omp_speedup: {rate['spin'] / rate['passive']:.2f} (spin / passive rollouts/s)")
+
+
+def omp_child(model_name, n_questions):
+    """One evaluation for `omp`, in its own process: prints one json line."""
     import json
     import resource
-    import shutil
-    import subprocess
-    import tempfile
-    cmd = [sys.executable, str(ROOT / "whale.py"), "--domain", "searchqa", "--budget", "288", "--schedule",
-           "fixed-steps:2,2", "--prompts-per-step", "8", "--test-limit", str(n_questions), "--val-limit", "8",
-           "--harness-examples", "16", "--candidates", "2", "--confirm-examples", "0"]
-    res = {"0": [], "1": []}
-    for thp in ("0", "1", "1", "0"):
-        out = tempfile.mkdtemp(prefix="whale-bench-hugepages-")
-        os.makedirs(f"{out}/cache")  # a cold evaluation cache each time, the model converted once
-        os.symlink(models.embedded_model_dir(), f"{out}/cache/{models.embedded_model_dir().name}")
-        r0, t = resource.getrusage(resource.RUSAGE_CHILDREN), time.time()
-        done = subprocess.run(cmd + ["--out", f"{out}/run"], capture_output=True, text=True,
-                              env={**os.environ, "THP_MEM_ALLOC_ENABLE": thp, "WHALE_CACHE": f"{out}/cache"})
-        wall, r1 = time.time() - t, resource.getrusage(resource.RUSAGE_CHILDREN)
-        if done.returncode:
-            raise SystemExit(f"bench.py: the whale run (huge pages {thp}) failed:\n{done.stderr[-2000:]}")
-        final = json.loads(Path(f"{out}/run/summary.json").read_text())["test_mean8_final"]
-        shutil.rmtree(out)
-        res[thp].append(dict(wall=wall, sys=r1.ru_stime - r0.ru_stime, faults=r1.ru_minflt - r0.ru_minflt, final=final))
-    for thp, name in (("0", "off"), ("1", "on")):
-        best = min(res[thp], key=lambda r: r["wall"])
-        walls = ", ".join(f"{r['wall']:.1f}" for r in res[thp])
-        print(f"hugepages_{name}_seconds: {best['wall']:.1f} (the two runs: {walls})")
-        print(f"hugepages_{name}_sys_seconds: {best['sys']:.1f}")
-        print(f"hugepages_{name}_minor_faults: {best['faults']}")
-    finals = {r["final"] for rs in res.values() for r in rs}
-    print(f"hugepages_final_test_means: {', '.join(f'{x:.4f}' for x in sorted(finals))} (one value: the same run)")
-    print(f"hugepages_speedup: {min(r['wall'] for r in res['0']) / min(r['wall'] for r in res['1']):.2f} (off / on wall)")
+    from domains import searchqa
+    model, tok = models.load_model(model_name)
+    e = eng.HFEngine(model, tok)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw
+    res = rollout.evaluate(e, searchqa, open(searchqa.H0).read(), searchqa.load_split("test")[:n_questions], 8,
+                           seed=0, sampling={"temperature": 0.7, "top_k": 20, "top_p": 1.0}, max_tokens=48)
+    print(json.dumps({"rollouts_per_s": res["rollouts"] / res["seconds"], "mean": res["mean"],
+                      "context_switches": resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw - before}))
 
 
 def deadline(e, n_questions, n_puzzles, flood_deadline=30.0):
