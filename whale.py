@@ -50,7 +50,7 @@ class Args:
                                            "(I counts the incoming harness: 3 = two proposer iterations)")
     budget: int = arg(1408, "total target rollouts (phase A + phase B), the same for every method (the default "
                             "buys 3 + 1 RSFT steps of 128 and one harness phase of 1 + 2 x 3 candidates x 128; "
-                            "sized to 15 min here: results/first-run/)")
+                            "about 15 min here: results/first-run/)")
     seed: int = arg(0, "seed for data order, sampling and proposals")
     out: str = arg("", "run directory (default runs/<domain>-<method>-s<seed>)")
     resume: str = arg("", "continue the run in this directory from its last checkpoint")
@@ -112,7 +112,7 @@ class Args:
     top_p: float = arg(1.0, "top-p of sampling")
     max_tokens: int = arg(48, "cap on new tokens per llm() call (the parent enforces it)")
     test_n: int = arg(8, "samples per test question: mean@test_n")
-    test_limit: int = arg(100, "first N test questions (0 = all 250); 100 keeps the CPU default near 20 min")
+    test_limit: int = arg(100, "first N test questions (0 = all 250)")
     test_split: str = arg("test", "the split scored as 'test': test, or val to choose settings without "
                                   "ever reading the test split")
     val_n: int = arg(2, "samples per validation question")

@@ -183,6 +183,37 @@ def test_the_exported_bundle_goes_to_the_runs_mlflow_run(tiny_reference, tmp_pat
 
 
 @pytest.mark.slow
+def test_the_exported_bundle_goes_to_the_runs_wandb_run_as_a_model_artifact(tiny_reference, tmp_path, monkeypatch):
+    """--to-tracker with W&B (offline: no network): the bundle becomes an artifact of type "model" of
+    the run's own W&B run (the id tracker.json names), every file of OUT in it; read back with W&B's
+    own reader of its offline transaction log."""
+    pytest.importorskip("wandb", reason="wandb is not installed (rundir/requirements-track.txt)")
+    import wandb
+
+    from rundir import tracking
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    run = tmp_path / "run"
+    shutil.copytree(tiny_reference, run)
+    saved = {}
+    tracking.open_wandb(run, {"method": "whale"}, "test-id", saved)  # as a --tracker wandb run made it
+    wandb.finish()
+    (run / "tracker.json").write_text(json.dumps({**saved, "id": "test-id"}))
+    r = run_export(run, tmp_path / "agent", "--to-tracker")
+    assert r.returncode == 0 and "logged to the run's tracker: wandb" in r.stdout, r.stdout + r.stderr
+    artifacts = []
+    for log in sorted(run.glob("wandb/offline-run-*/run-test-id.wandb")):  # one folder per process, one run id
+        out = subprocess.run([sys.executable, "-m", "wandb", "leet", "inspect", "--json", str(log)],
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr[-2000:]
+        artifacts += [rec["artifact"] for rec in map(json.loads, out.stdout.splitlines()) if rec["type"] == "artifact"]
+    assert [(a["name"], a["type"]) for a in artifacts] == [("test-id-agent", "model")]
+    paths = {c["path"] for c in artifacts[0]["manifest"]["contents"]}
+    exported = {str(f.relative_to(tmp_path / "agent")) for f in (tmp_path / "agent").rglob("*") if f.is_file()}
+    assert paths == exported and {"agent.json", "harness.py", "README.md", "model/config.json"} <= paths
+
+
+@pytest.mark.slow
 @pytest.mark.skipif(not (VLLM_VENV / "bin" / "python").exists(), reason=NO_VLLM_SERVE)
 def test_the_exported_agent_served_by_vllm_answers_as_the_local_engine_where_their_tokens_agree(tiny_reference,
                                                                                                 tmp_path):
