@@ -260,3 +260,30 @@ def test_the_exported_agent_served_by_vllm_answers_as_the_local_engine_where_the
 
 
 NEAR_TIE = 0.05  # logits; fp32 kernels that sum in another order differ by ~1e-4-1e-3 here
+
+
+@pytest.mark.slow
+def test_bad_input_to_run_agent_is_one_line_and_exit_2(tmp_path):
+    """tools/run_agent.py: a folder that is no exported agent, a harness.py that does not validate,
+    an endpoint that does not answer, neither --tasks nor --split: one `run_agent: error:` line,
+    exit 2, no answers file (the model folder is the embedded model's: only its tokenizer loads)."""
+    from domains import searchqa
+    agent = tmp_path / "agent"
+    agent.mkdir()
+    (agent / "model").symlink_to(models.resolve_model_path("embedded"))
+    (agent / "agent.json").write_text(json.dumps({"domain": "searchqa", "seed": 0, "chat_format": "auto", "sampling": {
+        "temperature": 0.7, "top_k": 20, "top_p": 1.0, "max_tokens": 48}}))
+    cases = {"no exported agent": (tmp_path / "nothing", ["--split", "test"], "is not an exported agent"),
+             "a harness that does not validate": (agent, ["--split", "test"], "is not a harness"),
+             "an endpoint that does not answer": (agent, ["--split", "test", "--endpoint", "http://127.0.0.1:9/v1"],
+                                                  "does not answer /models"),
+             "neither --tasks nor --split": (agent, [], "give --tasks FILE or --split NAME")}
+    for what, (folder, flags, needle) in cases.items():
+        (agent / "harness.py").write_text("def not_run(task):\n    return 1\n" if what.startswith("a harness")
+                                          else open(searchqa.H0).read())
+        out = tmp_path / "answers.jsonl"
+        r = subprocess.run([sys.executable, str(ROOT / "tools" / "run_agent.py"), str(folder), *flags, "--limit", "1",
+                            "--out", str(out)], capture_output=True, text=True, timeout=120, cwd=ROOT)
+        errors = [x for x in r.stderr.splitlines() if x.startswith("run_agent:")]
+        assert r.returncode == 2 and len(errors) == 1 and needle in errors[0] and "Traceback" not in r.stderr, (what, r.stderr)
+        assert not out.exists(), what
