@@ -635,12 +635,15 @@ def test_a_run_from_before_a_setting_existed_resumes_as_it_ran(tmp_path):
     assert set(run_setup.ADDED_LATER) <= set(vars(whale.Args()))
 
 
-def test_a_domains_own_defaults_apply_to_it_alone_and_the_command_line_overrides_them(tmp_path, capsys):
-    """domains/<name>.py DEFAULTS (chess's run size): `--domain chess` gets them, another domain gets
-    whale.Args', a flag given beats both, --help shows both, and a chess run from before the domain
-    had DEFAULTS resumes with `--domain chess` as it ran (the new defaults are not taken for flags)."""
+def test_a_domains_own_defaults_apply_to_it_alone_and_the_command_line_overrides_them(tmp_path, capsys,
+                                                                                     monkeypatch):
+    """domains/<name>.py DEFAULTS (e.g. chess's run size; values set here, so that a fork's own do not
+    matter): `--domain chess` gets them, another domain gets whale.Args', a flag given beats both,
+    --help shows both, and a chess run from before the domain had DEFAULTS resumes with `--domain
+    chess` as it ran (the new defaults are not taken for flags)."""
     from domains import chess
-    assert chess.DEFAULTS and set(chess.DEFAULTS) <= set(vars(whale.Args()))
+    assert set(chess.DEFAULTS) <= set(vars(whale.Args()))  # the real ones name flags
+    monkeypatch.setattr(chess, "DEFAULTS", {"budget": 640, "val_limit": 8, "schedule": "fixed-steps:2,2"})
     a = run_setup.parse_args(whale.Args, ["--domain", "chess"])
     assert {k: getattr(a, k) for k in chess.DEFAULTS} == chess.DEFAULTS
     run_setup.check_args(a, whale.METHODS, switch.check)  # the domain's own size is a valid run

@@ -218,8 +218,8 @@ def copy_checkpoint(run: Path, src: str, dst: str):
 
 def halve_weights(run: Path):
     """checkpoint/ and best_val/'s model.safetensors in bfloat16, each distinct content once (the two
-    share one file when best-on-validation is the last point, or when nothing trained between them): half the disk of a finished full
-    fine-tuning run (270 MB a point for the 135M model, not 540). Only for a finished run: a
+    share one file when best-on-validation is the last point, or when nothing trained between
+    them): half the disk of a finished full fine-tuning run (270 MB a point for the 135M model, not 540). Only for a finished run: a
     resume of it loads them back into fp32 and only reports; an unfinished run keeps fp32, so that
     its resume is exact. Atomic per file; trained-block checkpoints (--train-layers K) are small
     and stay as they are."""

@@ -148,13 +148,10 @@ def main():
     ap.add_argument("--questions", type=int, default=0,
                     help="eval: test questions x 8 (default 64, 8 with --quick; phase A: a quarter of it); "
                          "memory and vote: 16, 4 with --quick")
-    ap.add_argument("--memory-child", default="", help=argparse.SUPPRESS)  # memory(): one run in its own process
-    ap.add_argument("--omp-child", action="store_true", help=argparse.SUPPRESS)  # omp(): one evaluation in its own process
+    ap.add_argument("--eval-child", default="", help=argparse.SUPPRESS)  # fresh_evaluation(): one in its own process
     args = ap.parse_args()
-    if args.memory_child:
-        return memory_child(args.memory_child, args.model, args.questions)
-    if args.omp_child:
-        return omp_child(args.model, args.questions)
+    if args.eval_child:
+        return eval_child(args.eval_child, args.model, args.questions)
     only = set(args.only.split(","))
     sections = {"rollout", "decode", "sandbox", "multiturn", "sft", "deadline", "eval", "memory", "vote", "omp"}
     if only - sections:
@@ -491,6 +488,41 @@ def vote(e, n_questions, max_tokens):
     print(f"vote_speedup: {res['apart']['seconds'] / res['together']['seconds']:.2f} (5 calls / one call with n=5)")
 
 
+def fresh_evaluation(what, model_name, n_questions, sampler, harness, temperature, env=None):
+    """One searchqa evaluation (harness "h0" or "long", n_questions test questions x 8) in a fresh
+    process, so that it has its own peak RSS and reads process-wide settings (OpenMP's) anew:
+    {"peak_gb", "model_gb" (after loading the model), "seconds", "rollouts_per_s",
+    "context_switches" (voluntary, during the evaluation), "mean"}."""
+    import json
+    import subprocess
+    spec = json.dumps({"sampler": sampler, "harness": harness, "temperature": temperature})
+    out = subprocess.run([sys.executable, __file__, "--eval-child", spec, "--model", model_name,
+                          "--questions", str(n_questions)], capture_output=True, text=True, env=env)
+    if out.returncode:
+        raise SystemExit(f"bench.py: the {what} evaluation failed:\n{out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def eval_child(spec, model_name, n_questions):
+    """`fresh_evaluation`'s side in the new process: prints one json line."""
+    import json
+    import resource
+    from domains import searchqa
+    spec = json.loads(spec)
+    model, tok = models.load_model(model_name)
+    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # kB on Linux -> GB
+    sampler = spec["sampler"]
+    e = eng.HFEngine(model, tok, sampler="landed" if sampler == "landed" else "fast", shared_prefix=sampler == "fast")
+    harness = long_context_harness() if spec["harness"] == "long" else open(searchqa.H0).read()
+    switches = resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw
+    res = rollout.evaluate(e, searchqa, harness, searchqa.load_split("test")[:n_questions], 8, seed=0,
+                           sampling={"temperature": spec["temperature"], "top_k": 20, "top_p": 1.0}, max_tokens=48)
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    print(json.dumps({"peak_gb": usage.ru_maxrss / 1e6, "model_gb": base, "seconds": res["seconds"],
+                      "rollouts_per_s": res["rollouts"] / res["seconds"],
+                      "context_switches": usage.ru_nvcsw - switches, "mean": res["mean"]}))
+
+
 def memory(model_name, n_questions):
     """Peak memory of one evaluation of the long-context harness (`long_context_harness`, ~970
     prompt tokens; 16 questions x 8 make one chunk at the sampler's 2^17-position cache cap), each
@@ -499,34 +531,14 @@ def memory(model_name, n_questions):
     Prints memory_<sampler>_peak_gb, _model_gb (the process after loading the model: what no
     sampler changes), _seconds and _mean, then memory_shared_prefix_ratio: full's peak above the
     model over fast's (how many times less memory the sampler itself takes)."""
-    import json
-    import subprocess
     res = {}
     for s in ("landed", "full", "fast"):
-        out = subprocess.run([sys.executable, __file__, "--memory-child", s, "--model", model_name,
-                              "--questions", str(n_questions)], capture_output=True, text=True)
-        if out.returncode:
-            raise SystemExit(f"bench.py: the {s} memory run failed:\n{out.stderr[-2000:]}")
-        res[s] = json.loads(out.stdout.strip().splitlines()[-1])
+        res[s] = fresh_evaluation(f"{s} memory", model_name, n_questions, s, "long", 0.3)
         for k in ("peak_gb", "model_gb", "seconds", "mean"):
             print(f"memory_{s}_{k}: {res[s][k]:.3f}")
     above = {s: res[s]["peak_gb"] - res[s]["model_gb"] for s in res}
     print(f"memory_shared_prefix_ratio: {above['full'] / above['fast']:.2f} (full / fast, peak above the model)")
     print(f"memory_landed_ratio: {above['landed'] / above['fast']:.2f} (landed / fast, peak above the model)")
-
-
-def memory_child(sampler, model_name, n_questions):
-    """One evaluation for `memory`, in its own process: prints one json line."""
-    import json
-    import resource
-    from domains import searchqa
-    model, tok = models.load_model(model_name)
-    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # kB on Linux -> GB
-    e = eng.HFEngine(model, tok, sampler="landed" if sampler == "landed" else "fast", shared_prefix=sampler == "fast")
-    res = rollout.evaluate(e, searchqa, long_context_harness(), searchqa.load_split("test")[:n_questions], 8, seed=0,
-                           sampling={"temperature": 0.3, "top_k": 20, "top_p": 1.0}, max_tokens=48)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6
-    print(json.dumps({"peak_gb": peak, "model_gb": base, "seconds": res["seconds"], "mean": res["mean"]}))
 
 
 OMP_WAITS = {"passive": {"OMP_WAIT_POLICY": "PASSIVE"}, "spin": {"GOMP_SPINCOUNT": "20000"}}
@@ -539,16 +551,10 @@ def omp(model_name, n_questions):
     of small parallel regions; a thread that sleeps at once must be woken by a futex for each.
     Prints omp_<passive|spin>_rollouts_per_s (the better of two), _context_switches (voluntary, of
     that process), _mean (the same tokens: the same mean), then omp_speedup (spin / passive)."""
-    import json
-    import subprocess
     res = {k: [] for k in OMP_WAITS}
+    env = {key: v for key, v in os.environ.items() if key not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
     for k in ("passive", "spin", "spin", "passive"):
-        env = {key: v for key, v in os.environ.items() if key not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
-        out = subprocess.run([sys.executable, __file__, "--omp-child", "--model", model_name,
-                              "--questions", str(n_questions)], capture_output=True, text=True, env={**env, **OMP_WAITS[k]})
-        if out.returncode:
-            raise SystemExit(f"bench.py: the {k} evaluation failed:\n{out.stderr[-2000:]}")
-        res[k].append(json.loads(out.stdout.strip().splitlines()[-1]))
+        res[k].append(fresh_evaluation(k, model_name, n_questions, "fast", "h0", 0.7, env={**env, **OMP_WAITS[k]}))
     for k in OMP_WAITS:
         best = max(res[k], key=lambda r: r["rollouts_per_s"])
         runs = ", ".join(f"{r['rollouts_per_s']:.2f}" for r in res[k])
@@ -557,20 +563,6 @@ def omp(model_name, n_questions):
         print(f"omp_{k}_mean: {best['mean']:.4f}")
     rate = {k: max(r["rollouts_per_s"] for r in res[k]) for k in OMP_WAITS}
     print(f"omp_speedup: {rate['spin'] / rate['passive']:.2f} (spin / passive rollouts/s)")
-
-
-def omp_child(model_name, n_questions):
-    """One evaluation for `omp`, in its own process: prints one json line."""
-    import json
-    import resource
-    from domains import searchqa
-    model, tok = models.load_model(model_name)
-    e = eng.HFEngine(model, tok)
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw
-    res = rollout.evaluate(e, searchqa, open(searchqa.H0).read(), searchqa.load_split("test")[:n_questions], 8,
-                           seed=0, sampling={"temperature": 0.7, "top_k": 20, "top_p": 1.0}, max_tokens=48)
-    print(json.dumps({"rollouts_per_s": res["rollouts"] / res["seconds"], "mean": res["mean"],
-                      "context_switches": resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw - before}))
 
 
 def deadline(e, n_questions, n_puzzles, flood_deadline=30.0):
