@@ -28,6 +28,26 @@ import os
 # the sandbox child and from a second run (tools/bench.py --only omp measures it).
 if "OMP_WAIT_POLICY" not in os.environ:  # (a policy the user sets is theirs)
     os.environ.setdefault("GOMP_SPINCOUNT", "20000")
+
+
+def keep_freed_memory():
+    """glibc returns every freed block over 32 MB (a prefill's activations, the update's logits) to
+    the kernel, and the next one comes back as fresh pages the kernel must fault in and zero: a
+    sixth of a long-prompt evaluation's time. Keeping blocks under 1 GB in the heap reuses them
+    (the same peak RSS; tools/bench.py --only malloc measures it). Not glibc, or a GLIBC_TUNABLES
+    or MALLOC_* in the environment (even empty: the user's own malloc settings): nothing changes."""
+    if "GLIBC_TUNABLES" in os.environ or any(k.startswith("MALLOC_") for k in os.environ):
+        return
+    try:
+        import ctypes
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return
+    libc.mallopt(-3, 1 << 30)  # M_MMAP_THRESHOLD: only blocks over 1 GB are mapped apart
+    libc.mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD: keep up to 1 GB of free heap top
+
+
+keep_freed_memory()
 import importlib
 import sys
 import types

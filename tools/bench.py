@@ -25,6 +25,9 @@ Prints one `name: value` line per measurement:
   - omp (only with --only omp): how OpenMP's threads wait between parallel regions, searchqa h0
     evaluated in fresh processes with OMP_WAIT_POLICY=PASSIVE (sleep at once) and with
     GOMP_SPINCOUNT=20000 (whale.py's: spin briefly, then sleep): rollouts/s, context switches, ratio;
+  - malloc (only with --only malloc): the long-context harness evaluated in fresh processes with
+    glibc's malloc settings and with whale.py's (freed blocks under 1 GB kept in the heap, not
+    returned to the kernel): rollouts/s, system time, page faults, peak RSS, ratio;
   - deadline (only with --only deadline): what rollouts are charged against their
     deadline (own time + tools + their share of each model batch) in a real evaluation,
     64 searchqa questions x 8 = one 512-rollout wave and 16 chess puzzles x 8 (multi-turn,
@@ -32,13 +35,14 @@ Prints one `name: value` line per measurement:
 
     python tools/bench.py                         # everything (~12 min on a 2-core CPU)
     python tools/bench.py --quick                 # smaller shapes, for a smoke run
-    python tools/bench.py --only decode,multiturn # some sections (rollout, decode, sandbox, multiturn, sft, deadline, eval, memory)
+    python tools/bench.py --only decode,multiturn # some sections (rollout, decode, sandbox, multiturn, sft, deadline, eval, memory, vote, omp, malloc)
     python tools/bench.py --only eval             # the real workload, landed vs fast vs int8 (~35 min on 2 cores)
     python tools/bench.py --only eval --questions 8 --harnesses long  # a smaller part of it
     python tools/bench.py --only eval --harnesses '' --phase-a study  # one phase-A step of the study's regime
     python tools/bench.py --only memory           # peak memory per sampler (~10 min on 2 cores)
     python tools/bench.py --only vote --questions 16  # llm(n=5) vs 5 calls in the voting harness
     python tools/bench.py --only omp              # OpenMP threads sleeping at once vs spinning briefly (~2 min)
+    python tools/bench.py --only malloc           # freed memory back to the kernel vs kept (~8 min)
 
 The limit (eval section): on a CPU a rollout's time is matmul time, so no sampler can beat
 (matmul peak) / (the FLOPs the rollouts need): 2N per prompt position, a prefix shared by
@@ -59,8 +63,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # `python tools/x.py` imports the repository's modules
 
-if "OMP_WAIT_POLICY" not in os.environ:  # as whale.py does (the omp section compares)
-    os.environ.setdefault("GOMP_SPINCOUNT", "20000")
+import whale  # (first: its process settings, OpenMP's wait and malloc's threshold, as a run has them)
 import torch
 
 from lm import engine as eng
@@ -147,13 +150,13 @@ def main():
                     help="eval: the new-token cap of each rollout (whale.py's --max-tokens; the CPU dry run of gpu_check.sh: 16)")
     ap.add_argument("--questions", type=int, default=0,
                     help="eval: test questions x 8 (default 64, 8 with --quick; phase A: a quarter of it); "
-                         "memory and vote: 16, 4 with --quick")
+                         "memory, vote, omp and malloc: 16, 4 with --quick")
     ap.add_argument("--eval-child", default="", help=argparse.SUPPRESS)  # fresh_evaluation(): one in its own process
     args = ap.parse_args()
     if args.eval_child:
         return eval_child(args.eval_child, args.model, args.questions)
     only = set(args.only.split(","))
-    sections = {"rollout", "decode", "sandbox", "multiturn", "sft", "deadline", "eval", "memory", "vote", "omp"}
+    sections = {"rollout", "decode", "sandbox", "multiturn", "sft", "deadline", "eval", "memory", "vote", "omp", "malloc"}
     if only - sections:
         print(f"bench.py: unknown section(s) {', '.join(sorted(only - sections))}; "
               f"choose from {', '.join(sorted(sections))}", file=sys.stderr)
@@ -198,6 +201,8 @@ def main():
         vote(e, args.questions or (4 if q else 16), args.max_tokens)
     if "omp" in only:
         omp(args.model, args.questions or (4 if q else 16))
+    if "malloc" in only:
+        malloc(args.model, args.questions or (4 if q else 16))
     if "eval" in only:  # restores the weights it trains
         n_q = args.questions or (8 if q else 64)
         eval_workload(model, tok, n_q, max(1, n_q // 4), args.harnesses.split(","), PHASE_A[args.phase_a],
@@ -492,7 +497,7 @@ def fresh_evaluation(what, model_name, n_questions, sampler, harness, temperatur
     """One searchqa evaluation (harness "h0" or "long", n_questions test questions x 8) in a fresh
     process, so that it has its own peak RSS and reads process-wide settings (OpenMP's) anew:
     {"peak_gb", "model_gb" (after loading the model), "seconds", "rollouts_per_s",
-    "context_switches" (voluntary, during the evaluation), "mean"}."""
+    "context_switches" (voluntary), "system_s", "minor_faults" (these three during the evaluation), "mean"}."""
     import json
     import subprocess
     spec = json.dumps({"sampler": sampler, "harness": harness, "temperature": temperature})
@@ -514,13 +519,14 @@ def eval_child(spec, model_name, n_questions):
     sampler = spec["sampler"]
     e = eng.HFEngine(model, tok, sampler="landed" if sampler == "landed" else "fast", shared_prefix=sampler == "fast")
     harness = long_context_harness() if spec["harness"] == "long" else open(searchqa.H0).read()
-    switches = resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw
+    before = resource.getrusage(resource.RUSAGE_SELF)
     res = rollout.evaluate(e, searchqa, harness, searchqa.load_split("test")[:n_questions], 8, seed=0,
                            sampling={"temperature": spec["temperature"], "top_k": 20, "top_p": 1.0}, max_tokens=48)
     usage = resource.getrusage(resource.RUSAGE_SELF)
     print(json.dumps({"peak_gb": usage.ru_maxrss / 1e6, "model_gb": base, "seconds": res["seconds"],
                       "rollouts_per_s": res["rollouts"] / res["seconds"],
-                      "context_switches": usage.ru_nvcsw - switches, "mean": res["mean"]}))
+                      "context_switches": usage.ru_nvcsw - before.ru_nvcsw, "system_s": usage.ru_stime - before.ru_stime,
+                      "minor_faults": usage.ru_minflt - before.ru_minflt, "mean": res["mean"]}))
 
 
 def memory(model_name, n_questions):
@@ -541,28 +547,51 @@ def memory(model_name, n_questions):
     print(f"memory_landed_ratio: {above['landed'] / above['fast']:.2f} (landed / fast, peak above the model)")
 
 
-OMP_WAITS = {"passive": {"OMP_WAIT_POLICY": "PASSIVE"}, "spin": {"GOMP_SPINCOUNT": "20000"}}
+def fresh_pair(section, model_name, n_questions, harness, temperature, settings):
+    """The same evaluation under two process-wide settings {name: environment}, each in fresh
+    processes (these settings are read once, at start), in the order a, b, b, a (a drift of the
+    load hits both); returns {name: the better run of its two} and prints each run's rate."""
+    res = {k: [] for k in settings}
+    a, b = settings
+    for k in (a, b, b, a):
+        res[k].append(fresh_evaluation(k, model_name, n_questions, "fast", harness, temperature, env=settings[k]))
+    for k in settings:
+        runs = ", ".join(f"{r['rollouts_per_s']:.2f}" for r in res[k])
+        res[k] = max(res[k], key=lambda r: r["rollouts_per_s"])
+        print(f"{section}_{k}_rollouts_per_s: {res[k]['rollouts_per_s']:.2f} (the two runs: {runs})")
+    return res
 
 
 def omp(model_name, n_questions):
     """How OpenMP's threads wait between parallel regions: searchqa h0 on n_questions test questions
-    x 8 at whale.py's sampling, each in a fresh process (libgomp reads its settings once), in the
-    order passive, spin, spin, passive (a drift of the load hits both). A decode step runs hundreds
-    of small parallel regions; a thread that sleeps at once must be woken by a futex for each.
-    Prints omp_<passive|spin>_rollouts_per_s (the better of two), _context_switches (voluntary, of
-    that process), _mean (the same tokens: the same mean), then omp_speedup (spin / passive)."""
-    res = {k: [] for k in OMP_WAITS}
+    x 8 at whale.py's sampling, passive vs spin (`fresh_pair`). A decode step runs hundreds of small
+    parallel regions; a thread that sleeps at once must be woken by a futex for each. Prints
+    omp_<passive|spin>_rollouts_per_s, _context_switches (voluntary, of that process), _mean (the
+    same tokens: the same mean), then omp_speedup (spin / passive)."""
     env = {key: v for key, v in os.environ.items() if key not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
-    for k in ("passive", "spin", "spin", "passive"):
-        res[k].append(fresh_evaluation(k, model_name, n_questions, "fast", "h0", 0.7, env={**env, **OMP_WAITS[k]}))
-    for k in OMP_WAITS:
-        best = max(res[k], key=lambda r: r["rollouts_per_s"])
-        runs = ", ".join(f"{r['rollouts_per_s']:.2f}" for r in res[k])
-        print(f"omp_{k}_rollouts_per_s: {best['rollouts_per_s']:.2f} (the two runs: {runs})")
-        print(f"omp_{k}_context_switches: {best['context_switches']}")
-        print(f"omp_{k}_mean: {best['mean']:.4f}")
-    rate = {k: max(r["rollouts_per_s"] for r in res[k]) for k in OMP_WAITS}
-    print(f"omp_speedup: {rate['spin'] / rate['passive']:.2f} (spin / passive rollouts/s)")
+    res = fresh_pair("omp", model_name, n_questions, "h0", 0.7, {
+        "passive": {**env, "OMP_WAIT_POLICY": "PASSIVE"}, "spin": {**env, "GOMP_SPINCOUNT": "20000"}})
+    for k, r in res.items():
+        print(f"omp_{k}_context_switches: {r['context_switches']}")
+        print(f"omp_{k}_mean: {r['mean']:.4f}")
+    print(f"omp_speedup: {res['spin']['rollouts_per_s'] / res['passive']['rollouts_per_s']:.2f} (spin / passive rollouts/s)")
+
+
+def malloc(model_name, n_questions):
+    """Where freed memory goes: the long-context harness (`long_context_harness`) on n_questions
+    test questions x 8, with glibc's own malloc settings (an empty GLIBC_TUNABLES, which
+    whale.keep_freed_memory leaves alone) vs whale.py's (freed blocks under 1 GB stay in the heap),
+    `fresh_pair`. Prints malloc_<glibc|keep>_rollouts_per_s, _system_s and _minor_faults (kernel
+    time and page faults during the evaluation), _peak_gb, _mean, then malloc_speedup."""
+    env = {key: v for key, v in os.environ.items() if key != "GLIBC_TUNABLES" and not key.startswith("MALLOC_")}
+    res = fresh_pair("malloc", model_name, n_questions, "long", 0.7, {
+        "glibc": {**env, "GLIBC_TUNABLES": ""}, "keep": env})
+    for k, r in res.items():
+        print(f"malloc_{k}_system_s: {r['system_s']:.1f}")
+        print(f"malloc_{k}_minor_faults: {r['minor_faults']}")
+        print(f"malloc_{k}_peak_gb: {r['peak_gb']:.2f}")
+        print(f"malloc_{k}_mean: {r['mean']:.4f}")
+    print(f"malloc_speedup: {res['keep']['rollouts_per_s'] / res['glibc']['rollouts_per_s']:.2f} (keep / glibc rollouts/s)")
 
 
 def deadline(e, n_questions, n_puzzles, flood_deadline=30.0):
@@ -593,7 +622,6 @@ def deadline(e, n_questions, n_puzzles, flood_deadline=30.0):
 
 def sft_config(**overrides):
     """Phase A's settings as whale.py builds them from its default command line, these changed."""
-    import whale
     return whale.phase_a_config(whale.Args(), **overrides)
 
 
