@@ -70,7 +70,7 @@ class Args:
                                            "(I counts the incoming harness: 3 = two proposer iterations)")
     budget: int = arg(1408, "total target rollouts (phase A + phase B), the same for every method (the default "
                             "buys 3 + 1 RSFT steps of 128 and one harness phase of 1 + 2 x 3 candidates x 128; "
-                            "about 15 min here: results/first-run/)")
+                            "about 13 min here: results/first-run/)")
     seed: int = arg(0, "seed for data order, sampling and proposals")
     out: str = arg("", "run directory (default runs/<domain>-<method>-s<seed>)")
     resume: str = arg("", "continue the run in this directory from its last checkpoint")
