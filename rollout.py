@@ -48,10 +48,12 @@ def run(engine, domain, source: str, examples: list[dict], n: int, *, seed, samp
 
     def make_tools_for(rid):
         tools, state = domain.make_tools(examples[rid // n])
+        if hasattr(state, "latest_replies"):  # the domain's tools check moves against the model's words
+            state.latest_replies = []
         states[rid] = state
         return tools
 
-    llm_batch = make_llm_batch(engine, sampling, max_tokens)
+    llm_batch = tell_states(make_llm_batch(engine, sampling, max_tokens), states)
     records = []
     for w in range(0, len(jobs), WAVE):
         wave = jobs[w:w + WAVE]
@@ -70,6 +72,23 @@ def run(engine, domain, source: str, examples: list[dict], n: int, *, seed, samp
         if progress is not None:
             progress.update(len(wave))
     return records
+
+
+def tell_states(llm_batch, states):
+    """llm_batch that also sets `latest_replies` on the states of the rollouts it answers: the texts
+    of each one's latest llm() call (n of them for llm(..., n=)), so that a domain's tools can check
+    an argument against what the model wrote (chess: a move must be one the model named). A rollout
+    has at most one llm() call waiting, so all of its calls in a batch are that one call's replies."""
+    def answer(calls):
+        outs = llm_batch(calls)
+        latest = {}
+        for c, o in zip(calls, outs):  # (a refused call leaves no reply: nothing to name a move in)
+            latest.setdefault(c["rid"], []).extend([o["text"]] if "text" in o else [])
+        for rid, texts in latest.items():
+            if hasattr(states.get(rid), "latest_replies"):
+                states[rid].latest_replies = texts
+        return outs
+    return answer
 
 
 def context_tokens(engine) -> int:

@@ -12,8 +12,9 @@ The environment lives in the PARENT. make_tools(example) gives one rollout its o
     legal_moves() -> [uci]        the legal moves, sorted
     legal_moves_san() -> [san]    the same moves in the same order in SAN ("Nf3", "exd5", "O-O", "Qh7+")
     play(uci) -> str              make a move (below)
-play(uci): the argument must be a UCI string ("e2e4", "e7e8q"; whitespace and case forgiven). Anything else
-raises ValueError: the harness sees a tool error, nothing is played, and it may try again. An ILLEGAL move,
+play(uci): the argument must be a UCI string ("e2e4", "e7e8q"; whitespace and case forgiven) that the model's
+latest reply names (below). Anything else raises ValueError: the harness sees a tool error, nothing is played,
+and it may try again. An ILLEGAL move,
 or a legal move that is not the solution's, ENDS the rollout: play returns "over: ..." and every later play
 call raises. A correct move is made, the environment answers with the opponent's reply from the stored line and
 returns "ok: the opponent replied <uci>"; the last move returns "solved: ...". The first move must equal the
@@ -26,9 +27,17 @@ Why "the harness may not choose moves" holds, and where it is only a rule:
   harness learns about the position comes through the tools above.
 - play() is a move budget: only legal moves count, the first wrong one ends the puzzle, so a harness gets at
   most len(line) // 2 + 1 counted moves (1 or 2) and cannot search by trial and error.
-- Nothing stops a harness from writing its own move generator in pure Python, or from picking a move out of
-  the legal list without asking the model. The proposer rules forbid both (the model chooses every move), but
-  nothing in the code checks it: it is a rule for proposers, not a wall (read the candidates' diffs).
+- The model names every move: under rollout.run, play() takes only a move that the rollout's latest llm() reply
+  names (`named_in`: its UCI, also "e2-e4" or "e2 e4" in any case, or its SAN as a word of its own, check marks
+  optional; "e7e8" names the queen promotion), else it raises ValueError and nothing is played. So a harness
+  cannot play a move it picked out of the legal list, computed itself, or took from an older reply.
+- What the check cannot see: which of the moves a reply names the harness plays (a reply that lists five
+  moves names five: reading the first is parsing, picking the best would be choosing), how the harness led
+  the model to a move (a prompt that shows one option, or asks it to repeat one), and which reply of
+  llm(..., n=k) it takes; nor a move generator in pure Python that decides what the prompt shows. The proposer
+  rules forbid choosing, leading and move generators (the model chooses every move): there they are a rule
+  for proposers, not a wall (read the candidates' diffs). Tools called outside rollout.run (the parent's own
+  tests) have no model to check against and skip the check.
 - legal_moves_san() writes a mating move with "+", never "#": "#" would hand a harness the answer to every
   mate in 1 (and the last move of every mate in 2) without the model. Checks and captures stay visible: that
   is plain notation a chess GUI shows, and pointing the model at forcing moves is a fair harness idea.
@@ -37,6 +46,7 @@ Left out: longer puzzles, draws/stalemates as outcomes, partial credit.
 import gzip
 import json
 import os
+import re
 import types
 
 import chess
@@ -69,8 +79,10 @@ def load_split(split):
 
 def make_tools(example):
     """A fresh board for one rollout; the returned state is what verify reads."""
+    # latest_replies: None here (no model in the loop); rollout.run sets it to the texts of the rollout's latest
+    # llm() call, and play() then takes only a move those texts name
     state = types.SimpleNamespace(board=chess.Board(example["task"]["fen"]), line=list(example["answer"]["line"]),
-                                  solved=False, failed=False, played=[], bad_calls=0)
+                                  solved=False, failed=False, played=[], bad_calls=0, latest_replies=None)
     board = state.board
 
     def fen():
@@ -94,6 +106,10 @@ def make_tools(example):
         except (AttributeError, ValueError):  # not a string, or not UCI: a format error, nothing is played
             state.bad_calls += 1
             raise ValueError(f"play expects one move in UCI notation like 'e2e4' or 'e7e8q', got {repr(uci)[:40]}")
+        if state.latest_replies is not None and not named_in(move, board, state.latest_replies):
+            state.bad_calls += 1
+            raise ValueError(f"play: the model's latest reply does not name {move.uci()}; the model chooses every "
+                             f"move (write it as UCI like 'e2e4' or SAN like 'Nf3' in its reply)")
         state.played.append(move.uci())
         if move not in board.legal_moves:
             state.failed = True
@@ -114,6 +130,23 @@ def make_tools(example):
     tools = {"fen": fen, "board": ascii_board, "legal_moves": legal_moves,
              "legal_moves_san": legal_moves_san, "play": play}
     return tools, state
+
+
+def named_in(move, board, texts) -> bool:
+    """Whether one of texts names `move` (a chess.Move) as a word of its own: its UCI in any case, the
+    squares optionally split by "-", "x" or a space ("e2e4", "E2-E4"; "e7e8" for "e7e8q": a pawn on the last
+    rank is read as a queen, as boards do), or, for a legal move, its SAN ("Nxe5", "Qh7+", "O-O" or "0-0",
+    a check or mate mark optional). "e4" inside "e2e4" is not the word "e4"."""
+    uci = move.uci()
+    squares = re.escape(uci[:2]) + r"[-x ]?" + re.escape(uci[2:4])
+    promotion = re.escape(uci[4:]) + ("?" if uci[4:] == "q" else "")
+    if any(re.search(rf"(?<![a-z0-9]){squares}{promotion}(?![a-z0-9])", t.lower()) for t in texts):
+        return True
+    if move not in board.legal_moves:
+        return False
+    san = board.san(move).rstrip("+#")
+    forms = [re.escape(san)] + ([re.escape(san.replace("O", "0"))] if san.startswith("O-O") else [])
+    return any(re.search(rf"(?<![A-Za-z0-9-])(?:{'|'.join(forms)})(?![A-Za-z0-9=-])", t) for t in texts)
 
 
 def verify(example, answer, state):
@@ -139,6 +172,9 @@ PRIMITIVES = {
 
         'USER_TEMPLATE = ("Puzzle: {side} mates in {mate_in}.\\n{observation}\\n\\n'
         'Pick ONE move from the legal moves above and write it as <move>uci</move>, for example <move>d1h5</move>.")',
+
+        'USER_TEMPLATE = ("{side} to move can checkmate in {mate_in}.\\n{observation}\\n\\n'
+        'Which move mates (or starts the mate)? Copy that one line\'s move as <move>uci</move>.")',
     ],
     "format_observation": [
         '''def format_observation(task, fen, board, moves, last):
@@ -171,6 +207,12 @@ PRIMITIVES = {
     if last:
         text += f"\\nThe opponent just played {last}."
     return text + f"\\n{task['side'].capitalize()} to move.\\nLegal moves: {moves}"
+''',
+        '''def format_observation(task, fen, board, moves, last):
+    """Short: no FEN and no board (harness-split replies never read a square off either; they copy
+    moves from the list), only whose move it is, the opponent's last move and the moves."""
+    note = f"The opponent just played {last}.\\n" if last else ""
+    return f"{note}{task['side'].capitalize()} to move. The moves:\\n{moves}"
 ''',
     ],
     "annotate_moves": [
@@ -205,6 +247,37 @@ PRIMITIVES = {
         groups.setdefault(u[:2], []).append(u)
     return "; ".join(f"{names[board[sq].lower()]} {sq}: {' '.join(us)}" for sq, us in groups.items())
 ''',
+        '''def annotate_moves(legal, tools):
+    """A short candidate list, forcing moves first: every check, then captures, then the rest, at least
+    8 moves where there are 8 (never one), a line each: the move as <move>uci</move>, its SAN and what
+    it does ("queen h5 to h7, takes the pawn, check"). Harness-split replies copy the first moves of a
+    list; they copied a7a5 from a list sorted a..h. The model still names the move it plays."""
+    names = {"k": "king", "q": "queen", "r": "rook", "b": "bishop", "n": "knight", "p": "pawn"}
+    at = {}
+    for r, row in enumerate(tools.fen().split()[0].split("/")):
+        f = 0
+        for ch in row:
+            if ch.isdigit():
+                f += int(ch)
+            else:
+                at["abcdefgh"[f] + str(8 - r)] = names[ch.lower()]
+                f += 1
+    pairs = list(zip(legal, tools.legal_moves_san()))
+    checks = [p for p in pairs if p[1].endswith("+")]
+    captures = [p for p in pairs if "x" in p[1] and p not in checks]
+    rest = [p for p in pairs if p not in checks and p not in captures]
+    lines = []
+    for u, s in (checks + captures + rest)[:max(8, len(checks))]:
+        what = f"{at[u[:2]]} {u[:2]} to {u[2:4]}"
+        if "x" in s:
+            what += f", takes the {at.get(u[2:4], 'pawn')}"
+        if "=" in s:
+            what += ", promotes"
+        if s.endswith("+"):
+            what += ", check"
+        lines.append(f"<move>{u}</move> {s}: {what}")
+    return "\\n".join(lines)
+''',
     ],
     "parse_move": [
         '''def parse_move(text, legal, tools):
@@ -235,8 +308,7 @@ PRIMITIVES = {
 ''',
         '''def parse_move(text, legal, tools):
     """Move-format recovery: UCI with or without separators; a promotion written without its
-    piece (e7e8 -> e7e8q); SAN; or a piece and a target square ('Qh7', 'queen to h7',
-    'knight f7') when exactly one legal move matches it. Never a guess: no match, no move."""
+    piece (e7e8 -> e7e8q); SAN. Never a guess: no match, no move."""
     low = re.sub(r"([a-h][1-8])\\s*[-x ]\\s*([a-h][1-8])", r"\\1\\2", text.lower())
     tag = re.search(r"<move>\\s*([^<\\n]*)", low)
     scope = tag.group(1) if tag else low
@@ -246,21 +318,25 @@ PRIMITIVES = {
         if u + "q" in legal:
             return u + "q"
     san = {s.rstrip("+#"): u for u, s in zip(legal, tools.legal_moves_san())}
-    words = (tag.group(1) if tag else text).replace("0-0", "O-O").split()
-    for word in reversed(words):
+    words = (re.search(r"<move>\\s*([^<\\n]*)", text) or re.search(r"(.*)", text, re.S)).group(1)
+    for word in reversed(words.replace("0-0", "O-O").split()):
         w = word.strip(".,!?:;()<>/").rstrip("+#")
         if w in san:
             return san[w]
-    names = {"king": "K", "queen": "Q", "rook": "R", "bishop": "B", "knight": "N", "pawn": ""}
-    found = re.findall(r"\\b(king|queen|rook|bishop|knight|pawn|[KQRBN])\\b[^a-h\\n]{0,12}([a-h][1-8])", text, re.I)
-    for piece, square in reversed(found):
-        letter = names.get(piece.lower(), piece.upper() if len(piece) == 1 else "")
-        hits = [u for u, s in zip(legal, tools.legal_moves_san())
-                if u[2:4] == square.lower() and (s[0] == letter if letter else s[0].islower())]
-        if len(hits) == 1:
-            return hits[0]
     return None
 ''',
+        '''def parse_move(text, legal, tools):
+    """The FIRST legal move the reply names, in reading order, as UCI (e2e4, e2-e4) or SAN (Qxh7):
+    harness-split replies list several moves copied from the prompt, the meant one first."""
+    low, found = text.lower(), []
+    for u, s in zip(legal, tools.legal_moves_san()):
+        hits = [m.start() for m in (
+            re.search(r"(?<![a-z0-9])" + u[:2] + r"[-x ]?" + u[2:] + r"(?![a-z0-9])", low),
+            re.search(r"(?<![A-Za-z0-9])" + re.escape(s.rstrip("+")) + r"(?![A-Za-z0-9])", text)) if m]
+        if hits:
+            found.append((min(hits), u))
+    return min(found)[1] if found else None
+'''
     ],
     "format_retry": [
         '''def format_retry(move, legal):
@@ -297,8 +373,9 @@ The environment runs outside the harness and plays the opponent. Tools (results 
   tools.legal_moves() -> sorted UCI moves; tools.legal_moves_san() -> the same moves in SAN, same order
                          (checks '+', captures 'x'; a mating move is also shown with '+', never '#')
   tools.play(uci) -> "ok: the opponent replied <uci>" | "solved: ..." | "over: ..."
-A non-UCI argument raises a tool error (nothing is played, you may retry). An illegal move or a wrong legal
-move ENDS the puzzle ("over: ..."), so check the model's move against legal_moves() BEFORE calling play.
+A non-UCI argument, or a move the model's LATEST reply does not name (as UCI or SAN), raises a tool error
+(nothing is played, you may retry). An illegal move or a wrong legal move ENDS the puzzle ("over: ..."), so
+check the model's move against legal_moves() BEFORE calling play.
 The score is 1 iff the puzzle was solved; run()'s return value is ignored.
 
 The seed harness h0 (domains/chess_h0.py) is weak on purpose. Its axes, each ONE top-level name:

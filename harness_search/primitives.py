@@ -48,9 +48,11 @@ SIGNATURE_KEYWORDS = {
     # answered, but the answer is nowhere in the tool output: retrieval / tool use missed it
     "unsupported": ("search", "query", "retriev", "rewrite", "top", "k", "passage", "chars",
                     "context", "code", "python", "observation", "feedback"),
-    # the answer came from the tool output and was still wrong: instructions / format, or the loop
-    # that makes the answer (`run`: searchqa's repair against the evidence, or a vote over replies)
-    "wrong": ("system", "prompt", "template", "user", "instruction", "format", "extract", "answer", "run"),
+    # the answer came from the tool output and was still wrong: instructions / format, how the options
+    # are shown (chess's annotate_moves), or the loop that makes the answer (`run`: searchqa's repair
+    # against the evidence, or a vote over replies)
+    "wrong": ("system", "prompt", "template", "user", "instruction", "format", "annotate", "extract", "answer",
+              "run"),
 }
 
 

@@ -634,14 +634,19 @@ def test_chess_h0_and_primitives_splice():
     u = m1["answer"]["line"][0]
     lenient = hsrc.splice(h0, "parse_move", chessdom.PRIMITIVES["parse_move"][0])
     assert _chess_run(lenient, m1, [f"My move is {u[:2]}-{u[2:]}."])[1].solved
-    # issue 33's move-format recovery: a promotion without its piece, a piece and a square, never a guess
+    # issue 33's move-format recovery: a promotion without its piece, SAN, never a guess (a piece and a
+    # square, "queen to h5", is not read: play() would refuse a move the reply does not name)
     rec = load_harness(hsrc.splice(h0, "parse_move", chessdom.PRIMITIVES["parse_move"][2]))
     legal = ["e7e8q", "e7e8n", "g1f3", "d1h5"]
     table = types.SimpleNamespace(legal_moves_san=lambda: ["e8=Q+", "e8=N", "Nf3", "Qh5"])
     assert rec.parse_move("<move>e7e8", legal, table) == "e7e8q"
-    assert rec.parse_move("I move the queen to h5", legal, table) == "d1h5"
-    assert rec.parse_move("Knight f3!", legal, table) == "g1f3"
-    assert rec.parse_move("pawn e8", legal, table) is None  # two pawn moves to e8: no guess
+    assert rec.parse_move("Knight to Nf3!", legal, table) == "g1f3"
+    assert rec.parse_move("I move the queen to h5", legal, table) is None
+    # the first-named parser reads the move the reply names first, in either notation
+    first = load_harness(hsrc.splice(h0, "parse_move", chessdom.PRIMITIVES["parse_move"][3]))
+    assert first.parse_move("The best move is d1-h5 g1f3 e7e8q", legal, table) == "d1h5"
+    assert first.parse_move("Nf3, then maybe d1h5", legal, table) == "g1f3"
+    assert first.parse_move("no move here: e7e9, Kf3", legal, table) is None
     retry = load_harness(hsrc.splice(h0, "format_retry", chessdom.PRIMITIVES["format_retry"][2]))
     assert "d1h5" in retry.format_retry("d1h6", legal) and "g1f3" not in retry.format_retry("d1h6", legal)
 
@@ -677,6 +682,56 @@ def test_chess_h0_in_sandbox():
                "    return out\n")
     rec = sandbox.run_rollouts(hostile, jobs[:1], llm_batch, make_tools_for)[0]
     assert rec["status"] == "ok" and rec["answer"] == "blocked ToolError" and not states[0].played
+
+
+def test_chess_named_in_reads_uci_and_san_as_words():
+    start = pychess.Board()
+    named = lambda uci, *texts, board=start: chessdom.named_in(pychess.Move.from_uci(uci), board, texts)  # noqa: E731
+    assert named("e2e4", "I play e2e4") and named("e2e4", "E2-E4!") and named("e2e4", "e2 e4") and named("e2e4", "e4")
+    assert named("g1f3", "<move>Nf3") and named("g1f3", "so Nf3+") and named("g1f3", "maybe later", "g1-f3")
+    assert not named("g1f3", "nf3") and not named("g1f3", "Nf3e") and not named("e2e4", "e2e45", "d2e4")
+    assert not named("e2e4", "e3e4 then be4") and not named("g1f3", "")
+    castle = pychess.Board("r3k2r/8/8/8/8/8/8/R3K2R w KQkq - 0 1")
+    assert named("e1g1", "O-O", board=castle) and named("e1g1", "0-0!", board=castle)
+    assert not named("e1g1", "O-O-O", board=castle) and named("e1c1", "O-O-O", board=castle)
+    promo = pychess.Board("8/4P3/8/8/8/8/k7/7K w - - 0 1")
+    assert named("e7e8q", "e7e8", board=promo) and named("e7e8q", "e8=Q", board=promo)
+    assert not named("e7e8n", "e7e8", board=promo) and named("e7e8n", "e7e8n", board=promo)
+    assert named("a1a3", "a1a3") and not named("a1a3", "Ra3")  # an illegal move: its UCI only
+
+
+@pytest.mark.slow
+def test_chess_play_takes_only_a_move_the_models_latest_reply_names(hf):
+    """Under rollout.run (the real model, greedy), play() refuses a move before any reply, a move the
+    harness picked that the reply does not name, and a move an older reply named; it takes the move
+    the model was told to echo: the check sees words, not how the harness led the model to them."""
+    import rollout
+    harness = ("import re\n"
+               "def run(task, llm, tools):\n"
+               "    legal, out = tools.legal_moves(), []\n"
+               "    def tried(move):\n"
+               "        try:\n"
+               "            return tools.play(move).split(':')[0]\n"
+               "        except Exception as e:\n"
+               "            return 'refused' if 'does not name' in str(e) else str(e)\n"
+               "    out.append(tried(legal[0]))\n"
+               "    reply = llm([{'role': 'user', 'content': 'Write this move: ' + legal[-1]}], max_tokens=12)\n"
+               "    named = [u for u in legal if re.search(r'(?<![a-z0-9])' + u + r'(?![a-z0-9])', reply.lower())]\n"
+               "    pick = [u for u in legal if u[:2] not in reply.lower() and u[2:4] not in reply.lower()][0]\n"
+               "    out.append(tried(pick))\n"
+               "    llm([{'role': 'user', 'content': 'Say hello.'}], max_tokens=4)\n"
+               "    out.append(tried(named[0]) if named else 'named nothing')\n"
+               "    llm([{'role': 'user', 'content': 'Write this move: ' + legal[-1]}], max_tokens=12)\n"
+               "    out.append(tried(legal[-1]))\n"
+               "    return ' '.join(out)\n")
+    ex = chessdom.load_split("harness")[0]
+    rec = rollout.run(hf, chessdom, harness, [ex], 1, seed=0, max_tokens=16,
+                      sampling={"temperature": 0.0, "top_k": 0, "top_p": 1.0})[0]
+    assert rec["status"] == "ok", rec["error"]
+    assert rec["answer"].split()[:3] == ["refused", "refused", "refused"], rec["answer"]
+    assert rec["answer"].split()[3] in ("ok", "over", "solved"), rec["answer"]  # the echoed move was played
+    plays = [t for t in rec["tool_calls"] if t["name"] == "play"]
+    assert len(plays) == 4 and all("does not name" in t["error"] for t in plays[:3]) and plays[3]["error"] is None
 
 
 @pytest.mark.slow
