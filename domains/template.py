@@ -49,7 +49,9 @@ def load_split(split):
 
 def make_tools(example):
     """No tools: the harness only calls the model. A domain with tools returns them here, with a
-    state object its verify reads (e.g. a game board), built fresh for every rollout."""
+    state object its verify reads (e.g. a game board), built fresh for every rollout. A state
+    with a `latest_replies` attribute gets, under rollout.run, the texts of the rollout's latest
+    llm() call, so a tool can check an argument against what the model wrote (chess's play())."""
     return {}, None
 
 

@@ -640,6 +640,29 @@ def broken_model(tiny_models, tmp_path, case):
     return str(d)
 
 
+def test_a_run_keeps_freed_blocks_in_the_heap_unless_the_user_tunes_malloc():
+    """whale.keep_freed_memory (run at import): a 100 MB block freed and taken again 40 times has its
+    pages faulted in a few times, not 40 (glibc's own settings give it back to the kernel at every
+    free); a GLIBC_TUNABLES of the user's, even empty, leaves glibc's settings alone."""
+    import subprocess
+    import sys
+    probe = ("import resource, whale, torch\n"
+             "r0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt\n"
+             "for _ in range(40):\n"
+             "    x = torch.empty(25_000_000); x.fill_(1.0); del x\n"
+             "print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - r0)\n")
+    env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES" and not k.startswith("MALLOC_")}
+
+    def faults(**more):
+        out = subprocess.run([sys.executable, "-c", probe], env={**env, **more}, cwd=Path(whale.__file__).parent,
+                             capture_output=True, text=True, check=True)
+        return int(out.stdout.split()[-1])
+    pages = 25_000_000 * 4 // 4096
+    kept, glibc = faults(), faults(GLIBC_TUNABLES="")
+    assert glibc >= 30 * pages, glibc  # a fresh mapping, faulted in, every time
+    assert kept < glibc / 3, (kept, glibc)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("case, chat_format, needle", [
     ("empty dir", "auto", "no config.json"),
