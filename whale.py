@@ -32,9 +32,9 @@ if "OMP_WAIT_POLICY" not in os.environ:  # (a policy the user sets is theirs)
 
 def keep_freed_memory():
     """glibc returns every freed block over 32 MB (a prefill's activations, the update's logits) to
-    the kernel, and the next one comes back as fresh pages the kernel must fault in and zero: a
-    sixth of a long-prompt evaluation's time. Keeping blocks under 1 GB in the heap reuses them
-    (the same peak RSS; tools/bench.py --only malloc measures it). Not glibc, or a GLIBC_TUNABLES
+    the kernel, and the next one comes back as fresh pages the kernel must fault in and zero: 2 of
+    the first run's 15 minutes. Keeping blocks under 1 GB in the heap reuses them (the same peak RSS;
+    tools/bench.py --only malloc measures it: 1.09x on long prompts). Not glibc, or a GLIBC_TUNABLES
     or MALLOC_* in the environment (even empty: the user's own malloc settings): nothing changes."""
     if "GLIBC_TUNABLES" in os.environ or any(k.startswith("MALLOC_") for k in os.environ):
         return
