@@ -621,6 +621,36 @@ def test_primitives_axis_follows_failure_signature(tmp_path):
     assert [c["axis"] for c in p4] == ["TOP_K"] * 4 + [p4[4]["axis"]] and p4[4]["axis"] != "TOP_K"
 
 
+def test_primitives_sideways_parent_stacks_swaps_across_a_plateau(tmp_path):
+    """--proposer-ties newer: on a tie for the top score the newest tied candidate is the parent, so
+    a swap that did not hurt stays and the next swaps go on top of it (older: the paper's order, h0
+    stays the parent of every swap while everything scores 0); a better score still wins."""
+    d = str(tmp_path / "arch")
+    think = hsrc.splice(H0, "SYSTEM_PROMPT", 'SYSTEM_PROMPT = "Think, then answer."')
+    batches = [[think]]
+    mh.search_phase(H0, DOMAIN, EXAMPLES, lambda src, exs, tag: [record(ex, False) for ex in exs], ok_validate,
+                    lambda a, k: [dict(source=s, proposer="fake", note="n", parent="cand_000") for s in batches.pop(0)],
+                    archive_dir=d, k=1, should_stop=stop_after(2), log=quiet)
+    arch = harness_archive.load_archive(d)
+    assert [c["scores"]["success"] for c in arch] == [0.0, 0.0]
+    assert primitives.parent_of(arch, "older")["name"] == "cand_000" == harness_archive.paper_choice(arch)["name"]
+    assert primitives.parent_of(arch, "newer")["name"] == "cand_001"
+    older = proposers.make_proposer("primitives", DOMAIN)(d, 3).candidates
+    newer = proposers.make_proposer("primitives", DOMAIN, ties="newer")(d, 3).candidates
+    assert {c["parent"] for c in older} == {"cand_000"} and {c["parent"] for c in newer} == {"cand_001"}
+    stacked = [c for c in newer if c["axis"] != "SYSTEM_PROMPT"]
+    assert stacked and all("Think, then answer." in c["source"] for c in stacked)  # the first swap stays
+    assert not any("Think, then answer." in c["source"] for c in older if c["axis"] != "SYSTEM_PROMPT")
+    better = dict(arch[0], scores=dict(arch[0]["scores"], success=0.1))
+    assert primitives.parent_of([better, arch[1]], "newer")["name"] == "cand_000"  # sideways only on a tie
+    with pytest.raises(ValueError, match="older or newer"):
+        proposers.make_proposer("primitives", DOMAIN, ties="sideways")
+    for bad in (["--proposer-ties", "sideways"], ["--proposer", "command", "--proposer-command", "x",
+                                                  "--proposer-ties", "newer"]):
+        with pytest.raises(run_setup.UserError, match="proposer-ties"):
+            run_setup.check_args(run_setup.parse_args(whale.Args, bad), whale.METHODS, switch.check)
+
+
 def test_a_run_from_before_a_setting_existed_resumes_as_it_ran(tmp_path):
     """run_setup.ADDED_LATER: a config.json from before --confirm-examples and --sft-prompts existed
     resumes without the second look and with whole sequences (the defaults would change what the

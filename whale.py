@@ -103,6 +103,9 @@ class Args:
     val_every: int = arg(0, "also evaluate validation (+ --test-subset) every N RSFT steps (0 = after each phase)")
     # phase B
     proposer: str = arg("primitives", "primitives | self | openai | command")
+    proposer_ties: str = arg("older", "primitives proposer: on a tie for the top score, edit the older candidate "
+                                      "(the paper's order) or the newer (sideways moves across a plateau: "
+                                      "harness_search/primitives.parent_of)")
     proposer_url: str = arg("", "openai proposer: base URL of an OpenAI-compatible endpoint")
     proposer_model: str = arg("", "openai proposer: model name")
     proposer_command: str = arg("", "command proposer: the coding agent CLI, run jailed in a copy of the archive "

@@ -4,8 +4,8 @@ primitives.py: the offline proposer of phase B (the default: no LLM, no network,
 The search space is the domain's PRIMITIVES: for each axis (a top-level name of the harness:
 SYSTEM_PROMPT, RETRIEVAL, extract_answer, ...) a list of alternative definitions, written from
 harness-split traces. A proposal, in this order:
-  swap      the paper's choice (the archive's top scorer, harness_archive.paper_choice: the parent)
-            with ONE axis replaced by one of its alternatives, spliced in by name with `ast`;
+  swap      the paper's choice (the archive's top scorer, harness_archive.paper_choice: the parent;
+            on a tie, optionally the newest of the tied: parent_of) with ONE axis replaced by one of its alternatives, spliced in by name with `ast`;
             axes ranked by the failure signatures of the parent's failed traces (which axis the
             failures point at), so the first draws go where the traces say the harness fails;
   combine   when single swaps on the parent are used up: the axes that helped in other top
@@ -208,15 +208,34 @@ def later_candidates(domain, best, scored, order, margin, seed_source):
                            f"alternatives {j + 1} and {m + 1}")
 
 
-def proposer(domain, rng_seed=0):
+def parent_of(archive, ties="older"):
+    """The candidate the next swaps edit: the paper's choice (the archive's top scorer); on a tie
+    for the top success, ties="older" keeps the paper's order (fewer turns, then the older), and
+    ties="newer" takes the newest of the tied: a sideways move, the textbook way for a local search
+    to cross a plateau. Where every candidate scores 0 (chess under a 135M model), the older rule
+    keeps editing h0 and never stacks two swaps; sideways, a swap that did not hurt stays, and the
+    next one goes on top of it. What it leaves out: a cap on sideways moves in a row (the search's
+    budget is the cap), and any other sign of progress on a tie (how many rollouts answered)."""
+    if ties not in ("older", "newer"):
+        raise ValueError(f"unknown ties rule {ties!r}; expected older or newer")
+    best = harness_archive.paper_choice(archive)
+    if ties == "older" or best is None:
+        return best
+    return max((c for c in archive if c["scores"] and c["scores"]["success"] == best["scores"]["success"]),
+               key=lambda c: c["num"])
+
+
+def proposer(domain, rng_seed=0, ties="older"):
     """propose(archive_dir, k) -> Proposal of up to k candidates (proposers.py's interface), exhausted
-    once nothing is left to propose on this archive."""
+    once nothing is left to propose on this archive. ties: which of the top-scoring candidates is
+    the parent (parent_of)."""
     from harness_search.proposers import Proposal  # (proposers.py imports this file)
+    parent_of([], ties)  # an unknown rule fails here, not at the first proposal
 
     def propose(archive_dir, k):
         errors, spent = [], dict(calls=1)
         archive = harness_archive.load_archive(archive_dir)
-        parent = harness_archive.paper_choice(archive)
+        parent = parent_of(archive, ties)
         if parent is None:
             errors.append("primitives: no evaluated candidate to start from")
             return Proposal([], errors, False, spent)
