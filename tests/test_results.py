@@ -82,6 +82,31 @@ def test_results_claims_pair_methods_on_the_same_questions():
     assert "+25.0 ± 79.5 (95% CI, the wider of: over 2 seeds ± 0.0, over 4 questions ± 79.5) | unresolved" in row
 
 
+def test_results_adaptive_claim_has_its_margin_and_peak_table_pairs_seeds():
+    """'adaptive at least matches fixed' holds above -2 points (the margin registered before its cells),
+    not above 0; the peak table is where each method's curve first reaches the same seed's
+    weight-only peak (not its final), or says that it never does."""
+    def run(method, seed, points, schedule="fixed-steps:4,3"):
+        evals = [{"event": "eval", "split": "test", "tag": "final" if x == 300 else "curve", "rollouts": x,
+                  "mean": sum(v) / len(v), "per_example": dict(enumerate(v))} for x, v in points]
+        return {"cfg": {"domain": "d", "method": method, "seed": seed, "schedule": schedule, "test_subset": 0},
+                "sum": {"rollouts": 300, "seconds": 60}, "metrics": evals}
+    q = lambda k: [1.0] * k + [0.0] * (10 - k)  # k of 10 questions right
+    runs = [run("weight-only", 0, [(0, q(0)), (100, q(6)), (300, q(4))]),  # peak 60 % at 100, final 40 %
+            run("whale", 0, [(0, q(0)), (100, q(5)), (200, q(6)), (300, q(6))]),
+            run("harness-only", 0, [(0, q(0)), (300, q(5))]),
+            run("whale", 0, [(0, q(0)), (300, q(5))], "adaptive:w=2")]  # 1 question below whale's final
+    results.cell_labels(runs)
+    row = next(r for r in results.claims(runs).splitlines() if "| whale-adaptive | whale |" in r)
+    assert "| -10.0 ± 10.0 (SE, 10 questions, -1.0 SE) |" in row and "| unresolved (95% interval holds -2) |" in row
+    assert results.verdict(-1.0, 0.5, 2) == "holds" and results.verdict(-1.0, 0.5) == "reversed"
+    assert results.verdict(-3.0, 0.5, 2) == "reversed"
+    peak = {r.split("|")[3].strip(): r for r in results.to_peak(runs).splitlines()[2:]}
+    assert peak["whale"] == "| d | 60.0 | whale | 200 | 67% | 1/1 |"  # the peak (60), not the final (40)
+    assert peak["weight-only"].endswith("| weight-only | 100 | 33% | 1/1 |")
+    assert peak["harness-only"].endswith("| not reached | - | 0/1 |")
+
+
 def test_results_against_pairs_the_same_cells_of_two_grids():
     """--against (a rerun of a grid's cells with a changed proposer): each cell of this grid minus the
     same cell of the other, per seed on the same questions; a cell or seed only one grid has is left out."""
