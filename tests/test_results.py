@@ -123,7 +123,11 @@ def test_results_against_pairs_the_same_cells_of_two_grids():
     assert len(rows) == 3  # one cell in both grids (whale is only in new); seed 0 only (1 and 2 are unpaired)
     # per question +1, 0, 0, -0.5: +12.5 +- 31.5 (SE), as the claims compute it
     assert "| d | harness-only | 0 | 25.0 | 37.5 | +12.5 ± 31.5 (SE, 4 questions, 0.4 SE) | unresolved" in rows[2]
-    assert rows[2].endswith("| 96 / 128 |")
+    assert rows[2].endswith("| 96 / 128 | none |")  # the same settings (config.json) and commits
+    old[0]["cfg"]["temperature"] = 0.3
+    old[0]["metrics"].append({"event": "start", "commit": "abc"})
+    assert results.against(new, old, "runs/new", "runs/old").splitlines()[2].endswith(
+        "| 96 / 128 | temperature 0.3 / -; commit abc / ? |")  # where the settings and commits differ
     other = [run("weight-only", 0, [0] * 4)]
     results.cell_labels(other)
     assert results.against(new, other, "a", "b") == ""  # nothing in common: no table

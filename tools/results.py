@@ -358,7 +358,7 @@ def against(runs, other_runs, root, other):
     mine, theirs = by_cell(runs), by_cell(other_runs)
     root, other = Path(root).name, Path(other).name  # the folders' names head the columns
     rows = [f"| domain | method | seeds | {other} | {root} | {root} - {other} (points) | verdict (95%) | "
-            "rollouts (other / this) |", "|" + "---|" * 8]
+            "rollouts (other / this) | settings that differ (other / this) |", "|" + "---|" * 9]
     for cell in sorted(set(mine) & set(theirs)):
         A, B = mine[cell], theirs[cell]
         seeds = sorted(set(A) & set(B))
@@ -369,8 +369,26 @@ def against(runs, other_runs, root, other):
         final = lambda runs_: fmt([runs_[s]["sum"]["test_mean8_final"] for s in seeds])
         spent = lambda runs_: ", ".join(str(runs_[s]["sum"]["rollouts"]) for s in seeds)
         rows.append(f"| {cell[0]} | {cell[1]} | {', '.join(map(str, seeds))} | {final(B)} | {final(A)} | {diff} | "
-                    f"{verdict(m, half)} | {spent(B)} / {spent(A)} |")
+                    f"{verdict(m, half)} | {spent(B)} / {spent(A)} | {settings_that_differ(B[seeds[0]], A[seeds[0]])} |")
     return "\n".join(rows) if len(rows) > 2 else ""
+
+
+def commits(run):
+    """The git commit(s) a run's processes ran at (metrics.jsonl 'start' lines; a resumed run may have several)."""
+    return list(dict.fromkeys(m["commit"][:12] + ("+dirty" if m["commit"].endswith("+dirty") else "")
+                              for m in run["metrics"] if m.get("event") == "start"))
+
+
+def settings_that_differ(a, b):
+    """'name a / b' for every setting (config.json) and the commit where two runs differ, the seed and
+    the run directory aside: what a reader needs to weigh one grid's cell against another's."""
+    keys = sorted((set(a["cfg"]) | set(b["cfg"])) - {"out", "resume", "seed"})
+    out = [f"{k.replace('_', '-')} {a['cfg'].get(k, '-')} / {b['cfg'].get(k, '-')}" for k in keys
+           if a["cfg"].get(k) != b["cfg"].get(k)]
+    ca, cb = commits(a), commits(b)
+    if ca != cb:
+        out.append(f"commit {', '.join(ca) or '?'} / {', '.join(cb) or '?'}")
+    return "; ".join(out) or "none"
 
 
 def provenance(runs):
@@ -381,11 +399,9 @@ def provenance(runs):
     defaults = vars(Args())
     rows = ["| run | commit(s) | command |", "|---|---|---|"]
     for r in runs:
-        commits = list(dict.fromkeys(m["commit"][:12] + ("+dirty" if m["commit"].endswith("+dirty") else "")
-                                     for m in r["metrics"] if m.get("event") == "start"))
         flags = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in r["cfg"].items()
                          if k not in ("resume", "out") and k in defaults and v != defaults[k])
-        rows.append(f"| {r['dir'].name} | {', '.join(commits) or 'not logged (run before commit logging)'} | "
+        rows.append(f"| {r['dir'].name} | {', '.join(commits(r)) or 'not logged (run before commit logging)'} | "
                     f"`python whale.py {flags}` |")
     return "\n".join(rows)
 
