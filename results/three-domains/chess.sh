@@ -11,16 +11,7 @@ case "${1:-}" in gate2) wt=$(dirname "$here")/whale-chess2 ;; *) wt=$(dirname "$
 [ -d "$wt" ] || git worktree add --detach "$wt" HEAD
 echo "chess runs at $(git -C "$wt" rev-parse --short HEAD) in $wt"
 
-land() {  # land SRC TARGET: the record of a finished run (no weights), packed, with its report
-  [ -f "$1/summary.json" ] || { echo "unfinished: $1 (run this again to resume it)" >&2; exit 1; }
-  mkdir -p "$2"
-  for f in config.json summary.json metrics.jsonl harnesses archive archive.zip; do
-    if [ -e "$1/$f" ]; then cp -r "$1/$f" "$2/"; fi
-  done
-  python tools/results.py "$2" --pack
-  python tools/report.py "$2"
-  echo "landed: $2"
-}
+. results/three-domains/land.sh  # land SRC TARGET
 
 gate() {  # gate NAME [FLAGS...]: the gate search NAME-search (resumes), then chess_gate.py into chess-NAME.json
   local name=$1 run=results/runs/three-domains-chess/$1-search

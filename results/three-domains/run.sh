@@ -24,16 +24,7 @@ claim=(--budget 4992 --prompts-per-step 16 --group 8 --harness-examples 64 --har
        --lr 1e-5 --train-layers 0 --max-kept-per-prompt 4)
 declare -A adaptive=([A]=adaptive:w=4,pw=4,min_w=4,min_h=3,max_h=6 [B]=adaptive:w=2,pw=2,min_w=2,min_h=2,max_h=4)
 
-land() {  # land SRC TARGET: the record of a finished run (no weights), packed, with its report
-  [ -f "$1/summary.json" ] || { echo "unfinished: $1 (run this again to resume it)" >&2; exit 1; }
-  mkdir -p "$2"
-  for f in config.json summary.json metrics.jsonl harnesses archive archive.zip; do
-    if [ -e "$1/$f" ]; then cp -r "$1/$f" "$2/"; fi
-  done
-  python tools/results.py "$2" --pack
-  python tools/report.py "$2"
-  echo "landed: $2 (commit it: git add $2 && git commit -m '...' -- $2)"
-}
+. results/three-domains/land.sh  # land SRC TARGET
 
 run_whale() {  # run_whale GRID NAME DOMAIN SEED FLAGS...: run (or resume) one whale run at 780f86f, land it here
   local grid=$1 name=$2 domain=$3 seed=$4; shift 4
