@@ -198,6 +198,7 @@ def test_the_exported_bundle_goes_to_the_runs_wandb_run_as_a_model_artifact(tiny
     saved = {}
     tracking.open_wandb(run, {"method": "whale"}, "test-id", saved)  # as a --tracker wandb run made it
     wandb.finish()
+    wandb.teardown()  # and its service process (wandb-core) with it: whale.py's ends with the process, this one's would not
     (run / "tracker.json").write_text(json.dumps({**saved, "id": "test-id"}))
     r = run_export(run, tmp_path / "agent", "--to-tracker")
     assert r.returncode == 0 and "logged to the run's tracker: wandb" in r.stdout, r.stdout + r.stderr
