@@ -71,8 +71,10 @@ case "$preset" in
                  --max-kept-per-prompt 4)
          adaptive=adaptive:w=4,pw=4,min_w=4,min_h=3,max_h=6
          domains=${*:-"searchqa math"}; methods=${METHODS:-"whale harness-only weight-only"}
-         # the tables cover the registered grid, both domains, whichever cells this call runs
-         grid=(--domains "searchqa math" --methods "whale harness-only weight-only") ;;
+         # the tables cover the registered grid, both domains, whichever cells this call runs, with the cells
+         # issue 57's study added to it (results/three-domains) and harness-only's better grid beside its cell
+         grid=(--domains "searchqa math" --methods "whale whale-adaptive harness-only weight-only fst stagewise"
+               --against results/runs/cpu-long-typed) ;;
   paper) common=(--engine vllm --device cuda --budget 40960 --prompts-per-step 256 --group 8
                  --harness-examples 256 --harness-n 1 --candidates 3 --schedule fixed:0.6,6 --lr 1e-7 --minibatch 64
                  --micro-batch 8 --train-layers 0 --max-tokens 1024 --test-subset 0 --val-limit 0 --val-n 8
