@@ -5,7 +5,8 @@ The search space is the domain's PRIMITIVES: for each axis (a top-level name of 
 SYSTEM_PROMPT, RETRIEVAL, extract_answer, ...) a list of alternative definitions, written from
 harness-split traces. A proposal, in this order:
   swap      the paper's choice (the archive's top scorer, harness_archive.paper_choice: the parent;
-            on a tie, optionally the newest of the tied: parent_of) with ONE axis replaced by one of its alternatives, spliced in by name with `ast`;
+            on a tie, optionally the newest of the tied: parent_of) with ONE axis replaced by one
+            of its alternatives, spliced in by name with `ast`;
             axes ranked by the failure signatures of the parent's failed traces (which axis the
             failures point at), so the first draws go where the traces say the harness fails;
   combine   when single swaps on the parent are used up: the axes that helped in other top
