@@ -107,6 +107,20 @@ def test_results_adaptive_claim_has_its_margin_and_peak_table_pairs_seeds():
     assert peak["harness-only"].endswith("| not reached | - | 0/1 |")
 
 
+def test_results_phases_are_read_in_order_with_the_harness_share_of_rollouts():
+    """A run's schedule is read from its events, not its flags: an adaptive run that cut its phases
+    short shows the phases it actually had, and evaluations and resumes spend nothing."""
+    ev = lambda event, x: {"event": event, "rollouts": x}
+    metrics = [ev("eval", 0), ev("rollout_step", 100), ev("rollout_step", 200),
+               ev("harness_candidate", 250), ev("harness_iteration", 300), ev("eval", 300), ev("start", 300),
+               ev("harness_iteration", 400), ev("rollout_step", 500)]
+    assert results.phases({"metrics": metrics}) == ("A2 B2 A1", 0.4)
+    runs = [{"cfg": {"domain": "d", "method": "whale", "seed": s, "schedule": "adaptive:w=2"}, "metrics": m}
+            for s, m in ((0, metrics), (1, [ev("rollout_step", 100)]))]
+    results.cell_labels(runs)
+    assert results.phases_table(runs).splitlines()[2] == "| d | whale-adaptive | 0 1 | A2 B2 A1 / A1 | 40% / 0% |"
+
+
 def test_results_against_pairs_the_same_cells_of_two_grids():
     """--against (a rerun of a grid's cells with a changed proposer): each cell of this grid minus the
     same cell of the other, per seed on the same questions; a cell or seed only one grid has is left out."""

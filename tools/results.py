@@ -17,6 +17,7 @@ Then:
     spread cancels); one seed: that difference ± its SE, several: the mean over seeds ± the wider of
     the t interval over seeds and the interval over questions of the seed-averaged differences;
     a verdict (holds / reversed / unresolved at 95%) and where A's curve first reaches B's final;
+  - where each run spent its rollouts: its phases in order (A11 B6 A5 ...) from metrics.jsonl;
   - the grid's coverage (which method x domain x seed cells finished, which runs to resume);
   - per run, the git commit(s) it ran at and the whale.py command that reproduces it;
   - one curve per domain: test mean@8 against cumulative target rollouts, every point of a
@@ -171,6 +172,42 @@ def diagnostics(runs):
                     + (f"{mean(kept):.1f} ({min(kept)}-{max(kept)})" if kept else "-") + f" | {per('opt')} | "
                     + (f"{mean(tokens):.0f}" if tokens else "-" if not kept else "not logged") + " | "
                     + f"{per('proposed')} | {per('valid')} | {per('accepted')} |")
+    return "\n".join(rows)
+
+
+def phases(run):
+    """The phases a run went through, in order, from its metrics.jsonl: 'A11 B6 A5' = 11 RSFT steps, then
+    6 harness-search iterations (the first re-scores the incoming harness), then 5 RSFT steps; and the
+    share of its target rollouts that went to harness phases (the rest trained the weights)."""
+    seq, spent_by, last = [], {"A": 0, "B": 0}, 0
+    for m in run["metrics"]:
+        side = {"rollout_step": "A", "harness_iteration": "B", "harness_candidate": "B"}.get(m.get("event"))
+        if side is None or "rollouts" not in m:
+            continue
+        spent_by[side] += max(m["rollouts"] - last, 0)
+        last = max(last, m["rollouts"])
+        if m["event"] == "harness_candidate":
+            continue  # counted in rollouts; the iteration is the phase's unit
+        if seq and seq[-1][0] == side:
+            seq[-1][1] += 1
+        else:
+            seq.append([side, 1])
+    total = spent_by["A"] + spent_by["B"]
+    return " ".join(f"{side}{n}" for side, n in seq), (spent_by["B"] / total if total else 0.0)
+
+
+PHASES_NOTE = ("Each run's phases in order (A = RSFT steps, B = harness-search iterations, the first of each "
+               "harness phase re-scoring the incoming harness), and the share of its target rollouts that went to "
+               "harness phases: where a schedule spent its budget.\n\n")
+
+
+def phases_table(runs):
+    """One row per cell: the phases of each seed's run and the harness phases' share of rollouts."""
+    rows = ["| domain | method | seeds | phases, per seed | rollouts in harness phases, per seed |", "|---|---|---|---|---|"]
+    for (d, m), by_seed in sorted(by_cell(runs).items()):
+        got = [phases(r) for _, r in sorted(by_seed.items())]
+        rows.append(f"| {d} | {m} | {' '.join(map(str, sorted(by_seed)))} | {' / '.join(q or '-' for q, _ in got)} | "
+                    + " / ".join(f"{100 * share:.0f}%" for _, share in got) + " |")
     return "\n".join(rows)
 
 
@@ -559,6 +596,7 @@ def main():
     peak_text = "### Rollouts to reach weight-only's peak\n\n" + PEAK_NOTE + peak + "\n\n" if peak else ""
     versus_text = "".join(f"### Against {w}\n\n{against_note(w)}\n\n{t}\n\n" for w, t in versus.items() if t)
     body = (made + table(runs) + "\n\n" + "### What each side had to learn from\n\n" + diagnostics(runs) + "\n\n"
+            + "### Where each run spent its rollouts\n\n" + PHASES_NOTE + phases_table(runs) + "\n\n"
             + claims_text + peak_text + versus_text + "### Grid coverage\n\n" + coverage(runs, Path(a.root), *grid) + "\n"
             + "### Runs: code and command\n\n" + provenance(runs) + "\n")
     images = lambda where: "\n".join(f"![{p.stem}]({where}{p.name})" for p in pngs) + "\n"
