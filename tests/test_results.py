@@ -101,6 +101,10 @@ def test_results_adaptive_claim_has_its_margin_and_peak_table_pairs_seeds():
     assert "| -10.0 ± 10.0 (SE, 10 questions, -1.0 SE) |" in row and "| unresolved (95% interval holds -2) |" in row
     assert results.verdict(-1.0, 0.5, 2) == "holds" and results.verdict(-1.0, 0.5) == "reversed"
     assert results.verdict(-3.0, 0.5, 2) == "reversed"
+    # adaptive against the single sides: in RESULTS.md, marked as added after the registration; not in the README
+    assert "| whale-adaptive | weight-only | adaptive joint beats weights alone (added, not registered) |" in \
+        results.claims(runs)
+    assert "not registered" not in results.claims(runs, compact=True)
     peak = {r.split("|")[3].strip(): r for r in results.to_peak(runs).splitlines()[2:]}
     assert peak["whale"] == "| d | 60.0 | whale | 200 | 67% | 1/1 |"  # the peak (60), not the final (40)
     assert peak["weight-only"].endswith("| weight-only | 100 | 33% | 1/1 |")
