@@ -111,18 +111,24 @@ def test_results_adaptive_claim_has_its_margin_and_peak_table_pairs_seeds():
     assert peak["harness-only"].endswith("| not reached | - | 0/1 |")
 
 
-def test_results_phases_are_read_in_order_with_the_harness_share_of_rollouts():
+def test_results_phases_are_read_in_order_with_the_harness_share_of_rollouts(tmp_path):
     """A run's schedule is read from its events, not its flags: an adaptive run that cut its phases
     short shows the phases it actually had, and evaluations and resumes spend nothing."""
-    ev = lambda event, x: {"event": event, "rollouts": x}
-    metrics = [ev("eval", 0), ev("rollout_step", 100), ev("rollout_step", 200),
-               ev("harness_candidate", 250), ev("harness_iteration", 300), ev("eval", 300), ev("start", 300),
-               ev("harness_iteration", 400), ev("rollout_step", 500)]
-    assert results.phases({"metrics": metrics}) == ("A2 B2 A1", 0.4)
-    runs = [{"cfg": {"domain": "d", "method": "whale", "seed": s, "schedule": "adaptive:w=2"}, "metrics": m}
-            for s, m in ((0, metrics), (1, [ev("rollout_step", 100)]))]
+    def record(name, events):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "metrics.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+        return tmp_path / name
+    step = lambda x: {"event": "rollout_step", "cycle": 0, "rollouts": x}
+    iteration = lambda i, x: {"event": "harness_iteration", "cycle": 0, "iteration": i, "rollouts": x}
+    events = [{"event": "eval", "split": "val", "tag": "initial", "rollouts": 0}, step(100), step(200),
+              {"event": "harness_candidate", "cycle": 0, "cand": "cand_000", "rollouts": 250}, iteration(0, 250),
+              {"event": "start", "rollouts": 250}, iteration(1, 400), step(500)]
+    runs = [{"cfg": {"domain": "d", "method": "whale", "seed": 0, "schedule": "adaptive:w=2"}, "record": record("a", events)},
+            {"cfg": {"domain": "d", "method": "whale", "seed": 1, "schedule": "adaptive:w=2"},
+             "record": record("b", [step(100)])}]
+    assert results.phases(runs[0]) == ("A2 B1 A1", 0.4)  # the incoming harness's re-scoring is not an iteration
     results.cell_labels(runs)
-    assert results.phases_table(runs).splitlines()[2] == "| d | whale-adaptive | 0 1 | A2 B2 A1 / A1 | 40% / 0% |"
+    assert results.phases_table(runs).splitlines()[2] == "| d | whale-adaptive | 0 1 | A2 B1 A1 / A1 | 40% / 0% |"
 
 
 def test_results_against_pairs_the_same_cells_of_two_grids():

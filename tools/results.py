@@ -70,7 +70,7 @@ def load(root: Path):
         record = Path(harness_archive.unpacked_run(d))  # the run itself, or its run.zip unpacked
         cfg = json.loads((record / "config.json").read_text())
         metrics = [json.loads(x) for x in (record / "metrics.jsonl").read_text().splitlines()]
-        runs.append({"dir": d, "cfg": cfg, "sum": json.loads((record / "summary.json").read_text()), "metrics": metrics})
+        runs.append({"dir": d, "record": record, "cfg": cfg, "sum": json.loads((record / "summary.json").read_text()), "metrics": metrics})
     return runs
 
 
@@ -176,29 +176,20 @@ def diagnostics(runs):
 
 
 def phases(run):
-    """The phases a run went through, in order, from its metrics.jsonl: 'A11 B6 A5' = 11 RSFT steps, then
-    6 harness-search iterations (the first re-scores the incoming harness), then 5 RSFT steps; and the
-    share of its target rollouts that went to harness phases (the rest trained the weights)."""
-    seq, spent_by, last = [], {"A": 0, "B": 0}, 0
-    for m in run["metrics"]:
-        side = {"rollout_step": "A", "harness_iteration": "B", "harness_candidate": "B"}.get(m.get("event"))
-        if side is None or "rollouts" not in m:
-            continue
-        spent_by[side] += max(m["rollouts"] - last, 0)
-        last = max(last, m["rollouts"])
-        if m["event"] == "harness_candidate":
-            continue  # counted in rollouts; the iteration is the phase's unit
-        if seq and seq[-1][0] == side:
-            seq[-1][1] += 1
-        else:
-            seq.append([side, 1])
-    total = spent_by["A"] + spent_by["B"]
-    return " ".join(f"{side}{n}" for side, n in seq), (spent_by["B"] / total if total else 0.0)
+    """The phases a run went through, in order ('A11 B5 A5' = 11 RSFT steps, then 5 proposer
+    iterations, then 5 RSFT steps; rundir/phases.py reads them from its metrics.jsonl), and the share
+    of its target rollouts that went to harness phases (the rest trained the weights)."""
+    from rundir.phases import phases as run_phases
+    got = run_phases(run["record"])
+    seq = " ".join(f"{p['phase']}{p['steps'] if p['phase'] == 'A' else p['iterations']}" for p in got)
+    spent = lambda side: sum(p["rollouts_end"] - p["rollouts_start"] for p in got if p["phase"] == side)
+    total = spent("A") + spent("B")
+    return seq, (spent("B") / total if total else 0.0)
 
 
-PHASES_NOTE = ("Each run's phases in order (A = RSFT steps, B = harness-search iterations, the first of each "
-               "harness phase re-scoring the incoming harness), and the share of its target rollouts that went to "
-               "harness phases: where a schedule spent its budget.\n\n")
+PHASES_NOTE = ("Each run's phases in order (A = RSFT steps, B = proposer iterations, not counting the "
+               "re-scoring of the incoming harness that opens each harness phase), and the share of its target "
+               "rollouts that went to harness phases: where a schedule spent its budget.\n\n")
 
 
 def phases_table(runs):
