@@ -1,5 +1,5 @@
 """Attack: close every inherited descriptor, the RPC pipes included, so the child can no longer talk.
-EXPECT: {"status": "crash", "error": "sandbox process", "answer": null}
+EXPECT: {"status": "crash", "error": "rollout process exited", "answer": null}
 """
 import os
 

@@ -6,10 +6,9 @@ EXPECT: {"status": "ok", "error": null, "answer": "ToolError|ToolError|ToolError
 def run(task, llm, tools):
     out = []
     call = next(c.cell_contents for c in tools.echo.__closure__ if callable(c.cell_contents))
-    rid = next(c.cell_contents for c in tools.echo.__closure__ if isinstance(c.cell_contents, int))
     attempts = [lambda: tools.echo(object()),                       # not JSON: refused in the child
                 lambda: tools.echo("a", "b", nonsense=1),           # TypeError in the parent's tool
-                lambda: call(rid, {"kind": "tool", "name": "_secret", "args": [], "kwargs": {}}),
+                lambda: call({"kind": "tool", "name": "_secret", "args": [], "kwargs": {}}),
                 lambda: tools.nope("x")]
     for attempt in attempts:
         try:

@@ -1,8 +1,11 @@
 """
-sandbox.py: run one harness file over many rollouts in one locked-down child process.
+sandbox.py: run one harness file over many rollouts, each in a locked-down process of its own.
 
 A harness is model- or agent-written Python. The parent process owns the model, the data,
-the tools and the verifier; the child process gets only the harness's control flow. Every
+the tools and the verifier; the child gets only the harness's control flow. The child is a
+router that runs no harness code: it forks one process per rollout, and each of those imports
+the harness afresh and runs it once, so no state of one rollout (globals, modules, threads,
+files, what a tool answered) reaches another, and mean@k is a mean of independent tries. Every
 llm() and tools.<name>() call in the harness is a JSON message over a pipe to the parent,
 which validates it, runs the real thing and answers. So the parent can batch llm() calls of
 all concurrent rollouts into one model call and record the exact prompt/completion token
@@ -35,9 +38,15 @@ The layers, from the inside out (all applied in every mode unless noted):
 - nobody: as root the child drops to uid/gid 65534 when it can (with namespaces, or when
   nobody can reach the interpreter), so file permissions and RLIMIT_NPROC bind; a normal
   user's child runs as that user. PR_SET_NO_NEW_PRIVS: no setuid binary gives privileges.
-- rlimits: RLIMIT_NPROC=0 once the rollout threads exist, RLIMIT_CPU, RLIMIT_AS (memory),
+- One process per rollout (sandbox_child._route): forked from the router before any harness
+  code runs, it closes every descriptor but its own socket, makes scratch/r<k> its cwd and its
+  only writable place (the audit hook's), then locks down; the router decodes and checks each
+  of its frames (a call or done of its own rollout, nothing else), so garbage, a forged rid or
+  a crash costs that rollout alone. At its deadline the parent has the router kill it.
+- rlimits: RLIMIT_NPROC=0 in every rollout process, RLIMIT_CPU, RLIMIT_AS (memory, per
+  process; all rollout processes together are held to mem_mb by the parent, watch_memory),
   RLIMIT_FSIZE, RLIMIT_NOFILE, no core dumps; the environment is scrubbed, stdin/stdout/
-  stderr are /dev/null (print() goes to a capped per-rollout buffer), cwd is scratch.
+  stderr are /dev/null (print() goes to a capped per-rollout buffer), cwd is scratch/r<k>.
 - Parent checks (this process): 4 MB frames, decode errors, an iterative depth check
   (MAX_DEPTH) right after decoding and before anything recursive, strict validation of every
   message; text that is not valid Unicode (lone surrogates, valid_text) refused in prompts and
@@ -61,6 +70,8 @@ ones with the audit hook defeated first, see read_data_copy.py):
     rewrite the hook's tables/helpers/frame         audit hook (immutable defaults)
     network                                         network namespace; Landlock (TCP); hook
     new processes, threads                          RLIMIT_NPROC (not as root); audit hook
+    share state with another rollout (globals,      a process per rollout (fresh import); the
+      files, tool answers), forge its messages        hook (own dir only); the router's checks
     signal other processes                          Landlock scope; nobody; audit hook
     memory, CPU, disk, fds                          rlimits; 64 MB tmpfs scratch (namespaces)
     hang, sleep, llm()/tool flood                   parent: deadline incl. model and tool time
@@ -70,11 +81,11 @@ ones with the audit hook defeated first, see read_data_copy.py):
     see answers, fake scores, change sampling       design: they never leave the parent
 
 What it does NOT protect against (it is not a security boundary for hostile humans):
-- The audit hook is Python in the same interpreter as the harness. Known ways past it: the
-  cwd race (it checks a relative path against the cwd of that moment; another rollout
-  thread moves the cwd before the kernel resolves it: hostile/read_data_copy.py), dir_fd=
-  arguments (the "open" event does not carry them), C code that opens files itself
-  (sqlite ATTACH), crafted bytecode, CPython bugs. Behind it: Landlock, nobody, namespaces.
+- The audit hook is Python in the same interpreter as the harness. Known ways past it: C
+  code that opens files itself (sqlite ATTACH: hostile/read_data_copy.py), crafted bytecode,
+  CPython bugs. (The cwd race, a second thread moving the cwd between the hook's check and
+  the kernel's, needs a thread: a rollout process has one and may start none.) Behind it:
+  Landlock, nobody, namespaces.
 - Without Landlock (an old kernel, Landlock disabled at boot or blocked by a seccomp
   filter): once the hook is defeated, files readable by the child's user outside the tmpfs
   covers are readable (world-readable data copies included; as a root child, everything).
@@ -86,19 +97,21 @@ What it does NOT protect against (it is not a security boundary for hostile huma
 - CPU contention with the parent and other processes, side channels, kernel exploits,
   disk use outside the 64 MB tmpfs when namespaces are unavailable (RLIMIT_FSIZE caps single
   files only). pathlib objects are refused as open() arguments (pass str).
-- Rollouts of one batch share the harness module, the scratch dir and the cwd (they are
-  threads in one interpreter): one can read or change another's state, help it past the
-  hook, forge protocol messages for it (the parent validates them and samples the model
-  itself, so only that batch's own answers can change, never the recorded token ids), or
-  kill the process (os._exit, a crafted code object) and with it the whole batch.
+- The rollout processes of a batch run as one user in one Landlock domain, and Landlock
+  grants the whole scratch: a rollout that gets past the hook (sqlite ATTACH) can read or
+  write a file a concurrent rollout keeps in its own directory, and signal or trace it where
+  the kernel lets one process of a user do so to another. Only the hook keeps them apart.
+- The batch's memory is watched, not capped: watch_memory adds up the rollout processes every
+  WATCH_S, so a burst can pass mem_mb for that long (each process stays under RLIMIT_AS).
 - A model batch, once started, is never cut short: a flood overruns its deadline by the
   batch it is in.
 
-Deliberately left out: seccomp filters, cgroups, a pid namespace, per-rollout processes
-(one process per batch is what makes one big llm batch cheap).
+Deliberately left out: seccomp filters, cgroups, a pid namespace. Per-rollout processes cost
+little: a fork of the small router plus one import of the harness (tools/bench.py --only
+isolation); the llm() calls of all of them still go out as one batch.
 
-The child runs sandbox_child.py (the protocol, the lock-down, the audit hook, the rollout
-threads), read from an inherited descriptor (_BOOT), as __main__ with --child; this file is the
+The child runs sandbox_child.py (the protocol, the lock-down, the audit hook, the router and
+the rollout processes), read from an inherited descriptor (_BOOT), as __main__ with --child; this file is the
 parent: it spawns the child, pumps its messages and answers its calls. The steps between fork
 and exec (namespaces, tmpfs covers, Landlock, nobody, rlimits) are isolation.py's.
 """
@@ -111,14 +124,15 @@ import time
 from jail import isolation
 
 # the protocol and its caps, shared with the child (valid_text: the text rule every module uses)
-from jail.sandbox_child import (ANSWER_CHARS, ERROR_CHARS, MAX_DEPTH, MAX_MSG, STACK_MB, STDOUT_CHARS, frame, last_line,
-                           too_deep, valid_text)
+from jail.sandbox_child import (ANSWER_CHARS, ERROR_CHARS, MAX_MSG, STDOUT_CHARS, frame, last_line, read_frames,
+                                valid_text)
 
 MAX_PROMPT_CHARS = 262_144   # all message contents of one llm() call
 MAX_MESSAGES = 256           # messages in one llm() call (each adds chat-template tokens of its own)
 MAX_SAMPLES = 16             # replies one llm(..., n=) call may ask for (each counts as a call)
 MAX_TOOL_ARGS = 65_536       # bytes of JSON arguments of one tool call
 RESULT_CHARS = 2_000         # of a tool result, as recorded (the harness gets all of it)
+WATCH_S = 0.25               # how often the memory of a batch's rollout processes is added up
 FLUSH_S = 0.05               # pending llm() calls go out once no new one came for this long ...
 MAX_GATHER_S = 0.5           # ... or the oldest has waited this long (a rollout busy with tools)
 STARTUP_S = 30.0             # for the interpreter to start and say hello
@@ -148,7 +162,7 @@ _BOOT = "import os, sys; exec(compile(os.fdopen(int(sys.argv[4]), 'rb').read(), 
 class _Child:
     """The parent's handle on one sandbox process: spawn, framed JSON both ways, kill."""
 
-    def __init__(self, init, *, mem_mb, cpu_s):
+    def __init__(self, init, *, mem_mb, cpu_s, nofile=NOFILE):
         import subprocess, tempfile  # parent only
         first = frame(init)  # before spawning: a task that is not JSON fails here, leaving nothing behind
         plan = isolation.plan()
@@ -158,7 +172,7 @@ class _Child:
         covers = isolation.covers(plan, self.scratch)
         limits = [(resource.RLIMIT_CPU, max(1, int(cpu_s))),
                   (resource.RLIMIT_FSIZE, FSIZE_MB << 20),
-                  (resource.RLIMIT_NOFILE, NOFILE),
+                  (resource.RLIMIT_NOFILE, nofile),
                   (resource.RLIMIT_CORE, 0),
                   (resource.RLIMIT_AS, int(mem_mb + OVERHEAD_MB) << 20)]
         if plan["root"]:
@@ -239,24 +253,9 @@ class _Child:
                 raise _Gone(self._describe_exit("closed its pipe"))
             if data:
                 self.inbuf += data
-        msgs = []
-        while len(self.inbuf) >= 4:
-            n = int.from_bytes(self.inbuf[:4], "big")
-            if n > MAX_MSG:
-                raise _Bad(f"message length {n} over the {MAX_MSG} byte cap")
-            if len(self.inbuf) < 4 + n:
-                break
-            body = bytes(self.inbuf[4:4 + n])
-            del self.inbuf[:4 + n]
-            try:
-                msg = json.loads(body)
-            except Exception as e:  # includes RecursionError from absurd nesting
-                raise _Bad(f"undecodable message ({type(e).__name__})")
-            if not isinstance(msg, dict):
-                raise _Bad("message is not a JSON object")
-            if too_deep(msg):  # before anything recursive (validation, records, traces) sees it
-                raise _Bad(f"message nested deeper than {MAX_DEPTH} levels")
-            msgs.append(msg)
+        msgs, bad = read_frames(self.inbuf)
+        if bad is not None:
+            raise _Bad(bad)
         if self.broken and not msgs:
             raise _Gone(self._describe_exit(self.broken))
         return msgs
@@ -357,8 +356,9 @@ def run_rollouts(source, jobs, llm_batch, make_tools_for, *, rollout_timeout=60.
     "stop", "seed"}]; all pending llm() calls of the live rollouts go out as one batch, and an
     {"error"} output refuses that one call (it raises ToolError in the harness; e.g. a prompt
     over the model's context). make_tools_for(rid) -> {name: fn} runs in this process.
-    concurrency: rollout threads in the child (None: all jobs at once). cpu_s: RLIMIT_CPU of
-    the child (None: batch_timeout + 10). Returns one record per job, in order; "charged_s" is
+    concurrency: rollout processes alive at once (None: all jobs at once). cpu_s: RLIMIT_CPU of
+    the child and of each rollout process (None: batch_timeout + 10). mem_mb: the address space of
+    each rollout process, and the memory all of them may hold together beyond the router. Returns one record per job, in order; "charged_s" is
     what the rollout was charged against rollout_timeout.
 
     What counts against rollout_timeout: the harness's own time, the tools it called, and its
@@ -367,7 +367,7 @@ def run_rollouts(source, jobs, llm_batch, make_tools_for, *, rollout_timeout=60.
     so our real batch sizes never time out, while a rollout that floods llm() pays for all the
     model time it alone caused, so in n rollouts a flood costs at most n * rollout_timeout of
     model time (the same as n slow harnesses), and a flooding rollout stops within one batch of
-    its deadline (the batch it is in when it passes it; its thread is then refused). A batch
+    its deadline (the batch it is in when it passes it; its process is then killed). A batch
     itself is never cut short. batch_timeout counts the harness's own time in this child only
     (model time is bounded per rollout as above and by max_llm_calls / max_tool_calls).
 
@@ -390,8 +390,8 @@ def run_rollouts(source, jobs, llm_batch, make_tools_for, *, rollout_timeout=60.
             r.update(status="error", error=str(e))
         return recs
     tools = [make_tools_for(j["rid"]) for j in jobs]
-    threads = max(1, min(n, concurrency or n))
-    init = {"t": "init", "mode": "rollouts", "source": source, "threads": threads,
+    processes = max(1, min(n, concurrency or n))  # rollout processes alive at once
+    init = {"t": "init", "mode": "rollouts", "source": source, "processes": processes,
             "jobs": [{"task": j["task"], "tools": sorted(k for k in t if not k.startswith("_"))}
                      for j, t in zip(jobs, tools)]}
 
@@ -412,6 +412,8 @@ def run_rollouts(source, jobs, llm_batch, make_tools_for, *, rollout_timeout=60.
 
     def finish(i, status, error=None, answer=None, stdout=""):
         nonlocal unfinished
+        if status == "timeout" and i in live:
+            child.send({"t": "kill", "rid": i})  # its process goes; its place goes to the next job
         live.discard(i)
         waiting.pop(i, None)
         r = recs[i]
@@ -430,7 +432,7 @@ def run_rollouts(source, jobs, llm_batch, make_tools_for, *, rollout_timeout=60.
     def reply(i, ok, value):
         if st[i]["used"] > rollout_timeout:  # its tools or model share took it past the deadline
             finish(i, "timeout", f"rollout timeout ({rollout_timeout} s, model and tool time included)")
-            ok, value = False, "rollout timed out"  # so that its thread unwinds
+            ok, value = False, "rollout timed out"  # (its process is being killed)
         child.send({"t": "reply", "rid": i, "ok": ok, ("value" if ok else "error"): value})
         st[i]["run_since"] = clock() if recs[i]["status"] is None else None
 
@@ -533,7 +535,7 @@ def run_rollouts(source, jobs, llm_batch, make_tools_for, *, rollout_timeout=60.
             if msg.get("error") is not None:
                 return finish_all("error", str(msg["error"])[:ERROR_CHARS])
             phase = "run"
-            for _ in range(threads):
+            for _ in range(processes):
                 start(queued.pop())
             return
         i = msg.get("rid")
@@ -542,20 +544,23 @@ def run_rollouts(source, jobs, llm_batch, make_tools_for, *, rollout_timeout=60.
         finished = recs[i]["status"] is not None  # e.g. timed out: what it says now is ignored
         if not finished and (i not in live or i in waiting):
             raise _Bad("message for a rollout that is not running")
-        if t == "done":
+        if t == "done":  # from the rollout ("ok", "error") or, for a rollout process that died or
+            # broke the protocol, from the child's router ("crash", "protocol", with its pid)
             status, answer, error, stdout = (msg.get(k) for k in ("status", "answer", "error", "stdout"))
-            if status not in ("ok", "error") or not isinstance(stdout, str) or not all(
+            if status not in ("ok", "error", "crash", "protocol") or not isinstance(stdout, str) or not all(
                     x is None or isinstance(x, str) for x in (answer, error)):
                 raise _Bad("malformed done message")
+            if type(msg.get("pid")) is int and msg["pid"] in memory_kills:
+                error = f"rollout process killed: the batch's rollouts held over {mem_mb} MB together"
             if not finished:
                 finish(i, status, error if error is None else error[:ERROR_CHARS],
                        answer if answer is None else answer[:ANSWER_CHARS], stdout[:STDOUT_CHARS])
             if st[i]["t0"] is not None and not st[i]["freed"]:
-                st[i]["freed"] = True  # its worker thread is free again and takes the next job
+                st[i]["freed"] = True  # its place goes to the next job (the router starts it too)
                 if queued:
                     start(queued.pop())
             return
-        if finished:  # a call from a timed-out rollout: refuse it, so that its thread unwinds
+        if finished:  # a call from a timed-out rollout, sent before the router killed it: refused
             return child.send({"t": "reply", "rid": i, "ok": False, "error": "rollout timed out"})
         st[i]["used"] += clock() - st[i]["run_since"]
         st[i]["run_since"] = None
@@ -567,10 +572,12 @@ def run_rollouts(source, jobs, llm_batch, make_tools_for, *, rollout_timeout=60.
         else:
             raise _Bad("unknown call kind")
 
-    child = _Child(init, mem_mb=mem_mb + threads * STACK_MB,
+    # Each rollout process may take mem_mb of address space, and all of them together mem_mb
+    # more than the router (watch_memory); the router holds a socket per rollout process.
+    child = _Child(init, mem_mb=mem_mb, nofile=NOFILE + processes,
                    cpu_s=cpu_s if cpu_s is not None else batch_timeout + 10)
     phase, t_phase = "hello", clock()
-    last_scan, stalled_since = 0.0, None
+    last_scan, last_watch, memory_kills = 0.0, 0.0, set()
     try:
         while unfinished:
             now = clock()
@@ -585,12 +592,9 @@ def run_rollouts(source, jobs, llm_batch, make_tools_for, *, rollout_timeout=60.
                 for i in list(live):
                     if i not in waiting and st[i]["used"] + now - st[i]["run_since"] > rollout_timeout:
                         finish(i, "timeout", f"rollout timeout ({rollout_timeout} s)")
-                # Every worker thread is stuck in a timed-out rollout: the queue waits for one
-                # of them to come back for at most rollout_timeout.
-                stalled_since = (stalled_since or now) if not live and queued else None
-                if stalled_since and now - stalled_since > rollout_timeout:
-                    while queued:
-                        finish(queued.pop(), "timeout", "not started: every worker thread hung")
+            if phase == "run" and now - last_watch > WATCH_S:
+                last_watch = now
+                memory_kills |= watch_memory(child.proc.pid, mem_mb)
             if not unfinished:
                 break
             # One batch when every running rollout waits for the model; a rollout that is slow,
@@ -622,6 +626,49 @@ def run_rollouts(source, jobs, llm_batch, make_tools_for, *, rollout_timeout=60.
     finally:
         child.close()
     return recs
+
+
+def watch_memory(router, mem_mb):
+    """The memory of a batch's rollout processes together: each may take mem_mb of address space
+    (RLIMIT_AS), so many of them could take far more than the machine has. Every WATCH_S the
+    parent adds up what each rollout process holds beyond the router it was forked from (its
+    private resident pages, from /proc/<pid>/statm) and, while the sum is over mem_mb, kills the
+    largest. Returns the pids it killed (the router reports each as a crash)."""
+    page = os.sysconf("SC_PAGE_SIZE")
+
+    def private(pid):
+        try:
+            with open(f"/proc/{pid}/statm") as f:
+                size, resident, shared = (int(x) for x in f.read().split()[:3])
+            return (resident - shared) * page
+        except (OSError, ValueError):
+            return 0
+    try:
+        with open(f"/proc/{router}/task/{router}/children") as f:
+            pids = [int(x) for x in f.read().split()]
+    except (OSError, ValueError):
+        return set()
+    base = private(router)
+    held = sorted(((max(0, private(pid) - base), pid) for pid in pids), reverse=True)
+    total, killed = sum(h for h, _ in held), set()
+    for h, pid in held:
+        if total <= mem_mb << 20:
+            break
+        try:  # by a pidfd, checked to still be the router's child: never a pid reused meanwhile
+            fd = os.pidfd_open(pid)
+        except OSError:
+            continue
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if int(f.read().rsplit(")", 1)[1].split()[1]) == router:
+                    signal.pidfd_send_signal(fd, signal.SIGKILL)
+                    killed.add(pid)
+                    total -= h
+        except (OSError, ValueError, IndexError):
+            pass
+        finally:
+            os.close(fd)
+    return killed
 
 
 def tool_deadline():

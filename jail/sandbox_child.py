@@ -11,12 +11,14 @@ never the parent's spawning code.
   protocol    length-prefixed JSON frames both ways (frame), their caps (MAX_MSG, MAX_DEPTH:
               too_deep checks nesting iteratively), ToolError (what a refused call raises in the
               harness), valid_text (the one text rule, also used by the parent at every boundary);
-  lock-down   _lock_down: RLIMIT_NPROC=0 once the rollout threads exist, stdlib-only imports,
-              the audit hook (_make_audit_hook: a flat function whose inputs are immutable
-              default arguments), print() into capped per-thread buffers, a recursion cap;
-  the loop    _child_main: say hello, take the init message, run the harness's run(task, llm,
-              tools) on one thread per rollout, each llm()/tools.<name>() call a message to the
-              parent and a wait for its reply; or (mode "python") run one piece of code.
+  lock-down   _lock_down: RLIMIT_NPROC=0, stdlib-only imports, the audit hook
+              (_make_audit_hook: a flat function whose inputs are immutable default
+              arguments), print() into a capped buffer, a recursion cap;
+  the loop    _child_main: say hello, take the init message; mode "rollouts": _route, the
+              router, forks one process per rollout (_rollout_process: its own socket and
+              directory, lock-down, a fresh import of the harness, run(task, llm, tools) once,
+              each llm()/tools.<name>() call a message to the parent and a wait for its reply)
+              and relays their checked frames; mode "python": run one piece of code.
 
 Keep its module-level imports light and never import subprocess or ctypes at module level (a
 harness could reach them through sys.modules). What it protects against, and what it does not:
@@ -36,7 +38,10 @@ MAX_DEPTH = 32               # nesting of lists/dicts in any message from the ch
 ANSWER_CHARS = 10_000
 STDOUT_CHARS = 2_000
 ERROR_CHARS = 2_000
-STACK_MB = 4                 # per rollout thread (C stack); RLIMIT_AS grows by this per thread
+NOFILE_ROLLOUT = 64          # open files of one rollout process
+# stdlib modules the router imports before it forks, so that rollout processes share them
+PRELOAD = ("re", "json", "math", "string", "collections", "itertools", "functools", "textwrap")  # (not random:
+# its state would be the same in every rollout)
 RECURSION_CAP = 2000         # sys.setrecursionlimit is capped so deep recursion through C code
                              # (__getattr__, __str__ ...) raises RecursionError instead of overflowing
                              # a thread's stack (measured: ~700 bytes of C stack per level)
@@ -226,7 +231,7 @@ def _make_audit_hook(scratch, read_roots, deny_roots):
 
 
 class _Capture:
-    """sys.stdout / sys.stderr in the child: each thread writes into its own capped buffer."""
+    """sys.stdout / sys.stderr in the child: print() writes into a capped buffer (per thread: run_python's)."""
 
     def __init__(self, local, cap):
         self.local, self.cap = local, cap
@@ -252,9 +257,10 @@ class _Capture:
         return "".join(buf[1:])
 
 
-def _lock_down(scratch, max_output, recursion_cap):
+def _lock_down(scratch, max_output, recursion_cap, extra_reads=()):
     """Last step before harness code runs: no new processes or threads, stdlib-only imports,
-    the audit hook, print() into per-thread buffers, a capped recursion limit."""
+    the audit hook (read-write in scratch; read-only in the stdlib and extra_reads), print()
+    into a capped buffer, a capped recursion limit."""
     resource.setrlimit(resource.RLIMIT_NPROC, (0, 0))  # threads are processes to the kernel
     import _thread
 
@@ -270,7 +276,7 @@ def _lock_down(scratch, max_output, recursion_cap):
     sys.setrecursionlimit = setrecursionlimit
     stdlib = os.path.realpath(os.path.dirname(os.__file__))
     deny = (stdlib + "/site-packages", stdlib + "/dist-packages")
-    read_roots = (stdlib,) + tuple(os.path.realpath(p) for p in sys.path if p.endswith(".zip"))
+    read_roots = (stdlib, *extra_reads) + tuple(os.path.realpath(p) for p in sys.path if p.endswith(".zip"))
     sys.path[:] = [p for p in sys.path if under(os.path.realpath(p), stdlib) or p.endswith(".zip")]
     sys.path_importer_cache.clear()
     sys.dont_write_bytecode = True
@@ -282,17 +288,39 @@ def _lock_down(scratch, max_output, recursion_cap):
     return capture
 
 
-def _child_main(rfd, wfd):
-    lock = threading.Lock()
+def read_frames(buf):
+    """Cut the complete frames off the front of buf (a bytearray, consumed in place) and decode
+    them: -> (messages, error). error is the first protocol violation ('message length ...',
+    'undecodable message (...)', 'message is not a JSON object', 'message nested deeper ...');
+    then the messages before it are still returned. Used on both sides: by the parent on the
+    child's pipe, and by the child's router on each rollout's socket."""
+    msgs = []
+    while len(buf) >= 4:
+        n = int.from_bytes(buf[:4], "big")
+        if n > MAX_MSG:
+            return msgs, f"message length {n} over the {MAX_MSG} byte cap"
+        if len(buf) < 4 + n:
+            break
+        body = bytes(buf[4:4 + n])
+        del buf[:4 + n]
+        try:
+            msg = json.loads(body)
+        except Exception as e:  # includes RecursionError from absurd nesting
+            return msgs, f"undecodable message ({type(e).__name__})"
+        if not isinstance(msg, dict):
+            return msgs, "message is not a JSON object"
+        if too_deep(msg):  # before anything recursive (validation, records, traces) sees it
+            return msgs, f"message nested deeper than {MAX_DEPTH} levels"
+        msgs.append(msg)
+    return msgs, None
 
+
+def _child_main(rfd, wfd):
     def send(msg):
         data = frame(msg)
-        if len(data) > MAX_MSG:
-            raise ToolError(f"message of {len(data)} bytes is over the {MAX_MSG} byte cap")
-        with lock:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(wfd, view):]
+        view = memoryview(data)
+        while view:
+            view = view[os.write(wfd, view):]
 
     def recv():
         def read(k):
@@ -319,92 +347,263 @@ def _child_main(rfd, wfd):
             error = last_line(e)
         send({"t": "done", "stdout": capture.text(), "error": error})
         os._exit(0)
+    _route(init, rfd, send, scratch)
 
-    jobs = init["jobs"]
-    slots = [[threading.Event(), None] for _ in jobs]  # rollout i waits on slots[i] for its reply
-    order, order_lock, go = iter(range(len(jobs))), threading.Lock(), threading.Event()
-    harness = {}
 
-    def call(i, payload):
-        """Send one llm/tool call of rollout i to the parent and wait for its reply."""
-        slots[i][0].clear()
-        if too_deep(payload):  # the parent would call it a protocol violation and end the whole batch
+# ----------------------------------------------------------------------------------------
+# One process per rollout: the router (this process, which runs no harness code) and the
+# rollout processes it forks
+
+def _rollout_process(sock, rid, job, code, path, scratch):
+    """The body of one forked rollout process: keep only its own socket, lock down into its own
+    directory, import the harness afresh, run it once, say done. Never returns.
+    job None: the probe, which only imports the harness and says whether it defines run()."""
+    try:
+        os.closerange(3, sock)  # the parent's pipe, the other rollouts' sockets: not this one's to use
+        os.closerange(sock + 1, resource.getrlimit(resource.RLIMIT_NOFILE)[1])
+        resource.setrlimit(resource.RLIMIT_NOFILE, (NOFILE_ROLLOUT, NOFILE_ROLLOUT))
+        home = os.path.join(scratch, f"r{rid}")
+        os.mkdir(home, 0o700)
+        os.chdir(home)
+    except BaseException:
+        os._exit(3)
+
+    def send(msg):
+        data = frame(msg)
+        if len(data) > MAX_MSG:
+            raise ToolError(f"message of {len(data)} bytes is over the {MAX_MSG} byte cap")
+        view = memoryview(data)
+        while view:
+            view = view[os.write(sock, view):]
+
+    def read(k):
+        out = bytearray()
+        while len(out) < k:
+            chunk = os.read(sock, k - len(out))
+            if not chunk:
+                os._exit(0)  # the router is gone
+            out += chunk
+        return out
+
+    def call(payload):
+        """Send one llm/tool call to the parent (through the router) and wait for its reply."""
+        if too_deep(payload):  # the router would call it a protocol violation and end this rollout
             raise ToolError(f"arguments nested too deep (a call may nest {MAX_DEPTH} levels in all)")
         try:
-            send(dict(payload, t="call", rid=i))
+            send(dict(payload, t="call", rid=rid))
         except (TypeError, ValueError) as e:
             raise ToolError(f"arguments must be JSON-serialisable: {e}") from None
-        slots[i][0].wait()
-        reply = slots[i][1]
+        reply = json.loads(read(int.from_bytes(read(4), "big")))
         if not reply["ok"]:
             raise ToolError(reply["error"])
         return reply["value"]
 
-    def make_llm(i):
-        def llm(messages, max_tokens=256, stop=None, n=None):
-            """One model call; the parent applies the chat template and samples. n=k: a list of
-            k replies to the same prompt, sampled together."""
-            return call(i, {"kind": "llm", "messages": messages, "max_tokens": max_tokens, "stop": stop, "n": n})
-        return llm
+    def llm(messages, max_tokens=256, stop=None, n=None):
+        """One model call; the parent applies the chat template and samples. n=k: a list of
+        k replies to the same prompt, sampled together."""
+        return call({"kind": "llm", "messages": messages, "max_tokens": max_tokens, "stop": stop, "n": n})
 
-    def make_tools(i, names):
-        def make(name):
-            def tool(*args, **kwargs):
-                return call(i, {"kind": "tool", "name": name, "args": list(args), "kwargs": kwargs})
-            tool.__name__ = name
-            return tool
-        return types.SimpleNamespace(**{name: make(name) for name in names})
+    def make_tool(name):
+        def tool(*args, **kwargs):
+            return call({"kind": "tool", "name": name, "args": list(args), "kwargs": kwargs})
+        tool.__name__ = name
+        return tool
 
-    def worker():
-        go.wait()
-        while True:
-            with order_lock:
-                i = next(order, None)
-            if i is None:
-                return
-            capture.local.buf = [0]
-            status, answer, error = "ok", None, None
-            try:
-                out = harness["run"](jobs[i]["task"], make_llm(i), make_tools(i, jobs[i]["tools"]))
-                if isinstance(out, (str, int, float)):  # anything else is no answer
-                    answer = str(out)[:ANSWER_CHARS]
-            except BaseException as e:  # SystemExit too: it must not end only this thread silently
-                status, error = "error", last_line(e)
-            text = capture.text()
-            capture.local.buf = None
-            send({"t": "done", "rid": i, "status": status, "answer": answer, "error": error,
-                  "stdout": text[:STDOUT_CHARS]})
-
-    # All threads must exist before RLIMIT_NPROC=0 in _lock_down.
-    threading.stack_size(STACK_MB << 20)
-    for _ in range(init["threads"]):
-        threading.Thread(target=worker, daemon=True).start()
-    path = os.path.join(scratch, "harness.py")
-    with open(path, "w") as f:
-        f.write(init["source"])
-    capture = _lock_down(scratch, STDOUT_CHARS, RECURSION_CAP)
-    local = capture.local
-    local.buf = [0]  # module-level prints of the harness: captured and dropped
-    error = None
+    capture = _lock_down(home, STDOUT_CHARS, RECURSION_CAP, extra_reads=(path,))
+    capture.local.buf = [0]  # module-level prints of the harness: captured and dropped
+    status, answer, error = "ok", None, None
     try:
         module = types.ModuleType("harness")
         module.__file__ = path
         module.ToolError = ToolError  # so a harness can write `except ToolError:`
         sys.modules["harness"] = module
-        exec(compile(init["source"], path, "exec"), module.__dict__)
-        harness["run"] = module.__dict__.get("run")
-        if not callable(harness["run"]):
-            error = "harness defines no run(task, llm, tools)"
+        exec(code, module.__dict__)
+        run = module.__dict__.get("run")
+        if job is None:
+            send({"t": "ready", "error": None if callable(run) else "harness defines no run(task, llm, tools)"})
+            os._exit(0)
+        capture.local.buf = [0]
+        tools = types.SimpleNamespace(**{name: make_tool(name) for name in job["tools"]})
+        out = run(job["task"], llm, tools)
+        if isinstance(out, (str, int, float)):  # anything else is no answer
+            answer = str(out)[:ANSWER_CHARS]
+    except BaseException as e:  # SystemExit too: it must not end the rollout silently
+        if job is None:
+            send({"t": "ready", "error": last_line(e)})
+            os._exit(0)
+        status, error = "error", last_line(e)
+    send({"t": "done", "rid": rid, "status": status, "answer": answer, "error": error,
+          "stdout": capture.text()[:STDOUT_CHARS]})
+    os._exit(0)
+
+
+def _route(init, rfd, send_parent, scratch):
+    """The child's main loop in "rollouts" mode. It forks one process per rollout (at most
+    init["processes"] at a time, in job order) and relays frames between them and the parent: a
+    rollout's frames are decoded and checked here (each must be a call or done of its own rid), so
+    a rollout that writes garbage, forges another rid or dies costs that rollout alone. The parent
+    may ask for a rollout to be killed (its deadline passed). Every rollout process ends with one
+    "done" to the parent: its own, or one this loop writes ("crash", "protocol")."""
+    import select
+    import signal
+    import time
+    path = os.path.join(scratch, "harness.py")
+    with open(path, "w") as f:  # read-only for the rollouts: tracebacks show its lines
+        f.write(init["source"])
+    try:
+        code = compile(init["source"], path, "exec")
     except BaseException as e:
-        error = last_line(e)
-    local.buf = None
-    send({"t": "ready", "error": error})
-    if error is None:
-        go.set()
-    while True:  # the main thread hands replies to the waiting rollout threads
-        msg = recv()
-        slots[msg["rid"]][1] = msg
-        slots[msg["rid"]][0].set()
+        send_parent({"t": "ready", "error": last_line(e)})
+        code = None
+    jobs, slots = init["jobs"], init["processes"]
+    live = {}  # socket fd -> {"rid", "pid", "inbuf", "outbuf", "bad", "done"}
+    by_rid = {}
+    queue = iter(range(len(jobs)))  # the parent starts its rollouts in the same order
+    parent_in = bytearray()
+    os.set_blocking(rfd, False)
+    poller = select.poll()
+    poller.register(rfd, select.POLLIN)
+
+    def spawn(rid, job):
+        import socket  # here only: a rollout process closes every socket of its siblings first
+        mine, theirs = socket.socketpair()
+        pid = os.fork()
+        if pid == 0:
+            mine.detach()
+            _rollout_process(theirs.detach(), rid, job, code, path, scratch)
+        theirs.close()
+        fd = mine.detach()
+        os.set_blocking(fd, False)
+        live[fd] = {"rid": rid, "pid": pid, "inbuf": bytearray(), "outbuf": bytearray(), "bad": None, "done": False}
+        by_rid[rid] = fd
+        poller.register(fd, select.POLLIN)
+
+    def end(fd, why=None):
+        """Kill and reap one rollout process; say done for it unless it already did."""
+        w = live.pop(fd)
+        by_rid.pop(w["rid"], None)
+        poller.unregister(fd)
+        os.close(fd)
+        rc = None
+        if not w["done"] and w["bad"] is None and why is None:  # its socket closed: give it 50 ms to exit
+            for _ in range(50):
+                pid, rc = os.waitpid(w["pid"], os.WNOHANG)
+                if pid:
+                    break
+                rc = None
+                time.sleep(0.001)
+            if rc is None:
+                why = "rollout process closed its socket"
+        if rc is None:
+            try:
+                os.kill(w["pid"], signal.SIGKILL)
+            except OSError:
+                pass
+            rc = os.waitpid(w["pid"], 0)[1]
+        if w["rid"] != "probe":
+            rid = next(queue, None)  # its place goes to the next job
+            if rid is not None:
+                spawn(rid, jobs[rid])
+        if w["done"]:
+            return
+        if w["bad"] is not None:
+            status, error = "protocol", f"protocol violation: {w['bad']}"
+        elif why is not None:
+            status, error = "crash", why
+        elif os.WIFSIGNALED(rc):
+            status, error = "crash", f"rollout process killed by {signal.Signals(os.WTERMSIG(rc)).name}"
+        else:
+            status, error = "crash", f"rollout process exited with code {os.WEXITSTATUS(rc)}"
+        if w["rid"] == "probe":
+            send_parent({"t": "ready", "error": f"harness module: {error}"})
+        else:
+            send_parent({"t": "done", "rid": w["rid"], "status": status, "answer": None, "error": error,
+                         "stdout": "", "pid": w["pid"]})
+
+    def from_rollout(fd, w, msg):
+        t = msg.get("t")
+        if w["rid"] == "probe":
+            if t != "ready" or not (msg.get("error") is None or isinstance(msg.get("error"), str)):
+                raise ValueError("unexpected message from the harness import")
+            w["done"] = True
+            send_parent({"t": "ready", "error": msg["error"]})
+            if msg["error"] is None:
+                for rid in [next(queue) for _ in range(min(slots, len(jobs)))]:
+                    spawn(rid, jobs[rid])
+            return
+        if t not in ("call", "done") or msg.get("rid") != w["rid"]:
+            raise ValueError(f"unexpected message {t[:40] if isinstance(t, str) else type(t).__name__!r} "
+                             "(a rollout may speak only for itself)")
+        if t == "done":
+            if msg.get("status") not in ("ok", "error"):
+                raise ValueError("malformed done message")
+            w["done"] = True
+        send_parent(msg)
+
+    # Memory: a rollout process shares the router's pages until it writes to them. So the
+    # modules harnesses import are imported once here, and gc.freeze() keeps the collector from
+    # writing to every object the rollout processes inherit (measured: tools/bench.py --only isolation).
+    for name in PRELOAD:
+        try:
+            __import__(name)
+        except ImportError:
+            pass
+    import gc
+    gc.freeze()
+    if code is not None:
+        spawn("probe", None)
+    while True:
+        for fd, ev in poller.poll(1000):
+            if fd == rfd:
+                try:
+                    data = os.read(rfd, 1 << 20)
+                except BlockingIOError:
+                    continue
+                if not data:
+                    os._exit(0)  # the parent is gone
+                parent_in += data
+                msgs, _ = read_frames(parent_in)  # (the parent is trusted: its frames are well formed)
+                for msg in msgs:
+                    fd2 = by_rid.get(msg.get("rid"))
+                    if fd2 is None:
+                        continue  # the rollout has ended already
+                    if msg.get("t") == "kill":  # its deadline passed
+                        end(fd2, "killed at its deadline")
+                    else:
+                        live[fd2]["outbuf"] += frame(msg)
+                        poller.modify(fd2, select.POLLIN | select.POLLOUT)
+                continue
+            w = live.get(fd)
+            if w is None:
+                continue
+            if ev & select.POLLOUT and w["outbuf"]:
+                try:
+                    del w["outbuf"][:os.write(fd, w["outbuf"])]
+                except BlockingIOError:
+                    pass
+                except OSError:
+                    w["outbuf"].clear()
+                if not w["outbuf"]:
+                    poller.modify(fd, select.POLLIN)
+            if ev & (select.POLLIN | select.POLLHUP | select.POLLERR):
+                try:
+                    data = os.read(fd, 1 << 20)
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    data = b""
+                w["inbuf"] += data
+                msgs, bad = read_frames(w["inbuf"])
+                try:
+                    for msg in msgs:
+                        if not w["done"]:
+                            from_rollout(fd, w, msg)
+                except ValueError as e:
+                    bad = bad or str(e)
+                if bad is not None and not w["done"]:
+                    w["bad"] = bad
+                if not data or w["done"] or w["bad"] is not None:
+                    end(fd)
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--child"]:

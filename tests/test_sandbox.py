@@ -550,8 +550,103 @@ def run(task, llm, tools):
     for r, rec in enumerate(recs):
         cwd, note = rec["answer"].split("|")
         assert rec["stdout"] == f"I am q{r}\n"
-        assert note == f"q{r}"  # (rollouts of a batch share one scratch dir)
+        assert note == f"q{r}"
         assert not os.path.exists(cwd)  # scratch is deleted afterwards
+
+
+SHARING = '''
+import os
+import sys
+import threading
+SEEN = []
+def run(task, llm, tools):
+    notes = []
+    SEEN.append(task["q"])  # a module global
+    notes.append(f"globals:{len(SEEN)}")
+    sys.shared = getattr(sys, "shared", 0) + 1  # a module every rollout imports
+    notes.append(f"modules:{sys.shared}")
+    with open("note.txt", "a") as f:  # a file in its writable space
+        f.write(task["q"])
+    notes.append("file:" + open("note.txt").read())
+    mine = os.path.basename(os.getcwd())
+    siblings = [f"../r{k}/note.txt" for k in range(4) if f"r{k}" != mine]
+    for path in ["..", "/tmp", *siblings]:  # the other rollouts' places, the machine's /tmp
+        try:
+            os.listdir(path) if os.path.isdir(path) else open(path).read()
+            notes.append("reached " + path)
+        except OSError:
+            notes.append("refused")
+    try:  # a thread that would outlive the rollout and carry its answers on
+        threading.Thread(target=lambda: None).start()
+        notes.append("thread started")
+    except RuntimeError:
+        notes.append("thread refused")
+    llm("hi")
+    return "|".join(notes)
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("concurrency", [None, 1])
+def test_no_state_of_one_rollout_reaches_another(concurrency):
+    """Globals, modules, files in its own or a sibling's place, threads: each rollout starts from
+    the harness file alone, whether the rollouts run at once or one after another."""
+    recs = run_sandboxed(SHARING, n=4, concurrency=concurrency)
+    assert [r["answer"] for r in recs] == [f"globals:1|modules:1|file:q{r}|" + "refused|" * 5 + "thread refused"
+                                           for r in range(4)], recs
+
+
+@pytest.mark.slow
+def test_the_rollout_processes_of_a_batch_are_held_to_its_memory_together():
+    """Each rollout process has its own address-space cap (mem_mb); all of them together are
+    held to mem_mb too: while the sum is over it, the largest is killed, the rest go on."""
+    src = '''
+import time
+def run(task, llm, tools):
+    hog = bytearray(100 << 20)  # 100 MB each, under the per-process cap; 400 MB for the four
+    for k in range(0, len(hog), 4096):
+        hog[k] = 1
+    t = time.monotonic()
+    while time.monotonic() - t < 1.0:
+        time.sleep(0.05)
+    return "kept"
+'''
+    recs = run_sandboxed(src, n=4, mem_mb=256, rollout_timeout=5.0)
+    killed = [r for r in recs if r["status"] == "crash"]
+    assert 2 <= len(killed) <= 3 and all("held over 256 MB together" in r["error"] for r in killed), recs
+    assert all((r["status"], r["answer"]) == ("ok", "kept") for r in recs if r["status"] != "crash")
+
+
+GUESSING = '''
+TRIED = {}  # what earlier rollouts of the same task learnt from the tool: a shared harness would use it
+def run(task, llm, tools):
+    llm("pick one")
+    for guess in ("a", "b", "c", "d"):
+        if SHARE and TRIED.get((task["name"], guess)) == "wrong":
+            continue
+        verdict = tools.check(guess)  # like chess's play(): the tool tells a wrong try, and ends the rollout
+        TRIED[(task["name"], guess)] = verdict
+        return guess
+'''
+
+
+@pytest.mark.slow
+def test_pooling_tool_answers_across_samples_scores_what_the_same_harness_scores_without():
+    """The attack of issue 66: samples of one task pool what a tool told them (chess's play(): a
+    wrong move) and take turns. With one process per rollout, the harness that tries to share
+    scores exactly what the same harness scores with sharing off: mean@k stays a mean of
+    independent tries."""
+    secret = "d"
+
+    def tools(rid):
+        return {"check": lambda guess: "right" if guess == secret else "wrong"}
+
+    def score(source):
+        recs = sandbox.run_rollouts(source, jobs(8, name="the same task"), fake_llm_batch([]), tools,
+                                    rollout_timeout=2.0, concurrency=1, max_llm_tokens=CAP)
+        return [r["answer"] == secret for r in recs]
+    shared, alone = score("SHARE = True\n" + GUESSING), score("SHARE = False\n" + GUESSING)
+    assert shared == alone == [False] * 8
 
 
 @pytest.mark.slow
@@ -647,15 +742,17 @@ def test_batch_timeout():
 
 
 @pytest.mark.slow
-def test_concurrency_limit_queues_rollouts_and_hung_workers_do_not_hang_the_queue():
+def test_concurrency_limit_queues_rollouts_and_hung_rollouts_do_not_hang_the_queue():
     log = []
     recs = run_sandboxed(TWO_CALLS, n=6, log=log, concurrency=2)
     assert all(r["status"] == "ok" for r in recs)
     assert max(len(calls) for _, calls in log) <= 2
     hang = 'def run(task, llm, tools):\n    while True:\n        pass\n'
-    recs = run_sandboxed(hang, n=4, concurrency=2)
+    t0 = time.monotonic()
+    recs = run_sandboxed(hang, n=4, concurrency=2)  # each is killed at its deadline, its place goes on
     assert [r["status"] for r in recs] == ["timeout"] * 4
-    assert "not started" in recs[3]["error"]
+    assert all("rollout timeout" in r["error"] for r in recs)
+    assert time.monotonic() - t0 < 2 * 1.0 + 2.0  # two rounds of 1 s deadlines, startup included
 
 
 @pytest.mark.slow

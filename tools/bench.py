@@ -9,6 +9,11 @@ Prints one `name: value` line per measurement:
     greedy, with a token-identity check under greedy;
   - sandbox overhead: a one-call harness run through the sandbox vs the same prompts
     sampled in-process as one batch;
+  - isolation (only with --only isolation): what a process per rollout costs, with the model
+    out of the picture (every llm() answered at once): the searchqa and chess h0 harnesses on
+    questions x 8 through the sandbox vs called in this process with a fresh import per
+    rollout (no isolation at all): ms per rollout, their ratio, and the peak memory (PSS) of
+    the sandbox's process tree;
   - multi-turn: the chess h0 harness (a retry after every unparsed move: later calls
     repeat the first prompt plus each sample's own reply) on 16 puzzles x 8 through the
     sandbox, with shared-head prefill vs without (seconds, tokens prefilled, ratio);
@@ -40,6 +45,7 @@ Prints one `name: value` line per measurement:
     python tools/bench.py --only eval --questions 8 --harnesses long  # a smaller part of it
     python tools/bench.py --only eval --harnesses '' --phase-a study  # one phase-A step of the study's regime
     python tools/bench.py --only memory           # peak memory per sampler (~10 min on 2 cores)
+    python tools/bench.py --only isolation        # a process per rollout vs none (~1 min)
     python tools/bench.py --only vote --questions 16  # llm(n=5) vs 5 calls in the voting harness
     python tools/bench.py --only omp              # OpenMP threads sleeping at once vs spinning briefly (~2 min)
     python tools/bench.py --only malloc           # freed memory back to the kernel vs kept (~8 min)
@@ -156,7 +162,8 @@ def main():
     if args.eval_child:
         return eval_child(args.eval_child, args.model, args.questions)
     only = set(args.only.split(","))
-    sections = {"rollout", "decode", "sandbox", "multiturn", "sft", "deadline", "eval", "memory", "vote", "omp", "malloc"}
+    sections = {"rollout", "decode", "sandbox", "multiturn", "sft", "deadline", "eval", "memory", "vote", "omp", "malloc",
+                "isolation"}
     if only - sections:
         print(f"bench.py: unknown section(s) {', '.join(sorted(only - sections))}; "
               f"choose from {', '.join(sorted(sections))}", file=sys.stderr)
@@ -184,13 +191,15 @@ def main():
     n_params += model.lm_head.weight.numel() if model.config.tie_word_embeddings else 0
 
     P, G, NEW = (8, 8, 16) if q else (32, 8, 32)
-    prompts = squad_prompts(e, P) if only - {"eval", "deadline", "memory", "vote"} else []
+    prompts = squad_prompts(e, P) if only - {"eval", "deadline", "memory", "vote", "isolation"} else []
     if "rollout" in only:
         rollout_workload(e, model, prompts, G, NEW, n_params, peak)
     if "decode" in only:
         decode(e, model, q)
     if "sandbox" in only:
         sandbox_overhead(e, P, G, NEW)
+    if "isolation" in only:
+        isolation(args.questions or (8 if q else 64))
     if "multiturn" in only:
         multiturn(e, 4 if q else 16)
     if "deadline" in only:
@@ -268,6 +277,79 @@ def sandbox_overhead(e, P, G, NEW):
     print(f"inprocess_seconds: {t_in:.1f}")
     print(f"sandbox_overhead_ratio: {t_sb / t_in:.3f}")
 
+
+
+def tree_pss_mb(root):
+    """PSS (shared pages split among their users) of process `root` and all its descendants, in MB."""
+    kids, total, todo = {}, 0, [root]
+    for d in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            ppid = int(open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        kids.setdefault(ppid, []).append(int(d))
+    while todo:
+        pid = todo.pop()
+        todo += kids.get(pid, [])
+        try:
+            total += next(int(line.split()[1]) for line in open(f"/proc/{pid}/smaps_rollup") if line.startswith("Pss:"))
+        except (OSError, StopIteration):
+            pass
+    return total / 1024
+
+
+def isolation(n_questions, G=8):
+    """A process per rollout, priced with the model out of the picture: each h0 harness on
+    n_questions x G through the sandbox (rollout.run, every llm() answered at once) vs called
+    in this process, a fresh import of the harness per rollout and the same tools."""
+    import threading
+    import types
+    from domains import chess, searchqa
+
+    class Instant:  # an engine that answers every prompt at once with a fixed reply
+        max_model_len = 8192
+
+        def chat_ids(self, messages):
+            return [1] * 8
+
+        def sample(self, reqs):
+            return [{"text": "<answer>Paris</answer> e2e4", "completion_ids": [2, 3], "finish": "stop"} for _ in reqs]
+    for domain in (searchqa, chess):
+        examples, source = domain.load_split("test")[:n_questions], open(domain.H0).read()
+        sampling = {"temperature": 1.0, "top_k": 20, "top_p": 1.0}
+        peak, done = [0.0], threading.Event()
+
+        def watch():
+            while not done.wait(0.1):
+                peak[0] = max(peak[0], tree_pss_mb(os.getpid()) - base)
+        base = tree_pss_mb(os.getpid())
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        t = time.perf_counter()
+        recs = rollout.run(Instant(), domain, source, examples, G, seed=0, sampling=sampling, max_tokens=32)
+        t_sandbox = time.perf_counter() - t
+        done.set()
+        watcher.join()
+        code = compile(source, "harness.py", "exec")
+        t = time.perf_counter()
+        for ex in examples:
+            for _ in range(G):
+                module = types.ModuleType("harness")
+                exec(code, module.__dict__)
+                tools, _ = domain.make_tools(ex)
+                try:
+                    module.run(ex["task"], lambda *a, **k: "<answer>Paris</answer> e2e4",
+                               types.SimpleNamespace(**{k: v for k, v in tools.items() if not k.startswith("_")}))
+                except Exception:
+                    pass
+        t_inproc = time.perf_counter() - t
+        n = len(examples) * G
+        name = domain.__name__.split(".")[-1]
+        print(f"isolation_{name}_rollouts: {n} ({sum(r['status'] == 'ok' for r in recs)} ok)")
+        print(f"isolation_{name}_sandbox_ms_per_rollout: {1000 * t_sandbox / n:.2f}")
+        print(f"isolation_{name}_inprocess_ms_per_rollout: {1000 * t_inproc / n:.2f}")
+        print(f"isolation_{name}_sandbox_over_inprocess: {t_sandbox / t_inproc:.1f}")
+        print(f"isolation_{name}_sandbox_tree_peak_pss_mb: {peak[0]:.0f}")
 
 
 def multiturn(e, n_puzzles):
