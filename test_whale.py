@@ -1244,6 +1244,28 @@ def test_search_trusts_only_its_own_records_against_a_between_calls_forger(tmp_p
     assert sum(e["event"] == "archive_integrity" for e in events) == 3
 
 
+def test_a_search_whose_ledger_was_removed_trusts_none_of_its_files(tmp_path):
+    """The ledger is the search's own record: with it deleted and a scores.json forged into a win,
+    a resumed search logs an integrity event and measures again instead of trusting the files."""
+    d = tmp_path / "arch"
+    batches = [[hsrc.splice(H0, "QUALITY", "QUALITY = 0.1")]]
+
+    def propose(archive_dir, k):
+        return [dict(source=s, proposer="fake", note="n", parent="cand_000") for s in batches.pop(0)] if batches else []
+    mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate, propose, archive_dir=str(d),
+                    should_stop=stop_after(2), log=lambda e: None)
+    honest = json.loads((d / "cand_001" / "scores.json").read_text())
+    (d / "cand_001" / "scores.json").write_text(json.dumps(dict(honest, success=1.0, per_example=[1.0] * 40)))
+    os.remove(harness_archive.ledger_path_for(str(d)))
+    events = []
+    res = mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate, propose, archive_dir=str(d),
+                          should_stop=stop_after(2), log=events.append)
+    reasons = [e["reason"] for e in events if e["event"] == "archive_integrity"]
+    assert any("ledger" in r and "missing" in r for r in reasons), reasons
+    assert json.loads((d / "cand_001" / "scores.json").read_text())["success"] == honest["success"]  # measured again
+    assert res["incumbent_scores"]["success"] < 1.0
+
+
 PROBER = r"""
 '''A stand-in agent that looks around: it tries each read and write the jail must refuse or
 allow, prints one line per refusal on stderr, and writes a candidate whose docstring records

@@ -41,6 +41,7 @@ import re
 from collections import Counter
 
 from harness_search.harness_source import hypothesis, normalized
+from jail import received  # a run directory or run.zip from elsewhere: links, sizes, zip bombs
 from jail.sandbox import valid_text  # the one text rule (lone surrogates), at every boundary
 
 
@@ -242,13 +243,11 @@ def _write_zip(target, members):
     os.replace(tmp, target)
 
 
-def _files(folder, prefix):
-    """(prefix + path relative to folder, bytes) for every file below folder."""
-    for root, _, files in os.walk(folder):
-        for name in files:
-            path = os.path.join(root, name)
-            with open(path, "rb") as f:
-                yield prefix + os.path.relpath(path, folder).replace(os.sep, "/"), f.read()
+def _files(folder, prefix, run_dir=None):
+    """(prefix + path relative to folder, bytes) for every regular file below folder; a symbolic
+    link is never followed into the zip (received.walk_files skips links, read_bytes refuses them)."""
+    for name, path in received.walk_files(folder):
+        yield prefix + name, received.read_bytes(path, root=run_dir or folder)
 
 
 def pack_run(run_dir):
@@ -257,28 +256,27 @@ def pack_run(run_dir):
     checkpoints that results/ never keeps, stay. None when there is no summary.json (a run still
     going needs its files) or it is packed already."""
     import shutil
-    import zipfile
     run_dir = os.fspath(run_dir)
     if not os.path.isfile(os.path.join(run_dir, "summary.json")):
         return None
     members = []
     for name in RUN_RECORD:
         path = os.path.join(run_dir, name)
+        if os.path.islink(path):
+            continue  # a link is not the run's own file: never packed (nor what it points to)
         if name == "archive.zip" and os.path.isfile(path):
-            with zipfile.ZipFile(path) as z:
-                members += [("archive/" + m, z.read(m)) for m in z.namelist() if not m.endswith("/")]
+            members += list(_files(_unzipped(path), "archive/"))
         elif os.path.isdir(path):
-            members += list(_files(path, name + "/"))
+            members += list(_files(path, name + "/", run_dir))
         elif os.path.isfile(path):
-            with open(path, "rb") as f:
-                members.append((name, f.read()))
+            members.append((name, received.read_bytes(path, root=run_dir)))
     target = os.path.join(run_dir, "run.zip")
     _write_zip(target, members)
     for name in RUN_RECORD:  # only once run.zip is whole (_write_zip renames it into place)
         path = os.path.join(run_dir, name)
-        if os.path.isdir(path):
+        if os.path.isdir(path) and not os.path.islink(path):
             shutil.rmtree(path)
-        elif os.path.exists(path):
+        elif os.path.lexists(path):
             os.remove(path)
     return target
 
@@ -287,17 +285,20 @@ _UNPACKED = {}  # zip file -> its temporary copy, so that a process unpacks each
 
 
 def _unzipped(packed):
-    """A temporary folder holding the zip file's members (removed when this process ends)."""
+    """A temporary folder holding the zip file's members (removed when this process ends);
+    ValueError naming the zip when it is not one or breaks received.extract_zip's caps."""
     import atexit
     import shutil
     import tempfile
-    import zipfile
     key = (os.path.realpath(packed), os.stat(packed).st_mtime_ns)
     if key not in _UNPACKED:
         tmp = tempfile.mkdtemp(prefix="whale_unpacked_")
         atexit.register(shutil.rmtree, tmp, True)
-        with zipfile.ZipFile(packed) as z:
-            z.extractall(tmp)
+        try:  # checked: names inside tmp, member count, bytes and ratio capped (a zip bomb is refused)
+            received.extract_zip(packed, tmp)
+        except ValueError:
+            shutil.rmtree(tmp, True)
+            raise
         _UNPACKED[key] = tmp
     return _UNPACKED[key]
 
@@ -397,8 +398,9 @@ def iteration_event(line, **extra):
 
 def open_search(archive_dir, incumbent_src, ids, allowed, k, ledger_path, log) -> str:
     """A search's archive made ready, new or resumed; returns iterations.jsonl's path. New: rules.json,
-    an empty ledger, cand_000 (the incoming harness). Resumed: the ledger (an archive from before
-    it: its files trusted once), what differs from it refused and logged (archive_integrity), the
+    an empty ledger, cand_000 (the incoming harness). Resumed: the ledger (when it is missing, an
+    archive_integrity event and nothing of the archive's files trusted), what differs from it refused
+    and logged (archive_integrity), the
     summary lines a crash lost added, and the finished work's events replayed into `log`
     (replayed=True, each iteration's candidates then the iteration), so that a log cut back to a
     checkpoint holds one line per event. Refuses an archive of another incoming harness or of
@@ -408,12 +410,15 @@ def open_search(archive_dir, incumbent_src, ids, allowed, k, ledger_path, log) -
     write_json(os.path.join(archive_dir, "rules.json"), dict(allowed_axes=allowed, k=k))
     summary_path = os.path.join(archive_dir, "summary.jsonl")
     iters_path = os.path.join(archive_dir, "iterations.jsonl")
-    if not os.path.exists(ledger_path):  # a new search, or an archive from before the ledger: trust its files once
-        for c in load_archive(archive_dir):
-            if c["scores"]:
-                append_jsonl(ledger_path, dict(cand=c["name"], scores=c["scores"]))
-        for line in read_jsonl(iters_path):
-            append_jsonl(ledger_path, dict(iteration=line["iteration"], incumbent=line["incumbent"]))
+    if not os.path.exists(ledger_path):  # a new search; or the ledger was removed: nothing the archive says is trusted
+        scored = [c["name"] for c in load_archive(archive_dir) if c["scores"]]
+        if scored or read_jsonl(iters_path):  # (the ledger is made before the archive's first score)
+            log(dict(event="archive_integrity", reason=f"the ledger {os.path.basename(ledger_path)} is missing: the "
+                     f"archive's scores ({len(scored)} candidates) and incumbents are not trusted; its candidates "
+                     "are measured again, iteration by iteration (the old records kept as *.untrusted.jsonl)"))
+            for path in (iters_path, summary_path):
+                if os.path.exists(path):
+                    os.replace(path, path[:-len(".jsonl")] + ".untrusted.jsonl")
         open(ledger_path, "a").close()
     archive, problems = trusted_archive(archive_dir, ledger_path)  # (also: killed between the ledger and scores.json)
     for p in problems:

@@ -38,6 +38,7 @@ from typing import NamedTuple
 
 from harness_search import harness_archive
 from harness_search import primitives
+from jail import received  # an endpoint is someone else's: its replies capped, redirects same-origin only
 from harness_search.archive_view import DIGEST_CHARS, RULES, archive_digest, short
 from jail.sandbox import valid_text
 
@@ -196,63 +197,6 @@ def _llm_proposer(name, domain, ask, digest_chars, reply_format="any", transport
     return propose
 
 
-def bounded_request(req, timeout):
-    """The body of an HTTP(S) request (urllib: proxies and redirects as usual), the request as a
-    whole bounded by `timeout` seconds: connect, headers and body. urllib's own timeout bounds
-    each socket operation, so a server that drips its reply a byte at a time would never time
-    out; here a watchdog thread shuts the connection's socket down at the deadline, which ends
-    whatever read is blocked, and the caller gets TimeoutError."""
-    import http.client
-    import socket
-    import threading
-    socks, done, expired = [], threading.Event(), threading.Event()
-
-    def track(cls, **extra):  # the connection urllib makes, its socket kept for the watchdog (urllib
-        def make(host, **kw):  # drops its own reference once the headers are in)
-            conn = cls(host, **kw, **extra)
-            connect = conn.connect
-
-            def connect_and_keep():
-                connect()
-                socks.append(conn.sock)
-            conn.connect = connect_and_keep
-            return conn
-        return make
-
-    def watchdog():
-        if done.wait(timeout):
-            return
-        expired.set()
-        while not done.wait(0.05):  # until the caller is out (a socket may appear just after the deadline)
-            for sock in socks:
-                try:
-                    sock.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-    http_h, https_h = urllib.request.HTTPHandler(), urllib.request.HTTPSHandler()
-    http_h.http_open = lambda r: http_h.do_open(track(http.client.HTTPConnection), r)
-    https_h.https_open = lambda r: https_h.do_open(track(http.client.HTTPSConnection), r, context=https_h._context)
-    threading.Thread(target=watchdog, daemon=True).start()
-    try:
-        with urllib.request.build_opener(http_h, https_h).open(req, timeout=timeout) as r:
-            data = r.read()
-    except urllib.error.HTTPError as e:  # keep the server's explanation (a context overflow, a quota)
-        try:
-            e.body = e.read(2000).decode("utf-8", "replace")
-        except Exception:
-            e.body = ""
-        raise
-    except (OSError, http.client.HTTPException) as e:
-        if expired.is_set():
-            raise TimeoutError(f"the request took over {timeout:g}s in all (connect, headers, body)") from e
-        raise
-    finally:
-        done.set()
-    if expired.is_set():  # a reply cut by the shutdown can still look complete
-        raise TimeoutError(f"the request took over {timeout:g}s in all (connect, headers, body)")
-    return data
-
-
 def _openai_ask(base_url, model, api_key, max_tokens, timeout):
     base = base_url.rstrip("/")
     headers = {"Content-Type": "application/json"}
@@ -264,14 +208,14 @@ def _openai_ask(base_url, model, api_key, max_tokens, timeout):
         # vLLM and Ollama want the served model's name; if none was given, ask the server.
         if chosen[0] is None:
             req = urllib.request.Request(base + "/models", headers=headers)
-            chosen[0] = json.loads(bounded_request(req, timeout).decode("utf-8", "replace"))["data"][0]["id"]
+            chosen[0] = received.loads(received.http_body(req, timeout), "the /models reply")["data"][0]["id"]
         return chosen[0]
 
     def ask(prompt):
         body = dict(model=get_model(), messages=[{"role": "user", "content": prompt}], max_tokens=max_tokens)
         req = urllib.request.Request(base + "/chat/completions", data=json.dumps(body).encode(),
                                      headers=headers, method="POST")
-        data = json.loads(bounded_request(req, timeout).decode("utf-8", "replace"))
+        data = received.loads(received.http_body(req, timeout), "the chat completion")
         choice = data["choices"][0]
         text, finish = choice["message"].get("content"), choice.get("finish_reason")
         if text is None and finish == "length":

@@ -164,14 +164,18 @@ def host_allowed(host, hosts):
 
 def _pump(a, b, idle_s=300.0):
     """Copy bytes both ways between sockets a and b until one side closes (or idle_s of silence).
-    Returns the bytes copied."""
-    n, socks = 0, [a, b]
+    Returns the bytes copied. (poll, not select: any descriptor number works.)"""
+    n, by_fd = 0, {a.fileno(): a, b.fileno(): b}
+    poller = select.poll()
+    for fd in by_fd:
+        poller.register(fd, select.POLLIN)
     try:
         while True:
-            ready, _, _ = select.select(socks, [], [], idle_s)
+            ready = poller.poll(idle_s * 1000)
             if not ready:
                 return n
-            for s in ready:
+            for fd, _ in ready:
+                s = by_fd[fd]
                 data = s.recv(1 << 16)
                 if not data:
                     return n
@@ -224,7 +228,7 @@ def _proxy_one(conn, hosts, ports, allow_local, log):
             except OSError as e:
                 why = f"could not connect to {host}:{port} ({e.strerror or e})"
         if why is not None:
-            log.append(dict(host=host, port=port, allowed=False, why=why))
+            _note(log, dict(host=host, port=port, allowed=False, why=why))
             conn.sendall(b"HTTP/1.1 403 Forbidden\r\nContent-Type: text/plain\r\nConnection: close\r\n\r\n"
                          + why.encode() + b"\n")
             return
@@ -232,7 +236,7 @@ def _proxy_one(conn, hosts, ports, allow_local, log):
         conn.settimeout(None)
         upstream.settimeout(None)
         entry = dict(host=host, port=port, allowed=True, bytes=0)
-        log.append(entry)
+        _note(log, entry)
         entry["bytes"] = _pump(conn, upstream)
     except OSError:
         pass
@@ -240,6 +244,25 @@ def _proxy_one(conn, hosts, ports, allow_local, log):
         for s in (conn, upstream):
             if s is not None:
                 s.close()
+
+
+MAX_LOG = 1000          # CONNECTs the proxy's log lists; past them one line says how many more came
+MAX_CONNECTIONS = 64    # connections the proxy serves at once; more are closed at once
+
+
+_LOG_LOCK = threading.Lock()
+
+
+def _note(log, entry):
+    """Append entry to the proxy's log, which stays at MAX_LOG entries plus one counting the rest."""
+    with _LOG_LOCK:
+        if len(log) < MAX_LOG:
+            log.append(entry)
+        elif len(log) == MAX_LOG:
+            log.append(dict(host=None, port=None, allowed=False, why="log full: 1 more connection not listed", more=1))
+        else:
+            log[-1]["more"] += 1
+            log[-1]["why"] = f"log full: {log[-1]['more']} more connections not listed"
 
 
 def start_egress(path, hosts, ports=TCP_PORTS, allow_local=False):
@@ -250,7 +273,13 @@ def start_egress(path, hosts, ports=TCP_PORTS, allow_local=False):
     server.bind(path)
     os.chmod(path, 0o600)  # the launcher (root) connects; nobody else
     server.listen(64)
-    log, stopping = [], threading.Event()
+    log, stopping, slots = [], threading.Event(), threading.BoundedSemaphore(MAX_CONNECTIONS)
+
+    def one(conn):
+        try:
+            _proxy_one(conn, tuple(hosts), tuple(ports), allow_local, log)
+        finally:
+            slots.release()
 
     def serve():
         while not stopping.is_set():
@@ -258,8 +287,10 @@ def start_egress(path, hosts, ports=TCP_PORTS, allow_local=False):
                 conn, _ = server.accept()
             except OSError:
                 return
-            threading.Thread(target=_proxy_one, args=(conn, tuple(hosts), tuple(ports), allow_local, log),
-                             daemon=True).start()
+            if not slots.acquire(blocking=False):  # a flood of connections: no thread, no log line each
+                conn.close()
+                continue
+            threading.Thread(target=one, args=(conn,), daemon=True).start()
     threading.Thread(target=serve, daemon=True).start()
 
     def stop():
@@ -485,30 +516,30 @@ def _launch(spec):
     p = isolation.plan()
     libc = p["libc"]
     # Its network first (loopback only, and on it the relay to the egress proxy, a process of its
-    # own: after unshare(CLONE_NEWPID) this process may not start threads), then its PID namespace.
+    # own, forked before the PID namespace so that it is outside it), then its PID namespace.
     ns = spec["root"] and libc.unshare(isolation.CLONE_NEWNET | 0x04000000 | 0x08000000) == 0  # + NEWUTS, NEWIPC
-    ns = ns and libc.unshare(isolation.CLONE_NEWPID) == 0
     env = dict(os.environ)
     relay = None
-    if spec["root"] and not ns:  # no mounts (they would be the host's), so no way for nobody to its files:
-        print(f"agent_jail: WARNING: no namespaces ({os.strerror(p['get_errno']())}): the agent runs as root, "
-              "with the host's network and mounts", file=sys.stderr, flush=True)
-        spec["root"] = False  # it stays root, and the host's terminals are not granted
-        spec["rules"] = [r for r in spec["rules"] if not any(under(r[0], d) for d in PTY_DEVICES)]
-    if ns:
+    if ns:  # the relay: forked before the PID namespace exists, so it is not in it (the agent never sees it)
         _loopback_up()
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         listener.bind(("127.0.0.1", TCP_PORTS[0]))
         listener.listen(64)
-        env.update({k: f"http://127.0.0.1:{TCP_PORTS[0]}" for k in PROXY_VARS})
-        for k in ("NO_PROXY", "no_proxy"):
-            env.pop(k, None)
-        relay = os.fork()  # the first child of the new PID namespace would be its PID 1: this one is not in it
+        relay = os.fork()
         if relay == 0:
             libc.prctl(isolation.PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
             _relay(listener, spec["egress"])
             os._exit(0)
         listener.close()
+        env.update({k: f"http://127.0.0.1:{TCP_PORTS[0]}" for k in PROXY_VARS})
+        for k in ("NO_PROXY", "no_proxy"):
+            env.pop(k, None)
+    ns = ns and libc.unshare(isolation.CLONE_NEWPID) == 0  # the next child is its PID 1
+    if spec["root"] and not ns:  # no mounts (they would be the host's), so no way for nobody to its files:
+        print(f"agent_jail: WARNING: no namespaces ({os.strerror(p['get_errno']())}): the agent runs as root, "
+              "with the host's network and mounts", file=sys.stderr, flush=True)
+        spec["root"] = False  # it stays root, and the host's terminals are not granted
+        spec["rules"] = [r for r in spec["rules"] if not any(under(r[0], d) for d in PTY_DEVICES)]
     pid = os.fork()
     if pid == 0:  # PID 1 of the new namespace (or a plain child without one)
         try:

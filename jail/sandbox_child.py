@@ -125,6 +125,12 @@ _BLOCKED_EVENTS = frozenset({
     "sqlite3.enable_load_extension", "sqlite3.load_extension",
 })
 _BLOCKED_PREFIXES = ("socket.", "ctypes.")
+# Loaded before the lock-down, then stripped of what signals another process by pidfd (the hook
+# sees os.kill, not these; Landlock's signal scope needs ABI 6): importing them again, which would
+# bring the functions back, is refused.
+_NO_RELOAD = frozenset({"os", "posix", "signal", "_signal"})
+_STRIPPED = (("posix", "pidfd_open"), ("os", "pidfd_open"), ("_signal", "pidfd_send_signal"),
+             ("signal", "pidfd_send_signal"))
 _BLOCKED_MODULES = frozenset({
     "ctypes", "_ctypes", "_posixsubprocess", "_xxsubinterpreters", "_testcapi", "_testinternalcapi",
     "_testbuffer", "_testmultiphase", "_testimportmultiple", "_ctypes_test", "_xxtestfuzz",
@@ -153,7 +159,7 @@ def _make_audit_hook(scratch, read_roots, deny_roots):
     def hook(event, args, scratch=scratch, scratch_dir=scratch + "/",
              read_roots=frozenset(read_roots), read_dirs=tuple(r + "/" for r in read_roots),
              deny_roots=frozenset(deny_roots), deny_dirs=tuple(r + "/" for r in deny_roots),
-             blocked=_BLOCKED_EVENTS, prefixes=_BLOCKED_PREFIXES, modules=_BLOCKED_MODULES,
+             blocked=_BLOCKED_EVENTS, prefixes=_BLOCKED_PREFIXES, modules=_BLOCKED_MODULES, no_reload=_NO_RELOAD,
              path_event_names=frozenset(e for e, _ in path_events), path_events=path_events,
              write_flags=_WRITE_FLAGS, getcwd=os.getcwd, lstat=os.lstat, readlink=os.readlink,
              os_stat=os.stat, type=type, str=str, bytes=bytes, int=int,
@@ -167,7 +173,7 @@ def _make_audit_hook(scratch, read_roots, deny_roots):
             todo = [(path, write)]
         elif event == "import":
             name = args[0]
-            if type(name) is not str or name.partition(".")[0] in modules:
+            if type(name) is not str or name.partition(".")[0] in modules or name in no_reload:
                 raise PermissionError(f"sandbox: import of {name} is blocked")
             if args[1] is None:
                 return
@@ -283,6 +289,9 @@ def _lock_down(scratch, max_output, recursion_cap, extra_reads=()):
     for name in _BLOCKED_MODULES | {"subprocess"}:
         if name in sys.modules:  # a cached module is imported again without an "import" event
             raise RuntimeError(f"sandbox child imported {name} before lock-down")
+    import signal  # noqa: F401  (cached now: a harness's `import signal` raises no event)
+    for module, name in _STRIPPED:
+        sys.modules[module].__dict__.pop(name, None)
     sys.addaudithook(_make_audit_hook(scratch, read_roots, deny))
     sys.stdout = sys.stderr = capture = _Capture(threading.local(), max_output)
     return capture

@@ -8,9 +8,16 @@ ends the reply (PLAIN_STOPS); and the token ids that end a reply (stop_token_ids
 the end-of-turn token(s) the template writes after an assistant turn (<|im_end|>,
 <end_of_turn>, ...). --chat-format picks one (resolve_chat_format).
 
+A model's chat template is code someone else wrote (Jinja, which transformers renders in its
+sandboxed environment: no file or attribute access, but no time or memory bound either). So
+before a template is used it is rendered once on a probe conversation in a separate process
+with a deadline and a memory cap (template_probe); one that loops or balloons there is refused.
+A template that behaves on the probe and explodes only on some later conversation is not caught.
+
 Left out: tool-call and multimodal parts of a template (only the text of a conversation
 reaches the model) and system-prompt merging for templates that have no system role.
 """
+import hashlib
 import sys
 
 CHAT_FORMATS = ("auto", "template", "plain")
@@ -39,7 +46,52 @@ def resolve_chat_format(tokenizer, choice: str = "auto", quiet: bool = False) ->
             print("engine: the tokenizer has no chat template (a base model?), so prompts are plain text turns "
                   "'System: ...\\n\\nUser: ...\\n\\nAssistant:' and a reply ends at the next turn marker "
                   "(--chat-format chooses)", file=sys.stderr)
+    if choice == "template" and isinstance(tokenizer.chat_template, str):
+        why = template_probe(tokenizer.chat_template)
+        if why:
+            raise ValueError(f"the model's chat template is refused: {why} (--chat-format plain does without it)")
     return choice
+
+
+PROBE = r"""
+import json, resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (int(sys.argv[1]) << 20, int(sys.argv[1]) << 20))
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+import jinja2.ext
+def raise_exception(message):
+    raise ValueError(message)
+env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+env.filters["tojson"] = json.dumps
+env.globals.update(raise_exception=raise_exception, strftime_now=lambda f: "", namespace=dict)
+messages = [{"role": "system", "content": "You are helpful."}, {"role": "user", "content": "Question: " + "x " * 200},
+            {"role": "assistant", "content": "An answer."}, {"role": "user", "content": "And?"}]
+try:
+    text = env.from_string(sys.stdin.read()).render(messages=messages, add_generation_prompt=True,
+                                                     bos_token="<s>", eos_token="</s>")
+except MemoryError:
+    sys.exit(3)
+except Exception:
+    sys.exit(0)  # it refuses this conversation or needs a global of its own: not a hang (chat_ids will say)
+sys.exit(0 if len(text) < (1 << 20) else 4)
+"""
+_PROBED = {}  # sha256 of a template -> the probe's verdict, once per process
+
+
+def template_probe(template: str, seconds: float = 10.0, mem_mb: int = 1024) -> str | None:
+    """None when rendering `template` on a probe conversation ends within `seconds` and mem_mb of
+    memory with under 1 MB of text (or ends in an ordinary error), else why not (one line)."""
+    import subprocess
+    key = hashlib.sha256(template.encode("utf-8", "replace")).hexdigest()
+    if key not in _PROBED:
+        try:
+            r = subprocess.run([sys.executable, "-c", PROBE, str(mem_mb)], input=template.encode("utf-8", "replace"),
+                               capture_output=True, timeout=seconds, env={"PATH": "/usr/bin:/bin"})
+            _PROBED[key] = {0: None, 3: f"rendering it needs over {mem_mb} MB",
+                            4: "it renders a probe conversation to over 1 MB of text"}.get(
+                r.returncode, f"the probe that renders it exited with code {r.returncode}")
+        except subprocess.TimeoutExpired:
+            _PROBED[key] = f"rendering a probe conversation took over {seconds:g} s"
+    return _PROBED[key]
 
 
 def chat_ids(tokenizer, messages, chat_format: str) -> list[int]:

@@ -82,8 +82,9 @@ def convert_gguf(gguf_path: Path, target: Path, what: str) -> Path:
     directory (safetensors, tokenizer, chat template if the file has one) at target."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     print(f"converting {what} to {target} (once)", file=sys.stderr)
-    tok = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
-    model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, trust_remote_code=False)
+    model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32,
+                                                 trust_remote_code=False)
     # save_pretrained refuses a model "quantized with gguf"; after loading it is plain fp32
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
@@ -176,7 +177,7 @@ def check_model(name: str, chat_format: str = "auto", train_layers: int = 0) -> 
         raise ModelError(f"--model {name}: no config.json in {path} (a Hugging Face model directory holds "
                          "config.json, the tokenizer files and the weights)")
     try:
-        config = AutoConfig.from_pretrained(path)
+        config = AutoConfig.from_pretrained(path, trust_remote_code=False)
     except Exception as e:  # no config.json, a broken one, an unknown model_type, an id that is not on the Hub
         raise ModelError(f"--model {name}: no model config loads from it ({_first_line(e)})")
     if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
@@ -207,7 +208,7 @@ def check_model(name: str, chat_format: str = "auto", train_layers: int = 0) -> 
                 raise ModelError(f"--model {name}: its weights do not fit its config ({wrong[0]} is {list(wrong[1])} "
                                  f"in {f.name}, {list(shapes[wrong[0]])} by config.json)")
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path)
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
     except Exception as e:
         raise ModelError(f"--model {name}: no tokenizer loads from it ({_first_line(e)})")
     if len(tokenizer) < 256:  # transformers 5 builds an empty tokenizer for a directory without tokenizer files
@@ -235,8 +236,8 @@ def load_model(name: str = EMBEDDED, device: str = "cpu", dtype=None):
     path = resolve_model_path(name)
     if dtype is None:
         dtype = torch.float32 if device == "cpu" else torch.bfloat16
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
+    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, trust_remote_code=False).to(device)
     model.eval()
     return model, tokenizer
 

@@ -83,9 +83,10 @@ class VLLMEngine:
         self.gpu_memory_utilization = gpu_memory_utilization
         self.on_cpu = current_platform.is_cpu()
         self.dtype = dtype or ("float32" if self.on_cpu else "bfloat16")
-        self.tokenizer = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(self.model_path)
+        self.tokenizer = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(self.model_path, trust_remote_code=False)
         self.model = (train_model if train_model is not None
-                      else AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32))
+                      else AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32,
+                                                                           trust_remote_code=False))
         # the same prompt format and stops as engine.HFEngine: the tokenizer's EOS, every EOS of generation_config
         # and the chat template's end-of-turn tokens (vLLM itself would use only the tokenizer's EOS, since we
         # tell it to ignore generation_config.json), and the plain format's turn markers as stop strings
@@ -100,7 +101,7 @@ class VLLMEngine:
 
     def _build(self, path):
         from vllm import LLM
-        kw = dict(model=path, tokenizer=self.model_path, tensor_parallel_size=self.tp, dtype=self.dtype,
+        kw = dict(model=path, tokenizer=self.model_path, tensor_parallel_size=self.tp, dtype=self.dtype, trust_remote_code=False,
                   seed=self.seed, max_model_len=self.max_model_len, enable_prefix_caching=True,
                   # sampling defaults come from our requests, not from the model's generation_config.json
                   generation_config="vllm")

@@ -350,8 +350,15 @@ def open_run(a, methods, check_schedule):
                     and v != saved.get(k):
                 raise UserError(f"--resume {run}: --{k.replace('_', '-')} cannot change on resume "
                                 f"(the run has {saved.get(k)!r})")
+        untrusted = [k for k in STARTED_WITH if saved.get(k, default[k]) != default[k]
+                     and getattr(a, k) != saved.get(k) and started_with(run).get(k) != saved.get(k)]
+        if untrusted:
+            raise UserError(f"--resume {run}: config.json sets " + ", ".join(f"--{k.replace('_', '-')} {saved[k]!r}"
+                            for k in untrusted) + ", which this machine did not start the run with (an edited or "
+                            "received run?); pass " + ("it" if len(untrusted) == 1 else "them") + " again to run it")
         a = Args(**{**ADDED_LATER, **saved, **hardware, "resume": str(run)})
         check_args(a, methods, check_schedule)
+        record_started_with(run, a)
         rd.clean_partial(run)
         sandbox.clean_dead_scratch()  # what sandboxes of a killed run left in /tmp
         return run, a
@@ -370,5 +377,40 @@ def open_run(a, methods, check_schedule):
         rd.write_json(run / "config.json", vars(a))
     except OSError as e:
         raise UserError(f"cannot make the run directory {run}: {e.strerror or e}") from None
+    record_started_with(run, a)
     sandbox.clean_dead_scratch()
     return run, a
+
+
+# Settings that run a program or reach the network for the proposer. config.json is a file anyone
+# can edit (or send): a resume takes these from it only when this machine's own record of the run
+# (written when it started, in the user's cache, outside the run directory) says the same, or when
+# the command line gives them again.
+STARTED_WITH = ("proposer", "proposer_command", "proposer_env", "proposer_hosts", "proposer_url",
+                "proposer_api_key_env")
+
+
+def _started_with_path(run):
+    import hashlib
+    from lm.models import cache_dir
+    return cache_dir() / "runs" / (hashlib.sha256(str(Path(run).resolve()).encode()).hexdigest()[:32] + ".json")
+
+
+def started_with(run) -> dict:
+    """What this machine recorded of the run's STARTED_WITH settings ({} when it has no record)."""
+    import json
+    try:
+        saved = json.loads(_started_with_path(run).read_text())
+        return saved if isinstance(saved, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def record_started_with(run, a):
+    from rundir import run_dir as rd
+    try:
+        path = _started_with_path(run)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        rd.write_json(path, {k: getattr(a, k) for k in STARTED_WITH})
+    except OSError:
+        pass  # without the record a resume asks for these settings again: safe, not lost

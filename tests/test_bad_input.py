@@ -108,6 +108,8 @@ from tests.helpers import ROOT, openai_server, run_whale
     (["--tracker", ","], "names no tracker"),
     (["--seed", "-1"], "--seed must be >= 0, not -1"),
     (["--resume", "{run_loader_empty}"], "loader has pool_size=None, not a count"),
+    # issue 66: a config.json edited (or received) to run a program on resume is not taken on trust
+    (["--resume", "{run_proposer_edited}"], "which this machine did not start the run with"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, needle, tmp_path):
     bad = tmp_path / "bad.py"
@@ -129,7 +131,9 @@ def test_bad_input_is_one_line_and_exit_2(args, needle, tmp_path):
     for name, config, state in (("run_state_empty", {}, {}), ("run_budget_str", {"budget": "24"}, None),
                                 ("run_rollouts_str", {}, {**good_state, "rollouts": "eight"}),
                                 ("run_lr_nan", {"lr": float("nan")}, None), ("run_unknown_key", {"colour": "red"}, None),
-                                ("run_loader_empty", {}, {**good_state, "loader": {}})):
+                                ("run_loader_empty", {}, {**good_state, "loader": {}}),
+                                ("run_proposer_edited", {"proposer": "command", "proposer_env": "WHALE_TEST_SECRET",
+                                                         "proposer_command": "sh -c 'echo $WHALE_TEST_SECRET'"}, None)):
         edited[name] = run = tmp_path / name
         (run / "checkpoint").mkdir(parents=True)
         (run / "config.json").write_text(json.dumps({"domain": "searchqa", "method": "whale", "seed": 0, **config}))

@@ -121,7 +121,7 @@ def test_report_cli_writes_an_index_of_a_grid_and_refuses_a_bad_path(tiny_refere
     assert r.returncode == 0 and "2 runs" in r.stdout, r.stderr
     index = (grid / "index.html").read_text()
     for name in ("tiny", "committed"):
-        assert f'href="runs/{name}/report.html"' in index and (grid / "runs" / name / "report.html").exists()
+        assert f'href="./runs/{name}/report.html"' in index and (grid / "runs" / name / "report.html").exists()
     for bad in (tmp_path / "nosuch", tmp_path / "empty"):
         (tmp_path / "empty").mkdir(exist_ok=True)
         r = subprocess.run([sys.executable, str(ROOT / "tools" / "report.py"), str(bad)], capture_output=True, text=True,
@@ -177,7 +177,7 @@ def test_every_committed_run_has_its_report_and_the_index_links_them(grid):
     runs = report.find_runs(grid)
     assert runs and runs == sorted(d for d in grid.iterdir() if d.is_dir())  # every directory there is a run
     index = (grid / "index.html").read_text()
-    assert sorted(re.findall(r'href="([^"]+/report\.html)"', index)) == [f"{d.name}/report.html" for d in runs]
+    assert sorted(re.findall(r'href="([^"]+/report\.html)"', index)) == [f"./{d.name}/report.html" for d in runs]
     for d in runs:
         assert (d / "report.html").exists(), f"{d} has no report.html: run python tools/report.py {grid.relative_to(ROOT)}"
         page = (d / "report.html").read_text()
@@ -185,7 +185,7 @@ def test_every_committed_run_has_its_report_and_the_index_links_them(grid):
         assert f"{cfg['method']} on {cfg['domain']}, seed {cfg['seed']}" in page
         if grid.parent == ROOT / "results" / "runs":  # a finished grid's run is two files (results.py --pack)
             assert sorted(p.name for p in d.iterdir()) == ["report.html", "run.zip"], d
-        assert f'href="{d.name}/report.html"' in index
+        assert f'href="./{d.name}/report.html"' in index
         if (d / "archive").is_dir():  # committed without traces.jsonl (git ignores them): the page says so
             assert "traces not kept" in page and "traces not kept" in report.render_run(report.read_run(d))
 

@@ -44,12 +44,14 @@ import math
 import os
 import re
 import sys
+import urllib.parse
 from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python tools/x.py` imports the repository's modules
 
 # the run's own acceptance test, and a packed archive read (meta_harness needs only the standard library)
 from harness_search.harness_source import hypothesis
 from harness_search.harness_archive import unpacked_archive, unpacked_run
+from jail import received  # everything read from the run: someone else's files
 from meta_harness import sign_test
 
 HERE = Path(__file__).resolve().parents[1]  # the repository root
@@ -60,48 +62,50 @@ PASS = 0.5  # a rollout "succeeds" when its verifier score is above this (rs_sft
 # Readers: the one place that knows the run directory's files
 
 
-def read_json(path, default=None):
+class BadRun(ValueError):
+    """A file of the run that cannot be read as what it should be (a link, too big, not JSON ...)."""
+
+
+def read_json(path, default=None, root=None):
+    """The file's JSON (default when it is absent); a file that is there but cannot be read is a
+    BadRun naming it. root: the run directory, below which no symbolic link is followed."""
     try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
+        return received.read_json(path, root=root)
+    except FileNotFoundError:
         return default
+    except (OSError, ValueError) as e:
+        raise BadRun(str(e)) from None
 
 
-def read_jsonl(path):
+def read_jsonl(path, root=None):
     """Every line that parses (a line cut short by a crash is skipped); [] when absent."""
-    out = []
     try:
-        with open(path) as f:
-            for line in f:
-                try:
-                    row = json.loads(line)
-                except ValueError:
-                    continue
-                if isinstance(row, dict):
-                    out.append(row)
-    except OSError:
-        pass
-    return out
+        return received.read_jsonl(path, root=root)[0]
+    except FileNotFoundError:
+        return []
+    except (OSError, ValueError) as e:
+        raise BadRun(str(e)) from None
 
 
-def read_text(path, default=None):
+def read_text(path, default=None, root=None):
     try:
-        with open(path, errors="replace") as f:
-            return f.read()
-    except OSError:
+        return received.read_text(path, root=root)
+    except FileNotFoundError:
         return default
+    except (OSError, ValueError) as e:
+        raise BadRun(str(e)) from None
 
 
-def read_candidate(cand_dir):
+def read_candidate(cand_dir, root):
     """One archived candidate: its source, meta.json, scores.json (None until evaluated),
     invalid.txt (the rejection reason, or None) and the proposer's raw reply (or None)."""
     cand_dir = Path(cand_dir)
     name = cand_dir.name
     return dict(name=name, num=int(name.split("_")[-1]) if name.split("_")[-1].isdigit() else -1,
-                dir=str(cand_dir), source=read_text(cand_dir / "harness.py"),
-                meta=_as_dict(read_json(cand_dir / "meta.json")), scores=read_json(cand_dir / "scores.json"),
-                invalid=read_text(cand_dir / "invalid.txt"), reply=read_text(cand_dir / "reply.txt"),
+                dir=str(cand_dir), root=root, source=read_text(cand_dir / "harness.py", root=root),
+                meta=_as_dict(read_json(cand_dir / "meta.json", root=root)),
+                scores=read_json(cand_dir / "scores.json", root=root),
+                invalid=read_text(cand_dir / "invalid.txt", root=root), reply=read_text(cand_dir / "reply.txt", root=root),
                 has_traces=(cand_dir / "traces.jsonl").exists())
 
 
@@ -109,33 +113,46 @@ def read_traces(cand):
     """The candidate's rollout records (read only when rendered: they are most of the bytes),
     or None when its traces.jsonl was not kept."""
     path = Path(cand["dir"]) / "traces.jsonl"
-    return read_jsonl(path) if path.exists() else None
+    return read_jsonl(path, root=cand["root"]) if path.exists() else None
 
 
-def read_phase(archive_dir):
+def _folders(d):
+    """The sub-folders of d, none of them a symbolic link."""
+    return sorted(p for p in Path(d).iterdir() if p.is_dir() and not p.is_symlink())
+
+
+def read_phase(archive_dir, root):
     """One harness phase's archive: rules, iterations.jsonl, summary.jsonl, frontier and the
     candidates in number order."""
     d = Path(archive_dir)
     digits = "".join(ch for ch in d.name if ch.isdigit())
-    cands = [read_candidate(c) for c in d.iterdir() if c.is_dir() and c.name.startswith("cand_")]
+    cands = [read_candidate(c, root) for c in _folders(d) if c.name.startswith("cand_")]
     return dict(name=d.name, cycle=int(digits) if digits else None, dir=str(d),
-                rules=_as_dict(read_json(d / "rules.json")), iterations=read_jsonl(d / "iterations.jsonl"),
-                summary=read_jsonl(d / "summary.jsonl"), frontier=_as_dict(read_json(d / "frontier.json")),
+                rules=_as_dict(read_json(d / "rules.json", root=root)), iterations=read_jsonl(d / "iterations.jsonl", root=root),
+                summary=read_jsonl(d / "summary.jsonl", root=root), frontier=_as_dict(read_json(d / "frontier.json", root=root)),
                 candidates=sorted(cands, key=lambda c: c["num"]))
 
 
 def read_run(run_dir):
-    """Everything the page needs from a run directory; a missing file gives None or []."""
+    """Everything the page needs from a run directory; a missing file gives None or []. The run
+    is someone else's (jail/received.py): no symbolic link in it is followed, every file is
+    capped, and a file that cannot be read is a BadRun naming it."""
     d = Path(run_dir)
-    record = Path(unpacked_run(d))  # the run directory, or a temporary copy of a committed run's run.zip
-    archive = unpacked_archive(d)
+    try:
+        record = Path(unpacked_run(d))  # the run directory, or a temporary copy of a committed run's run.zip
+        archive = unpacked_archive(d)
+    except ValueError as e:
+        raise BadRun(str(e)) from None
     archive = Path(archive) if archive else d / "archive"
-    phases = [read_phase(p) for p in sorted(archive.iterdir()) if p.is_dir()] if archive.is_dir() else []
+    archive_root = archive.parent if archive == record / "archive" or archive == d / "archive" else archive
+    phases = ([read_phase(p, archive_root) for p in _folders(archive)]
+              if archive.is_dir() and not archive.is_symlink() else [])
     harness_dir = record / "harnesses"
-    harnesses = {p.name: read_text(p, "") for p in sorted(harness_dir.glob("*.py"))} if harness_dir.is_dir() else {}
-    return dict(dir=str(d), name=d.name, config=_as_dict(read_json(record / "config.json")),
-                summary=read_json(record / "summary.json"), metrics=read_jsonl(record / "metrics.jsonl"),
-                state=read_json(d / "checkpoint" / "state.json"), harnesses=harnesses, phases=phases)
+    harnesses = ({p.name: read_text(p, "", root=record) for p in sorted(harness_dir.glob("*.py")) if not p.is_symlink()}
+                 if harness_dir.is_dir() and not harness_dir.is_symlink() else {})
+    return dict(dir=str(d), name=d.name, record=str(record), config=_as_dict(read_json(record / "config.json", root=record)),
+                summary=read_json(record / "summary.json", root=record), metrics=read_jsonl(record / "metrics.jsonl", root=record),
+                state=read_json(d / "checkpoint" / "state.json", root=d), harnesses=harnesses, phases=phases)
 
 
 def run_files_mtime(run_dir):
@@ -234,6 +251,8 @@ def timeline(metrics):
     sections = [dict(kind="initial", cycle=None, rows=[], evals=[])]
     for row in metrics:
         event = row.get("event")
+        if not (row.get("cycle") is None or type(row.get("cycle")) is int):
+            row = dict(row, cycle=None)  # (a received file's field goes into ids and titles below)
         if event in ("rollout_step", "harness_iteration"):
             kind = "A" if event == "rollout_step" else "B"
             last = sections[-1]
@@ -275,7 +294,9 @@ def phase_spans(sections, phases):
 
 def final_harness(run):
     """(source, where it comes from): the checkpoint's current harness, else the last accepted
-    one in harnesses/, else the starting harness named in config.json, else the domain's h0."""
+    one in harnesses/, else the starting harness named in config.json when it is a file inside
+    the run, else the domain's h0 in this checkout. A path config.json names outside the run (an
+    absolute one, ../) is never opened: the page says so instead."""
     state = run["state"] or {}
     if isinstance(state.get("harness"), str):
         return state["harness"], "checkpoint/state.json (the harness the run holds now)"
@@ -283,11 +304,20 @@ def final_harness(run):
         name = sorted(run["harnesses"])[-1]
         return run["harnesses"][name], f"harnesses/{name} (the harness of the run's last harness phase)"
     cfg = run["config"]
-    for path, where in [(cfg.get("harness"), "the --harness file the run started from"),
-                        (HERE / "domains" / f"{cfg.get('domain', '')}_h0.py",
-                         "the domain's seed harness, as it is in this checkout")]:
-        if path and Path(path).is_file():
-            return read_text(path, ""), f"{path} ({where}: the run never changed its harness)"
+    named = cfg.get("harness")
+    if named:
+        try:
+            path = received.inside(run["record"], str(named))
+        except ValueError:
+            return None, (f"{named} (the --harness file the run started from; outside the run directory, "
+                          "so not opened)")
+        source = read_text(path, None, root=run["record"])
+        if source is not None:
+            return source, f"{named} (the --harness file the run started from: the run never changed its harness)"
+    domain = str(cfg.get("domain", ""))
+    h0 = HERE / "domains" / f"{domain}_h0.py"
+    if re.fullmatch(r"[a-z][a-z0-9_]*", domain) and h0.is_file():
+        return h0.read_text(), f"domains/{domain}_h0.py (the domain's seed harness, as it is in this checkout)"
     return None, "not found"
 
 
@@ -326,7 +356,7 @@ def render_header(run, sections):
             " page shows no rollout traces for them."))
     toc = ['<a href="#summary">summary</a>', '<a href="#curve">curve</a>']
     for s in (s for s in sections[1:] if not s.get("continued")):
-        toc.append(f'<a href="#phase-{s["kind"]}{s["cycle"]}">phase {s["kind"]}{esc(s["cycle"])}</a>')
+        toc.append(f'<a href="#phase-{esc(s["kind"])}{esc(s["cycle"])}">phase {esc(s["kind"])}{esc(s["cycle"])}</a>')
     logged = {s["cycle"] for s in sections if s["kind"] == "B"}
     toc += [f'<a href="#phase-B{esc(p["cycle"])}">phase B{esc(p["cycle"])} (in progress)</a>'
             for p in run["phases"] if p["cycle"] not in logged]
@@ -408,7 +438,7 @@ def render_curve(run, sections):
     for kind, cycle, a, b, running in spans:
         fill = "#dbe9f8" if kind == "A" else "#fde7cf"
         out.append(f'<rect x="{X(a):.1f}" y="{T}" width="{max(1.0, X(b) - X(a)):.1f}" height="{H - T - B}" '
-                   f'fill="{fill}"><title>phase {kind}{cycle}: rollouts {a}–{b}'
+                   f'fill="{fill}"><title>phase {esc(kind)}{esc(cycle)}: rollouts {esc(a)}–{esc(b)}'
                    f'{" (in progress)" if running else ""}</title></rect>')
         out.append(f'<text x="{(X(a) + X(b)) / 2:.1f}" y="{T + 12}" class="band">{kind}{esc(cycle)}</text>')
     for i in range(6):  # axes and grid
@@ -609,7 +639,7 @@ def render_iteration(it, line, members, by_name, incumbent_before, run_tests):
 
 
 def _anchor(members, it):
-    return f"it-{Path(members[0]['dir']).parent.name}-{it}" if members else f"it-{it}"
+    return f"it-{Path(members[0]['dir']).parent.name}-{esc(it)}" if members else f"it-{esc(it)}"
 
 
 CAND_KNOWN = {"success", "mean_turns", "mean_tokens", "n", "rollouts", "missing", "status_counts", "example_ids",
@@ -907,17 +937,24 @@ def render_run(run):
     return page(f"WHALE {cfg.get('method', '?')} {cfg.get('domain', '?')} s{cfg.get('seed', '?')}", "".join(parts))
 
 
+def write_page(path, text):
+    """Write text to path atomically, through a new file (never through a link a received folder
+    holds under the page's name or the temporary one's)."""
+    tmp = path.parent / f".{path.name}.tmp"
+    tmp.unlink(missing_ok=True)
+    try:
+        with open(tmp, "x", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)  # (gone after a successful replace)
+    return path
+
+
 def write_report(run_dir, run=None):
     """Write run_dir/report.html (atomically) and return its path."""
     run_dir = Path(run_dir)
-    text = render_run(run or read_run(run_dir))
-    tmp = run_dir / ".report.html.tmp"
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, run_dir / "report.html")
-    finally:
-        tmp.unlink(missing_ok=True)  # (gone after a successful replace)
-    return run_dir / "report.html"
+    return write_page(run_dir / "report.html", render_run(run or read_run(run_dir)))
 
 
 def write_index(grid_dir, force=False):
@@ -926,14 +963,21 @@ def write_index(grid_dir, force=False):
     grid_dir = Path(grid_dir)
     rows = []
     for d in find_runs(grid_dir):
-        report, run = d / "report.html", read_run(d)
+        report = d / "report.html"
+        try:
+            run = read_run(d)
+        except BadRun as e:  # one bad run is a row saying so, never the end of the index
+            print(f"report: {d}: skipped: {e}", file=sys.stderr)
+            rows.append(f'<tr><td>{esc(d.relative_to(grid_dir).as_posix())}</td>'
+                        f'<td colspan="12">{badge("skipped", "no")} {clip(str(e), 300)}</td></tr>')
+            continue
         if force or not report.exists() or report.stat().st_mtime < run_files_mtime(d):
             try:
                 write_report(d, run)
             except OSError as e:  # one unwritable run (read-only copy, full disk) does not stop the index
                 print(f"report: {d}: cannot write report.html ({e.strerror or e})", file=sys.stderr)
         cfg, s = run["config"], _as_dict(run["summary"])
-        rel = report.relative_to(grid_dir).as_posix()
+        rel = "./" + urllib.parse.quote(report.relative_to(grid_dir).as_posix())  # never a scheme (javascript:)
         status = badge("finished", "ok") if run["summary"] is not None else badge("in progress or stopped", "warn")
         n_phases = len(run["phases"])
         rows.append(f'<tr><td><a href="{esc(rel)}">{esc(d.relative_to(grid_dir).as_posix() or d.name)}</a></td>'
@@ -952,8 +996,7 @@ def write_index(grid_dir, force=False):
             "<th>status</th><th>rollouts / budget</th>"
             "<th>test initial</th><th>test final</th><th>gain</th><th>best on validation</th><th>RSFT steps</th>"
             f"<th>harness phases</th></tr>{''.join(rows)}</table>")
-    (grid_dir / "index.html").write_text(page(f"WHALE runs: {grid_dir}", body), encoding="utf-8")
-    return grid_dir / "index.html", len(rows)
+    return write_page(grid_dir / "index.html", page(f"WHALE runs: {grid_dir}", body)), len(rows)
 
 
 def main(argv=None):
@@ -968,6 +1011,9 @@ def main(argv=None):
     if is_run_dir(path):
         try:
             print(write_report(path))
+        except BadRun as e:
+            print(f"report: error: {e}", file=sys.stderr)
+            return 1
         except OSError as e:
             print(f"report: error: cannot write {path / 'report.html'} ({e.strerror or e})", file=sys.stderr)
             return 1

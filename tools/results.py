@@ -64,13 +64,22 @@ def finished_runs(root: Path):
 
 
 def load(root: Path):
+    """Every finished run under root. Runs are someone else's files (jail/received.py): no link
+    followed, sizes capped; a file that cannot be read ends the table with one line naming it."""
     from harness_search import harness_archive
+    from jail import received
     runs = []
     for d in finished_runs(root):
-        record = Path(harness_archive.unpacked_run(d))  # the run itself, or its run.zip unpacked
-        cfg = json.loads((record / "config.json").read_text())
-        metrics = [json.loads(x) for x in (record / "metrics.jsonl").read_text().splitlines()]
-        runs.append({"dir": d, "record": record, "cfg": cfg, "sum": json.loads((record / "summary.json").read_text()), "metrics": metrics})
+        try:
+            record = Path(harness_archive.unpacked_run(d))  # the run itself, or its run.zip unpacked
+            cfg, summary = (received.read_json(record / name, root=record) for name in ("config.json", "summary.json"))
+            metrics, bad = received.read_jsonl(record / "metrics.jsonl", root=record)
+            if not (isinstance(cfg, dict) and isinstance(summary, dict)) or bad:
+                raise ValueError(f"{record}: config.json and summary.json must be JSON objects"
+                                 + (f"; {bad} lines of metrics.jsonl are not" if bad else ""))
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"results.py: {d}: {e}") from None
+        runs.append({"dir": d, "record": record, "cfg": cfg, "sum": summary, "metrics": metrics})
     return runs
 
 

@@ -20,12 +20,14 @@ callers' tasks into one sampler batch, streaming, retries of a failed request.
 """
 import argparse
 import json
+import re
 import sys
 import types
 import urllib.request
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python tools/x.py` imports the repository's modules
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # `python tools/x.py` imports the repository's modules
 
 
 class AgentError(Exception):
@@ -36,25 +38,27 @@ class EndpointEngine:
     """The sampler interface rollout.py uses (chat_ids, sample, model's context), over an
     OpenAI-compatible /completions endpoint: token-id prompts, one choice per request, its seed."""
 
-    def __init__(self, url: str, model_dir: Path, chat_format: str, timeout: float = 600.0):
+    def __init__(self, url: str, model_dir: Path, chat_format: str, timeout: float = 120.0):
         from transformers import AutoConfig, AutoTokenizer
 
         from lm.chat_format import chat_stop_strings, resolve_chat_format, stop_token_ids
         self.url, self.timeout = url.rstrip("/"), timeout
-        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=False)
         self.chat_format = resolve_chat_format(self.tokenizer, chat_format)
         self.chat_stops = chat_stop_strings(self.chat_format)
-        config = AutoConfig.from_pretrained(model_dir)
+        config = AutoConfig.from_pretrained(model_dir, trust_remote_code=False)
         self.max_model_len = config.max_position_embeddings
         from transformers import GenerationConfig
         self.eos_ids = sorted(stop_token_ids(self.tokenizer, GenerationConfig.from_pretrained(model_dir)))
         self.served = self._model_name()
 
     def _post(self, path, body=None):
+        """The endpoint's JSON reply: someone else's server, so the reply is capped in bytes, the
+        request bounded in time as a whole, redirects kept to its origin (jail/received.py)."""
+        from jail import received
         req = urllib.request.Request(self.url + path, data=None if body is None else json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=self.timeout) as r:
-            return json.loads(r.read())
+        return received.loads(received.http_body(req, self.timeout), f"{self.url}{path}'s reply")
 
     def _model_name(self):
         try:
@@ -73,8 +77,13 @@ class EndpointEngine:
                     "temperature": float(r.get("temperature", 1.0)), "top_p": float(r.get("top_p") or 1.0),
                     "top_k": int(r.get("top_k") or -1) or -1, "n": 1, "seed": int(r["seed"]) % 2**31,
                     "stop": list(r.get("stop") or []) + self.chat_stops or None, "stop_token_ids": self.eos_ids}
-            choice = self._post("/completions", body)["choices"][0]
-            text = choice.get("text") or ""
+            try:
+                choice = self._post("/completions", body)["choices"][0]
+                text = choice.get("text") or ""
+                if not isinstance(text, str):
+                    raise TypeError("its text is not a string")
+            except (OSError, ValueError, KeyError, IndexError, TypeError, AttributeError) as e:
+                raise AgentError(f"endpoint {self.url} gave no completion ({type(e).__name__}: {str(e)[:200]})") from None
             finish = "length" if choice.get("finish_reason") == "length" else (
                 "stop" if isinstance(choice.get("stop_reason"), str) else "eos")
             out.append({"text": text, "completion_ids": self.tokenizer(text, add_special_tokens=False)["input_ids"],
@@ -84,10 +93,14 @@ class EndpointEngine:
 
 def read_agent(out: Path) -> dict:
     try:
-        agent = json.loads((out / "agent.json").read_text())
-        harness = (out / "harness.py").read_text()
+        from jail import received  # a bundle is someone else's: no links followed, sizes capped
+        agent = received.read_json(out / "agent.json", root=out)
+        harness = received.read_text(out / "harness.py", root=out)
     except (OSError, ValueError) as e:
         raise AgentError(f"{out} is not an exported agent (agent.json, harness.py: {type(e).__name__})") from None
+    if not (isinstance(agent, dict) and isinstance(agent.get("domain"), str)
+            and re.fullmatch(r"[a-z][a-z0-9_]*", agent["domain"]) and (ROOT / "domains" / f"{agent['domain']}.py").is_file()):
+        raise AgentError(f"{out}/agent.json names no domain of this checkout")
     from harness_search.harness_source import static_check
     why = static_check(harness)
     if why:
