@@ -31,13 +31,20 @@ Why "the harness may not choose moves" holds, and where it is only a rule:
   names (`named_in`: its UCI, also "e2-e4" or "e2 e4" in any case, or its SAN as a word of its own, check marks
   optional; "e7e8" names the queen promotion), else it raises ValueError and nothing is played. So a harness
   cannot play a move it picked out of the legal list, computed itself, or took from an older reply.
-- What the check cannot see: which of the moves a reply names the harness plays (a reply that lists five
-  moves names five: reading the first is parsing, picking the best would be choosing), how the harness led
-  the model to a move (a prompt that shows one option, or asks it to repeat one), and which reply of
-  llm(..., n=k) it takes; nor a move generator in pure Python that decides what the prompt shows. The proposer
-  rules forbid choosing, leading and move generators (the model chooses every move): there they are a rule
-  for proposers, not a wall (read the candidates' diffs). Tools called outside rollout.run (the parent's own
-  tests) have no model to check against and skip the check.
+- The model is not led to a move: play() also refuses a move that the prompt of that same call singled
+  out (singled_out): a prompt may name a list of moves only as the parent orders them (sorted UCI, or
+  forcing moves first), all of them or at least the first 8, with no move named more often than most
+  or put ahead of its place; a retry may list the moves of the piece the model named. So a harness that
+  works the mate out itself (a move generator in pure Python) and shows the model that move alone, first,
+  or twice, gets "play: led: ..." and nothing is played. Tested with such a harness and with every list on
+  the menu (tests/test_domains.py).
+- What the checks cannot see: which of the moves a reply names the harness plays (a reply that lists five
+  moves names five: reading the first is parsing, picking the best would be choosing), which reply of
+  llm(..., n=k) it takes, prose that points at a move without naming it, a hint written into a model turn
+  in the model's name, and a harness that picks which fair list to show from a move generator of its own.
+  The proposer rules forbid choosing, leading and move generators (the model chooses every move): there
+  they are a rule for proposers, not a wall (read the candidates' diffs). Tools called outside
+  rollout.run (the parent's own tests) have no model to check against and skip both checks.
 - legal_moves_san() writes a mating move with "+", never "#": "#" would hand a harness the answer to every
   mate in 1 (and the last move of every mate in 2) without the model. Checks and captures stay visible: that
   is plain notation a chess GUI shows, and pointing the model at forcing moves is a fair harness idea.
@@ -81,8 +88,10 @@ def make_tools(example):
     """A fresh board for one rollout; the returned state is what verify reads."""
     # latest_replies: None here (no model in the loop); rollout.run sets it to the texts of the rollout's latest
     # llm() call, and play() then takes only a move those texts name
+    # latest_prompt: the same call's messages; play() refuses a move they single out (singled_out)
     state = types.SimpleNamespace(board=chess.Board(example["task"]["fen"]), line=list(example["answer"]["line"]),
-                                  solved=False, failed=False, played=[], bad_calls=0, latest_replies=None)
+                                  solved=False, failed=False, played=[], bad_calls=0, latest_replies=None,
+                                  latest_prompt=None)
     board = state.board
 
     def fen():
@@ -110,6 +119,11 @@ def make_tools(example):
             state.bad_calls += 1
             raise ValueError(f"play: the model's latest reply does not name {move.uci()}; the model chooses every "
                              f"move (write it as UCI like 'e2e4' or SAN like 'Nf3' in its reply)")
+        why = singled_out(move, board, state.latest_prompt) if state.latest_prompt is not None else None
+        if why:
+            state.bad_calls += 1
+            raise ValueError(f"play: led: {why}; the model chooses among the legal moves as the parent orders them "
+                             f"(all of them, a class of them or the first of them), nothing is played")
         state.played.append(move.uci())
         if move not in board.legal_moves:
             state.failed = True
@@ -147,6 +161,80 @@ def named_in(move, board, texts) -> bool:
     san = board.san(move).rstrip("+#")
     forms = [re.escape(san)] + ([re.escape(san.replace("O", "0"))] if san.startswith("O-O") else [])
     return any(re.search(rf"(?<![A-Za-z0-9-])(?:{'|'.join(forms)})(?![A-Za-z0-9=-])", t) for t in texts)
+
+
+def mentions(texts, board):
+    """{legal move: (times named, position of its first naming)} over texts read as one, for every
+    legal move texts name as named_in reads a name: its UCI, or its SAN. A pawn push's SAN is a bare
+    square ("e4"), which any text about squares names ("knight b1 to a3"), so a bare square counts
+    only in texts that write no legal move in UCI (a SAN-only list)."""
+    text, found = "\n".join(texts), {}
+    for move in board.legal_moves:
+        uci, san = move.uci(), board.san(move).rstrip("+#")
+        by_uci = [m.start() for m in re.finditer(
+            rf"(?<![a-z0-9]){re.escape(uci[:2])}[-x ]?{re.escape(uci[2:4])}{re.escape(uci[4:])}"
+            rf"{'?' if uci[4:] == 'q' else ''}(?![a-z0-9])", text.lower())]
+        by_san = [m.start() for m in re.finditer(rf"(?<![A-Za-z0-9-]){re.escape(san)}(?![A-Za-z0-9=-])", text)]
+        found[uci] = (by_uci, by_san, re.fullmatch(r"[a-h][1-8]", san) is not None)
+    any_uci = any(u for u, _, _ in found.values())
+    out = {}
+    for uci, (by_uci, by_san, square) in found.items():
+        hits = by_uci + (by_san if not (square and any_uci) else [])
+        if hits:
+            out[uci] = (len(hits), min(hits))
+    return out
+
+
+def singled_out(move, board, messages):
+    """Why the prompt `messages` (the llm() call whose reply named `move`) leads the model to
+    `move`, or None. The parent fixes two orders of the legal moves: P, sorted UCI (legal_moves()),
+    and C, forcing first (checks, then captures, then the rest, each in P's order: what
+    legal_moves_san() marks). A prompt that names `move` leads when
+    (1) the moves its system and user turns name are not a list the parent fixes: the first k of
+        P or of C, k >= min(8, moves) (all of them, or a short list forcing moves first; not the
+        checks alone: in a mate puzzle the only check is often the answer);
+    (2) it names `move` more often than most moves it names (a hint, an echo). A complaint after a
+        model turn (a retry) may name all moves again, or moves sharing a square with a move that
+        turn wrote (its piece's other moves): those are not counted; any other move it names is;
+    (3) it names `move` before a move that precedes it in both P and C (the solution put first).
+    What it cannot see: prose that points at a move without naming it ("the queen can reach the
+    king"), a hint in a model turn the harness wrote in the model's name, an example move of the
+    prompt's own text that happens to be legal (counted as a hint: the model may copy it), and a
+    harness that picks which fair list to show from a move generator of its own."""
+    turns = [(m["role"], m["content"]) for m in messages]
+    shown = [c for r, c in turns if r != "assistant"]
+    named = mentions(shown, board)
+    uci = move.uci()
+    if uci not in named:
+        return None
+    sans = {m.uci(): board.san(m) for m in board.legal_moves}
+    P = sorted(sans)
+    checks = [u for u in P if sans[u][-1] in "+#"]
+    captures = [u for u in P if "x" in sans[u] and u not in checks]
+    C = checks + captures + [u for u in P if u not in checks and u not in captures]
+    S, k = set(named), min(8, len(P))
+    if not any(S == set(order[:n]) for order in (P, C) for n in range(k, len(P) + 1)):
+        return f"the prompt names {len(S)} of the {len(P)} legal moves, {uci} among them, not a list the parent fixes"
+    first = next((i for i, (r, _) in enumerate(turns) if r == "assistant"), len(turns))
+    counts = {u: c for u, (c, _) in mentions([c for r, c in turns[:first] if r != "assistant"], board).items()}
+    model_said = ""
+    for role, text in turns[first:]:
+        if role == "assistant":
+            model_said = " ".join(re.findall(r"[a-h][1-8][-x ]?[a-h][1-8]", text.lower()))
+            continue
+        later = mentions([text], board)
+        if set(later) == set(P):
+            continue  # the whole list again
+        for u, (c, _) in later.items():
+            if u[:2] not in model_said and u[2:4] not in model_said:
+                counts[u] = counts.get(u, 0) + c
+    usual = sorted(counts.values())[len(counts) // 2] if counts else 0
+    if counts.get(uci, 0) > max(usual, 1):
+        return f"the prompt names {uci} {counts[uci]} times, most moves it names {usual}"
+    ahead = [u for u in S if P.index(u) < P.index(uci) and C.index(u) < C.index(uci) and named[u][1] > named[uci][1]]
+    if ahead:
+        return f"the prompt names {uci} before {ahead[0]}, which the parent's orders put first"
+    return None
 
 
 def verify(example, answer, state):

@@ -78,7 +78,7 @@ def write_json(path, obj):
 
 def read_text(path, default=None):
     try:
-        with open(path) as f:
+        with open(path, encoding="utf-8", errors="replace") as f:  # (a byte that is not UTF-8: U+FFFD)
             return f.read()
     except OSError:
         return default
@@ -90,7 +90,7 @@ def read_jsonl(path):
         try:
             # (json.dumps writes a surrogate as a backslash-u escape: a line without one holds none)
             out.append(_valid_strings(json.loads(line)) if "\\u" in line else json.loads(line))
-        except ValueError:
+        except (ValueError, RecursionError):
             pass  # a line cut short by a crash
     return out
 
@@ -179,7 +179,8 @@ def paper_choice(archive):
 
 def score_records(records, example_ids):
     """Rollout records -> scores. per_example follows example_ids (the fixed order the paired
-    test needs); an example with several rollouts gets their mean, one with none scores 0."""
+    test needs); an example with several rollouts gets their mean, one with none scores 0.
+    led_refusals (only when there are any): moves the domain refused as led by the prompt."""
     by_id = {eid: [] for eid in example_ids}
     for r in records:
         if str(r.get("example_id")) in by_id:
@@ -188,7 +189,9 @@ def score_records(records, example_ids):
 
     def mean(xs):
         return sum(xs) / len(xs) if xs else 0.0
-    return dict(success=mean(per_example),
+    # moves a domain refused because the prompt led the model to them (chess: "play: led: ..."), if any
+    led = sum("led: " in str(t.get("error") or "") for r in records for t in r.get("tool_calls") or [])
+    return dict(**({"led_refusals": led} if led else {}), success=mean(per_example),
                 mean_turns=mean([float(r["turns"] if r.get("turns") is not None else len(r.get("calls") or []))
                                  for r in records]),
                 mean_tokens=mean([float(r.get("tokens") or 0) for r in records]),

@@ -78,11 +78,17 @@ def agent_env(home, names=()):
     return env
 
 
-def _install_dir(path):
-    """Where an executable lives: its directory, or the prefix above a bin/ that has a lib/ beside it."""
-    d = os.path.dirname(os.path.realpath(path))
-    parent = os.path.dirname(d)
-    return parent if os.path.basename(d) == "bin" and os.path.isdir(os.path.join(parent, "lib")) else d
+def _install_dirs(path):
+    """Where an executable lives, as its path names it and as that path resolves: each its directory,
+    or the prefix above a bin/ that has a lib/ beside it. Both: a venv's bin/python3 is a link to the
+    base interpreter, so the venv (its pyvenv.cfg, its site-packages) and the base are both needed;
+    an npm CLI in ~/.npm-global/bin is a link into ~/.npm-global/lib/node_modules."""
+    out = []
+    for p in (os.path.abspath(path), os.path.realpath(path)):
+        d = os.path.dirname(p)
+        parent = os.path.dirname(d)
+        out.append(parent if os.path.basename(d) == "bin" and os.path.isdir(os.path.join(parent, "lib")) else d)
+    return out
 
 
 def _interpreter(path):
@@ -120,7 +126,7 @@ def program_paths(command, env):
     words = shlex.split(command) if command.strip() else []
     exe = shutil.which(words[0], path=env.get("PATH")) if words else None
     programs = [p for p in [exe, exe and _interpreter(exe)] if p]
-    return list(dict.fromkeys([_install_dir(p) for p in programs] +
+    return list(dict.fromkeys([d for p in programs for d in _install_dirs(p)] +
                               [os.path.realpath(w) for w in words[1:] if os.path.isfile(w)]))
 
 

@@ -28,7 +28,7 @@ from jail import agent_jail
 from jail import isolation
 from jail import sandbox
 from tests.helpers import (
-    DOMAIN, EXAMPLES, H0, archive_with_history, make_evaluate, ok_validate, quiet, run_whale,
+    DOMAIN, EXAMPLES, H0, ROOT, archive_with_history, make_evaluate, ok_validate, quiet, run_whale,
     stop_after)
 
 
@@ -200,6 +200,38 @@ def test_agent_jail_drops_root_and_reaches_nothing_on_this_machine(tmp_path):
     assert subprocess.run(["cat", "/proc/net/if_inet6", "/proc/net/fib_trie"], capture_output=True).stdout == addresses
     assert (root / "archive" / "new" / "cand_1.py").exists()
     shutil.rmtree(root)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("where", ["tmp", "repository"])
+def test_the_agent_runs_from_a_venv_wherever_it_is_installed(tmp_path, where):
+    """Issue 66: an agent whose interpreter is a venv under /tmp (hidden in the cell) or inside the
+    repository (private: its data/ holds the test split) still starts: the jail grants its
+    executable's installation as named and as resolved, and nothing else of the repository."""
+    venv = tmp_path / "venv" if where == "tmp" else ROOT / f".venv-jail-test-{os.getpid()}"
+    try:
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+        script = tmp_path / "agent.py"
+        script.write_text("import sys\nsys.stdin.read()\n"
+                          "open('new/cand_1.py', 'w').write(open('cand_000/harness.py').read() + 'X = 1\\n')\n"
+                          "try:\n"
+                          f"    open({str(ROOT / 'data' / 'searchqa' / 'test.jsonl.gz')!r}, 'rb').read(1)\n"
+                          "    data = 'read'\n"
+                          "except OSError:\n"
+                          "    data = 'refused'\n"
+                          "print(sys.prefix, data)\n")
+        root = agent_cell(tmp_path)
+        res = agent_jail.run_agent(f"{venv}/bin/python3 {script}", str(root / "archive"), str(root / "home"), "go",
+                                   timeout=60, private=(str(ROOT),))
+        assert res["rc"] == 0, res["err"][-3000:]
+        prefix, test_split = res["out"].strip().splitlines()[-1].rsplit(" ", 1)
+        assert prefix == str(venv) and (root / "archive" / "new" / "cand_1.py").exists()
+        if isolation.plan()["landlock_abi"]:
+            assert test_split == "refused"  # the venv is granted, the rest of the repository is not
+        shutil.rmtree(root)
+    finally:
+        if where == "repository":
+            shutil.rmtree(venv, ignore_errors=True)
 
 
 PROXY_CLIENT = r"""

@@ -684,6 +684,88 @@ def test_chess_h0_in_sandbox():
     assert rec["status"] == "ok" and rec["answer"] == "blocked ToolError" and not states[0].played
 
 
+def _menu_prompts(ex, source):
+    """The first prompt (system + user messages) a harness source builds for puzzle ex, and its board."""
+    mod = {}
+    exec(compile(source, "harness.py", "exec"), mod)
+    tools, state = chessdom.make_tools(ex)
+    t = types.SimpleNamespace(**tools)
+    obs = mod["format_observation"](ex["task"], t.fen(), t.board(), mod["annotate_moves"](t.legal_moves(), t), None)
+    user = mod["USER_TEMPLATE"].format(observation=obs, side=ex["task"]["side"].capitalize(),
+                                       mate_in=(ex["task"]["plies"] + 1) // 2)
+    return [{"role": "system", "content": mod["SYSTEM_PROMPT"]}, {"role": "user", "content": user}], state.board
+
+
+def test_chess_a_prompt_that_singles_out_a_move_is_seen_and_the_menus_lists_are_not():
+    """Issue 66: a harness that works the move out itself and shows the model only that move (or puts
+    it first, or hints it) leads; every list on the menu is a list the parent fixes, and the only moves
+    it singles out are the example moves its own prompt texts write (e2e4, g1f3, d1h5) when legal."""
+    h0 = Path(chessdom.H0).read_text()
+    sources = [h0] + [hsrc.splice(h0, axis, alt) for axis in ("SYSTEM_PROMPT", "USER_TEMPLATE", "format_observation",
+                                                               "annotate_moves") for alt in chessdom.PRIMITIVES[axis]]
+    for ex in chessdom.load_split("harness")[:30]:
+        for source in sources:
+            messages, board = _menu_prompts(ex, source)
+            flagged = {m.uci() for m in board.legal_moves if chessdom.singled_out(m, board, messages)}
+            assert flagged <= {"e2e4", "g1f3", "d1h5"}, (flagged, source[:200])
+    ex = next(e for e in chessdom.load_split("harness")
+              if sorted(m.uci() for m in pychess.Board(e["task"]["fen"]).legal_moves)[0] != e["answer"]["line"][0]
+              and "x" not in pychess.Board(e["task"]["fen"]).san(pychess.Move.from_uci(e["answer"]["line"][0])))
+    board, sol = pychess.Board(ex["task"]["fen"]), ex["answer"]["line"][0]
+    legal = sorted(m.uci() for m in board.legal_moves)
+    led = chessdom.singled_out
+    move = pychess.Move.from_uci(sol)
+    user = lambda text: [{"role": "user", "content": text}]  # noqa: E731
+    assert "not a list the parent fixes" in led(move, board, user(f"Legal moves: {sol}"))
+    assert "not a list the parent fixes" in led(move, board, user("Moves: " + " ".join([sol] + legal[:3])))
+    assert "times" in led(move, board, user("Moves: " + " ".join(legal) + f". Hint: {sol} looks strong."))
+    first = " ".join([sol] + [u for u in legal if u != sol])
+    assert "before" in led(move, board, user("Moves: " + first))
+    assert led(move, board, user("Moves: " + " ".join(legal))) is None
+    retry = user("Moves: " + " ".join(legal)) + [{"role": "assistant", "content": f"<move>{sol[:2]}{sol[:2]}</move>"},
+                                                 {"role": "user", "content": f"Not legal. Moves of that piece: {sol}"}]
+    assert led(move, board, retry) is None  # a retry may list the moves of the piece the model named
+
+
+@pytest.mark.slow
+def test_chess_a_leading_harness_plays_nothing_and_scores_no_more_than_h0_with_the_same_model():
+    """End to end under rollout.run and the sandbox, with a model that copies the first move of its
+    prompt: a harness that knows each solution and shows the model only that move gets every play
+    refused ("play: led") and scores 0; the same model under h0 scores what copying the first legal
+    move scores, and a leading harness is never better than that."""
+    import json as _json
+    import re as _re
+    import rollout
+    examples = chessdom.load_split("harness")[:12]
+
+    class CopyFirst:  # an engine whose model copies the first UCI move of the last user message
+        max_model_len, prompts = 4096, []
+
+        def chat_ids(self, messages):
+            self.prompts.append(messages)
+            return [len(self.prompts) - 1]
+
+        def sample(self, reqs):
+            out = []
+            for r in reqs:
+                last = [m["content"] for m in self.prompts[r["prompt_ids"][0]] if m["role"] == "user"][-1]
+                found = _re.findall(r"\b([a-h][1-8][a-h][1-8][qrbn]?)\b", last)
+                out.append({"text": f"<move>{found[0] if found else 'a1a1'}", "completion_ids": [1], "finish": "stop"})
+            return out
+    solutions = {ex["task"]["fen"]: ex["answer"]["line"][0] for ex in examples}
+    leading = ("SOLUTIONS = " + _json.dumps(solutions) + "\n"
+               "def run(task, llm, tools):\n"
+               "    move = SOLUTIONS[task['fen']]\n"
+               "    llm([{'role': 'user', 'content': 'Legal moves: ' + move + '. Reply <move>uci</move>.'}])\n"
+               "    return tools.play(move)\n")
+    sampling = {"temperature": 0.0, "top_k": 0, "top_p": 1.0}
+    led = rollout.run(CopyFirst(), chessdom, leading, examples, 1, seed=0, sampling=sampling, max_tokens=16)
+    h0 = rollout.run(CopyFirst(), chessdom, Path(chessdom.H0).read_text(), examples, 1, seed=0, sampling=sampling,
+                     max_tokens=16)
+    assert all(r["score"] == 0 and r["status"] == "error" and "play: led" in r["error"] for r in led), led[0]["error"]
+    assert sum(r["score"] for r in led) <= sum(r["score"] for r in h0)
+
+
 def test_chess_named_in_reads_uci_and_san_as_words():
     start = pychess.Board()
     named = lambda uci, *texts, board=start: chessdom.named_in(pychess.Move.from_uci(uci), board, texts)  # noqa: E731
@@ -703,8 +785,8 @@ def test_chess_named_in_reads_uci_and_san_as_words():
 @pytest.mark.slow
 def test_chess_play_takes_only_a_move_the_models_latest_reply_names(hf):
     """Under rollout.run (the real model, greedy), play() refuses a move before any reply, a move the
-    harness picked that the reply does not name, and a move an older reply named; it takes the move
-    the model was told to echo: the check sees words, not how the harness led the model to them."""
+    harness picked that the reply does not name, and a move an older reply named; and a move the
+    model was told to echo, as led (singled_out: the prompt named that one move alone)."""
     import rollout
     harness = ("import re\n"
                "def run(task, llm, tools):\n"
@@ -729,9 +811,9 @@ def test_chess_play_takes_only_a_move_the_models_latest_reply_names(hf):
                       sampling={"temperature": 0.0, "top_k": 0, "top_p": 1.0})[0]
     assert rec["status"] == "ok", rec["error"]
     assert rec["answer"].split()[:3] == ["refused", "refused", "refused"], rec["answer"]
-    assert rec["answer"].split()[3] in ("ok", "over", "solved"), rec["answer"]  # the echoed move was played
     plays = [t for t in rec["tool_calls"] if t["name"] == "play"]
-    assert len(plays) == 4 and all("does not name" in t["error"] for t in plays[:3]) and plays[3]["error"] is None
+    assert len(plays) == 4 and all("does not name" in t["error"] for t in plays[:3])
+    assert "play: led" in plays[3]["error"], plays[3]  # the echoed move: named, but singled out by the prompt
 
 
 @pytest.mark.slow

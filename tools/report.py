@@ -96,10 +96,11 @@ def read_text(path, default=None, root=None):
         raise BadRun(str(e)) from None
 
 
-def read_candidate(cand_dir, root):
+def read_candidate(cand_dir, root=None):
     """One archived candidate: its source, meta.json, scores.json (None until evaluated),
     invalid.txt (the rejection reason, or None) and the proposer's raw reply (or None)."""
     cand_dir = Path(cand_dir)
+    root = root or cand_dir  # (no symbolic link below root is followed)
     name = cand_dir.name
     return dict(name=name, num=int(name.split("_")[-1]) if name.split("_")[-1].isdigit() else -1,
                 dir=str(cand_dir), root=root, source=read_text(cand_dir / "harness.py", root=root),
@@ -121,10 +122,11 @@ def _folders(d):
     return sorted(p for p in Path(d).iterdir() if p.is_dir() and not p.is_symlink())
 
 
-def read_phase(archive_dir, root):
+def read_phase(archive_dir, root=None):
     """One harness phase's archive: rules, iterations.jsonl, summary.jsonl, frontier and the
     candidates in number order."""
     d = Path(archive_dir)
+    root = root or d
     digits = "".join(ch for ch in d.name if ch.isdigit())
     cands = [read_candidate(c, root) for c in _folders(d) if c.name.startswith("cand_")]
     return dict(name=d.name, cycle=int(digits) if digits else None, dir=str(d),
