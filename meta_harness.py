@@ -113,6 +113,57 @@ def accept(cand_scores, inc_scores, alpha=0.1):
     return (b > c and p <= alpha), b, c, p
 
 
+# Racing (issue 67; measured by tools/race_replay.py on the committed searches, not yet used by
+# search_phase): a candidate is scored in blocks of examples, paired with the incumbent on the same
+# examples, and after each block (but the last) it is dropped when it has little chance left to be
+# accepted. There is no early accept: a candidate that is not dropped is scored on every example and
+# decided by accept() as today, so racing saves rollouts on losers and never lets one in; its error
+# is dropping a candidate the full evaluation would have accepted.
+# Rule "futility": the chance that accept() says yes at the end, with the examples still to come
+# drawn as the ones so far (each discordant with the rate seen, and won by the candidate with the
+# share seen; both with one pseudo-count either way), below gamma: drop. Why not a plain SPRT on
+# the discordant pairs (rule "sprt", kept for the replay): on a 64-example search set most examples
+# are ties, so few discordant pairs come and the SPRT rarely decides; the futility rule also reads
+# "few discordant pairs so far" as "too few to be accepted", which is what makes a loser a loser here.
+RACE = dict(rule="futility", block=8, gamma=0.005)
+
+
+def _sign_p(b, c):
+    """The sign test's p for b wins and c losses (sign_test on counts)."""
+    n = b + c
+    return sum(math.comb(n, j) for j in range(b, n + 1)) / 2 ** n if n else 1.0
+
+
+def chance_to_accept(b, c, seen, left, alpha):
+    """P(accept() at the end) after `seen` paired examples (b wins, c losses) with `left` to come,
+    each discordant with chance (b + c + 1) / (seen + 2) and then won with chance (b + 1) / (b + c + 2)."""
+    d, w = (b + c + 1) / (seen + 2), (b + 1) / (b + c + 2)
+    total = 0.0
+    for k in range(left + 1):  # k more discordant examples, j of them won
+        p_k = math.comb(left, k) * d ** k * (1 - d) ** (left - k)
+        for j in range(k + 1):
+            if b + j > c + k - j and _sign_p(b + j, c + k - j) <= alpha:
+                total += p_k * math.comb(k, j) * w ** j * (1 - w) ** (k - j)
+    return total
+
+
+def race(cand_scores, inc_scores, alpha=0.1, rule="futility", block=8, gamma=0.005, beta=0.05, theta1=0.75):
+    """(dropped, examples used) of a candidate raced against the incumbent over blocks of `block`
+    paired examples in order. rule "futility": dropped once chance_to_accept < gamma; rule "sprt":
+    Wald's SPRT of theta = 1/2 against theta1 (the candidate's share of the discordant pairs),
+    dropped once b log(2 theta1) + c log(2 (1 - theta1)) <= log(beta / (1 - alpha))."""
+    n = len(cand_scores)
+    for end in range(block, n, block):  # the last block always runs: then accept() decides
+        b, c, _ = sign_test(cand_scores[:end], inc_scores[:end])
+        if rule == "futility":
+            drop = chance_to_accept(b, c, end, n - end, alpha) < gamma
+        else:
+            drop = b * math.log(2 * theta1) + c * math.log(2 * (1 - theta1)) <= math.log(beta / (1 - alpha))
+        if drop:
+            return True, end
+    return False, n
+
+
 # -----------------------------------------------------------------------------
 # The search
 

@@ -249,3 +249,20 @@ def test_whale_and_the_results_tools_import_without_torch():
     code = "import sys, whale; from tools import results, report; print(sorted({'torch', 'transformers'} & set(sys.modules)))"
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.strip() == "[]", (r.stdout, r.stderr[-2000:])
+
+
+@pytest.mark.slow
+def test_race_replay_reads_every_committed_search_and_ends_with_its_totals():
+    """tools/race_replay.py over a committed grid: the decisions and rollouts of every search in it,
+    the last line exactly `decisions agree A of B, rollouts X of Y` (racing spends no more than the
+    full evaluation, and the conservative SPRT agrees everywhere on it)."""
+    import re
+    for args in ([], ["--rule", "sprt"]):
+        r = subprocess.run([sys.executable, str(ROOT / "tools" / "race_replay.py"), str(ROOT / "results" / "runs" / "cpu"),
+                            *args], capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        m = re.fullmatch(r"decisions agree (\d+) of (\d+), rollouts (\d+) of (\d+)", r.stdout.strip().splitlines()[-1])
+        assert m, r.stdout[-500:]
+        a, b, x, y = map(int, m.groups())
+        assert b > 0 and a <= b and x <= y
+    assert a == b  # the SPRT at theta1 0.75, beta 0.05 changes no decision of this grid

@@ -1,0 +1,114 @@
+"""
+race_replay.py: what racing (meta_harness.race) would have decided in every harness search already
+run, and what it would have cost, from the archives alone (nothing is run again).
+
+    python tools/race_replay.py results/runs                 # every search under it
+    python tools/race_replay.py results/runs --block 16 --beta 0.1
+
+For each harness phase of each run under DIR (a run directory, or a committed run.zip), and each
+iteration after the incoming evaluation: its candidates are raced against the incumbent the
+search held then, on the search set's examples in their recorded order (scores.json's per_example).
+Dropped candidates leave the iteration; the archive's top scorer among the rest (the paper's
+order: meta_harness.paper_choice) is tested against the incumbent with accept() on all examples,
+as the search did. The decision is the incumbent after the iteration; it agrees when it is the
+one the search chose. Where the search took a second look (a near miss scored on more examples)
+at the same candidate, its recorded outcome stands. Rollouts: each candidate's examples scored
+times the run's --harness-n; the full evaluation is every candidate on every example.
+
+The last line reads exactly `decisions agree A of B, rollouts X of Y`. Nothing here reads a test
+split: search sets only. Left out: what validation later said of the disagreements (the runs'
+validation points follow whole phases, not single decisions).
+"""
+import argparse
+import sys
+from pathlib import Path
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python tools/x.py` imports the repository's modules
+
+import meta_harness
+from harness_search import harness_archive
+from jail import received
+
+
+def searches(root):
+    """(run, phase folder, config) for every harness phase archived under root."""
+    runs = sorted({p.parent for pattern in ("**/config.json", "**/run.zip") for p in Path(root).glob(pattern)
+                   if "archive" not in p.parts})
+    for run in runs:
+        try:
+            record = Path(harness_archive.unpacked_run(run))
+            archive = harness_archive.unpacked_archive(run)
+            config = received.read_json(record / "config.json") if (record / "config.json").exists() else {}
+        except (OSError, ValueError) as e:
+            print(f"race_replay: {run}: skipped ({e})", file=sys.stderr)
+            continue
+        for phase in sorted(Path(archive).iterdir()) if archive else []:
+            if phase.is_dir() and (phase / "iterations.jsonl").exists():
+                yield run, phase, config
+
+
+def replay(phase, config, rule):
+    """[(iteration, recorded incumbent, racing's incumbent, rollouts raced, rollouts full)]."""
+    lines = harness_archive.read_jsonl(phase / "iterations.jsonl")
+    cands = {c["name"]: c for c in harness_archive.load_archive(str(phase)) if c["scores"]}
+    n = int(config.get("harness_n") or 1)
+    out = []
+    for prev, line in zip(lines, lines[1:]):
+        inc = cands.get(prev["incumbent"])
+        members = [cands[name] for name in line["cands"] if name in cands]
+        if inc is None or not members:
+            continue
+        alpha = (line.get("test") or {}).get("alpha", config.get("accept_alpha", 0.1))
+        survivors, raced, full = [], 0, 0
+        for c in members:
+            dropped, used = meta_harness.race(c["scores"]["per_example"], inc["scores"]["per_example"], alpha, **rule)
+            raced, full = raced + used * n, full + len(c["scores"]["per_example"]) * n
+            if not dropped:
+                survivors.append(c)
+        # the paper's choice among what the search had scored by then, less what racing dropped
+        seen = [c for c in cands.values() if c["meta"].get("iteration", 0) <= line["iteration"]
+                and (c in survivors or c not in members)]
+        top = meta_harness.paper_choice(seen)
+        decided = prev["incumbent"]
+        if top is not None and top["name"] != prev["incumbent"]:
+            test = line.get("test") or {}
+            if test.get("cand") == top["name"] and test.get("confirm"):
+                decided = line["incumbent"]  # the search's second look at this very candidate
+            elif meta_harness.accept(top["scores"]["per_example"], inc["scores"]["per_example"], alpha)[0]:
+                decided = top["name"]
+        out.append((line["iteration"], line["incumbent"], decided, raced, full))
+    return out
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description="Replay the archived harness searches under DIR with racing.")
+    ap.add_argument("dir", help="a folder of runs (results/runs), a grid or one run")
+    ap.add_argument("--rule", default=meta_harness.RACE["rule"], choices=("futility", "sprt"), help="meta_harness.race's rule")
+    ap.add_argument("--block", type=int, default=meta_harness.RACE["block"], help="examples per block")
+    ap.add_argument("--gamma", type=float, default=meta_harness.RACE["gamma"], help="futility: drop below this chance "
+                    "of being accepted at the end")
+    ap.add_argument("--beta", type=float, default=0.05, help="sprt: its chance of dropping a candidate as good as --theta1")
+    ap.add_argument("--theta1", type=float, default=0.75, help="sprt: the share of discordant examples a clearly "
+                    "better candidate wins")
+    ap.add_argument("--quiet", action="store_true", help="only the totals")
+    a = ap.parse_args(argv)
+    if not Path(a.dir).is_dir():
+        print(f"race_replay: error: {a.dir} is not a directory", file=sys.stderr)
+        return 2
+    if a.block < 1 or not 0 < a.gamma < 1 or not 0 < a.beta < 1 or not 0.5 < a.theta1 < 1:
+        print("race_replay: error: --block >= 1, --gamma and --beta in (0, 1), --theta1 in (0.5, 1)", file=sys.stderr)
+        return 2
+    rule = dict(rule=a.rule, block=a.block, gamma=a.gamma, beta=a.beta, theta1=a.theta1)
+    agree = total = raced = full = 0
+    for run, phase, config in searches(a.dir):
+        for it, recorded, decided, r, f in replay(phase, config, rule):
+            agree, total, raced, full = agree + (recorded == decided), total + 1, raced + r, full + f
+            if recorded != decided and not a.quiet:
+                print(f"{run}/{phase.name} iteration {it}: the search kept {recorded}, racing {decided}")
+    what = f"gamma {a.gamma}" if a.rule == "futility" else f"beta {a.beta}, theta1 {a.theta1}"
+    print(f"racing ({a.rule}): block {a.block}, {what}; {total} decisions in the searches under {a.dir}")
+    print(f"decisions agree {agree} of {total}, rollouts {raced} of {full}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
