@@ -1738,6 +1738,11 @@ def test_sigkill_and_ctrl_c_anywhere_then_resume_matches_an_uninterrupted_run(tm
     (run / "report.html").rmdir()
     starts = sum(json.loads(x)["event"] == "start" for x in (run / "metrics.jsonl").read_text().splitlines())
     assert starts >= 2 and f"resumed {starts - 1}×" in report.write_report(run).read_text()
+    # a finished run, resumed once more: it says so with its summary, and nothing on disk changes
+    files = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in run.rglob("*") if p.is_file()}
+    r = run_whale("--resume", str(run), timeout=120)
+    assert r.returncode == 0 and "is finished; nothing was changed" in r.stdout and "final" in r.stdout, r.stderr[-2000:]
+    assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in run.rglob("*") if p.is_file()} == files
 
 
 KNOBS = ["--method", "weight-only", *TINY, "--replay-steps", "2", "--sft-epochs", "2", "--val-every", "1"]

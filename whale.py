@@ -55,7 +55,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from budget import Budget  # what the rollout budget buys: the loop asks it when a phase must end
-from rundir.run_setup import UserError, open_run, parse_args  # every command-line mistake, found before the loop
+from rundir.run_setup import RunFinished, UserError, open_run, parse_args  # every command-line mistake, found before the loop
 
 
 def arg(default, help):
@@ -376,6 +376,9 @@ def harness_phase(run, ctx: Context):
 if __name__ == "__main__":
     try:
         main(parse_args(Args, description=__doc__.split("\n\n")[0]))
+    except RunFinished as e:
+        print(f"whale: {e}")
+        sys.exit(0)
     except UserError as e:
         if "tqdm" in sys.modules:  # a bar still open would be redrawn at exit on the message's line
             for bar in list(sys.modules["tqdm"].tqdm._instances):

@@ -163,6 +163,8 @@ def save_checkpoint(run: Path, engine, optimizer, state: dict, name: str = "chec
             engine.model.generation_config.save_pretrained(tmp)
             os.link(old_weights, tmp / "model.safetensors")
         else:
+            from transformers.utils import logging as hf_logging
+            hf_logging.disable_progress_bar()  # ("Writing model shards": the run's own bar and step line say it)
             engine.model.save_pretrained(tmp)
         engine.tokenizer.save_pretrained(tmp)
     elif weights == "trained":

@@ -23,6 +23,27 @@ class UserError(Exception):
     """A mistake in the command line or the inputs: one line, exit code 2."""
 
 
+class RunFinished(Exception):
+    """--resume of a run that has finished: its summary is said (str(e)), nothing on disk changes, exit 0."""
+
+
+def finished_summary(run) -> str:
+    """What a finished run (summary.json) says of itself, in a few lines, read without touching it."""
+    import json
+    try:
+        s = json.loads((Path(run) / "summary.json").read_text())
+        cfg = json.loads((Path(run) / "config.json").read_text())
+        return (f"{run} is finished; nothing was changed. {cfg.get('method')} on {cfg.get('domain')}, seed "
+                f"{cfg.get('seed')}: {s['rollouts']} target rollouts in {s['seconds'] / 60:.1f} min\n"
+                f"  test mean@{cfg.get('test_n', 8)} ({s['test_examples']} questions)  initial "
+                f"{s['test_mean8_initial']:.3f} +- {s['test_mean8_initial_se']:.3f}   final {s['test_mean8_final']:.3f} "
+                f"+- {s['test_mean8_final_se']:.3f}   gain {s['test_gain']:+.3f} +- {s['test_gain_se']:.3f}\n"
+                f"  its page: {Path(run) / 'report.html'}; a new run of the same settings needs another --out")
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise UserError(f"--resume {run}: summary.json says the run is finished, but it cannot be read "
+                        f"({type(e).__name__})") from None
+
+
 def parse_args(args_class, argv=None, description=""):
     """The command line as an args_class (whale.Args): one flag per field, its help string from the
     field's metadata. A value comes from the command line, else from the domain's own DEFAULTS
@@ -333,6 +354,8 @@ def open_run(a, methods, check_schedule):
         run = Path(a.resume)
         if not (run / "config.json").exists():
             raise UserError(f"{run} is not a run directory (no config.json)")
+        if (run / "summary.json").exists():  # the run's last write: nothing is left to do, nothing is touched
+            raise RunFinished(finished_summary(run))
         lock_run(run)  # before anything is read or cleaned up
         saved = read_json_or_fail(run / "config.json", f"--resume {run}")
         state = None

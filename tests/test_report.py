@@ -283,6 +283,8 @@ def test_report_in_headless_chromium_shows_diff_acceptance_test_and_a_trace(tiny
         s = b.send("Target.attachToTarget", targetId=target, flatten=True)["sessionId"]
         for domain in ("Page", "Runtime", "Log", "Network"):
             b.send(f"{domain}.enable", session=s)
+        b.send("Emulation.setDeviceMetricsOverride", session=s, width=1280, height=900, deviceScaleFactor=1,
+               mobile=False)  # issue 70: the page fits a 1280 px window
         b.send("Page.navigate", session=s, url=url)
         b.wait("Page.loadEventFired")
 
@@ -290,6 +292,10 @@ def test_report_in_headless_chromium_shows_diff_acceptance_test_and_a_trace(tiny
             res = b.send("Runtime.evaluate", session=s, expression=expr, returnByValue=True)
             assert "exceptionDetails" not in res, res
             return res["result"]["value"]
+        page = json.loads(evaluate("JSON.stringify({text: document.body.innerText, wide: "
+                                   "document.documentElement.scrollWidth - document.documentElement.clientWidth})"))
+        assert page["wide"] <= 0, page["wide"]  # no sideways scroll: a wide table scrolls in its own box
+        assert not re.search(r"event \{|other fields", page["text"])  # no raw record is printed as text
         seen = json.loads(evaluate(RENDERED_CHECKS))
         assert seen["diff"] > 0 and seen["paired"] > 0 and seen["accept"] > 0, seen
         assert not seen["trace_open"] and not seen["trace_body_shown"], seen  # collapsed by default

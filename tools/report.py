@@ -232,11 +232,13 @@ def kv_table(rows):
 
 
 def extras(d, known):
-    """Fields of a record the page does not render otherwise, as one clipped line."""
-    rest = {k: v for k, v in (d or {}).items() if k not in known}
+    """Fields of a record the page does not render otherwise (and that hold something), collapsed."""
+    rest = {k: v for k, v in (d or {}).items() if k not in known and v not in (None, "", [], {})}
     if not rest:
         return ""
-    return f'<p class="extra">other fields: {clip(json.dumps(rest, default=str), 600)}</p>'
+    return (f'<details class="extra"><summary>{len(rest)} more field{"s" * (len(rest) != 1)}: '
+            f'{esc(", ".join(sorted(rest))[:200])}</summary><pre>{clip(json.dumps(rest, indent=1, default=str), 2000)}'
+            '</pre></details>')
 
 
 def badge(text, kind):
@@ -490,10 +492,39 @@ def nice_step(span, ticks=5):
     return next(m * power for m in (1, 2, 2.5, 5, 10) if m * power >= raw)
 
 
+def render_event(r):
+    """One line for an event of metrics.jsonl that is not a step, an iteration or an evaluation;
+    None for one the page shows elsewhere (a candidate: its card) or does not know."""
+    e = r.get("event")
+    if e == "harness_candidate":
+        return ""  # the iteration's card of that candidate says it all
+    if e == "harness_phase_end":
+        return (f'<p>Phase B ended ({esc(r.get("reason"))}) after {esc(r.get("iterations"))} iterations; incumbent '
+                f'<b>{esc(r.get("incumbent"))}</b> (success {num(r.get("incumbent_success"))}).</p>')
+    if e == "health_warning":
+        return f'<p>{badge("warning", "warn")} step {esc(r.get("step"))}: {clip(r.get("warning"), 400)}</p>'
+    if e in ("archive_integrity", "proposer_error"):
+        what = "integrity" if e == "archive_integrity" else "proposer error"
+        return f'<p>{badge(what, "no")} {clip(r.get("reason"), 400)}</p>'
+    if e == "proposer_backoff":
+        return (f'<p>{badge("waited", "info")} {num(r.get("seconds"), 0)} s after {esc(r.get("failed_calls"))} failed '
+                'proposer calls</p>')
+    return None
+
+
 def render_other(section):
-    """Events this page does not know (metrics.jsonl lines of a newer WHALE), as they are."""
-    return "".join(f'<p class="extra">event {esc(r.get("event"))}: {clip(json.dumps(r, default=str), 600)}</p>'
-                   for r in (section or {}).get("other", []))
+    """The section's other events: each one this page knows as a line, the ones it does not
+    (metrics.jsonl lines of a newer WHALE) together in one collapsed element."""
+    rows = (section or {}).get("other", [])
+    lines = [render_event(r) for r in rows]
+    unknown = [r for r, line in zip(rows, lines) if line is None]
+    out = "".join(line for line in lines if line)
+    if unknown:
+        names = sorted({str(r.get("event")) for r in unknown})
+        out += (f'<details class="extra"><summary>{len(unknown)} other event{"s" * (len(unknown) != 1)}: '
+                f'{esc(", ".join(names)[:200])}</summary>'
+                + "".join(f"<pre>{clip(json.dumps(r, default=str), 600)}</pre>" for r in unknown) + "</details>")
+    return out
 
 
 def render_evals(evals):
@@ -882,7 +913,7 @@ CSS = """
 body{font:14px/1.45 system-ui,-apple-system,'Segoe UI',sans-serif;margin:24px auto;max-width:1150px;
 padding:0 16px;color:#222}
 h1{margin-bottom:0}h2{border-bottom:1px solid #ccc;margin-top:2em}h4{margin:.2em 0}
-table{border-collapse:collapse;margin:.5em 0}
+table{border-collapse:collapse;margin:.5em 0;display:block;max-width:100%;overflow-x:auto}
 td,th{border:1px solid #ddd;padding:2px 6px;text-align:left;vertical-align:top}
 table.num td{text-align:right}table.kv th{background:#f6f6f6;font-weight:600;white-space:nowrap}
 .dim{color:#666}.cut{color:#a40;font-style:italic;background:#fff3e0;padding:0 3px}
