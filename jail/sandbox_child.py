@@ -324,23 +324,32 @@ def read_frames(buf):
     return msgs, None
 
 
+def write_frame(fd, msg):
+    """Write one frame to a blocking descriptor, all of it."""
+    view = memoryview(frame(msg))
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def read_frame(fd):
+    """Read one frame from a blocking descriptor; the other end gone: this process ends."""
+    def read(k):
+        out = bytearray()
+        while len(out) < k:
+            chunk = os.read(fd, k - len(out))
+            if not chunk:
+                os._exit(0)
+            out += chunk
+        return out
+    return json.loads(read(int.from_bytes(read(4), "big")))
+
+
 def _child_main(rfd, wfd):
     def send(msg):
-        data = frame(msg)
-        view = memoryview(data)
-        while view:
-            view = view[os.write(wfd, view):]
+        write_frame(wfd, msg)
 
     def recv():
-        def read(k):
-            out = bytearray()
-            while len(out) < k:
-                chunk = os.read(rfd, k - len(out))
-                if not chunk:
-                    os._exit(0)  # the parent is gone
-                out += chunk
-            return out
-        return json.loads(read(int.from_bytes(read(4), "big")))
+        return read_frame(rfd)
 
     send({"t": "hello", "uid": os.getuid()})
     init = recv()
@@ -378,21 +387,9 @@ def _rollout_process(sock, rid, job, code, path, scratch):
         os._exit(3)
 
     def send(msg):
-        data = frame(msg)
-        if len(data) > MAX_MSG:
-            raise ToolError(f"message of {len(data)} bytes is over the {MAX_MSG} byte cap")
-        view = memoryview(data)
-        while view:
-            view = view[os.write(sock, view):]
-
-    def read(k):
-        out = bytearray()
-        while len(out) < k:
-            chunk = os.read(sock, k - len(out))
-            if not chunk:
-                os._exit(0)  # the router is gone
-            out += chunk
-        return out
+        if len(frame(msg)) > MAX_MSG:
+            raise ToolError(f"message of {len(frame(msg))} bytes is over the {MAX_MSG} byte cap")
+        write_frame(sock, msg)
 
     def call(payload):
         """Send one llm/tool call to the parent (through the router) and wait for its reply."""
@@ -402,7 +399,7 @@ def _rollout_process(sock, rid, job, code, path, scratch):
             send(dict(payload, t="call", rid=rid))
         except (TypeError, ValueError) as e:
             raise ToolError(f"arguments must be JSON-serialisable: {e}") from None
-        reply = json.loads(read(int.from_bytes(read(4), "big")))
+        reply = read_frame(sock)
         if not reply["ok"]:
             raise ToolError(reply["error"])
         return reply["value"]
