@@ -89,6 +89,27 @@ def log_metrics(run: Path, row: dict, state: dict):
     state["metrics_lines"] = state.get("metrics_lines", 0) + 1
 
 
+def matmul_gflop_per_s(n=1024, reps=5) -> float:
+    """This machine's fp32 matmul speed (the best of `reps` n^3 products, ~0.1 s): what a run's
+    minutes scale with, so that a time quoted here reads on any machine (summary.json keeps it)."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t)
+    return round(2 * n ** 3 / best / 1e9, 1)
+
+
+def peak_rss_mb() -> dict:
+    """Peak resident memory so far: this process's, and the largest of its finished children's
+    (sandboxes, agents): ru_maxrss is a peak per process, not a sum over a tree."""
+    import resource
+    return {"peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+            "peak_rss_child_mb": round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024)}
+
+
 def code_version() -> str:
     """The git commit this code runs at, with '+dirty' when tracked code or data differ from it
     (results/ and *.md do not count: run records and prose change while runs go on), or 'unknown'
@@ -421,7 +442,9 @@ class Run:
         if self.rank == 0:  # --tracker: the same tracker run again on a resume (None without one)
             from rundir import tracking
             self.tracker = tracking.open_tracker(self.dir, vars(a))
-        self.log({"event": "start", "commit": code_version(), "argv": sys.argv[1:]})  # which code made this run
+        self.gflops = matmul_gflop_per_s() if self.rank == 0 else None
+        self.log({"event": "start", "commit": code_version(), "argv": sys.argv[1:],  # which code made this run
+                  "matmul_gflop_per_s": self.gflops})  # and on what machine (its speed)
         if self.rank == 0:
             self.bar.write(f"run directory {self.dir}: stop it any time, "
                            f"`python whale.py --resume {self.dir}` continues")
@@ -493,7 +516,9 @@ class Run:
             "kept_per_step": st.get("kept_per_step", []), "trained_tokens_per_step": st.get("trained_tokens_per_step", []),
             "capped_frac_per_step": st.get("capped_frac_per_step", []),  # the health figure: replies cut by the cap
             "harness_valid": c["harness_candidates"] - c["harness_invalid"],
-            "phases": phases.phases(self.dir)}  # what each phase did (rundir/phases.py)
+            "phases": phases.phases(self.dir),  # what each phase did (rundir/phases.py)
+            # the machine: its fp32 matmul speed (measured when this process started) and memory peaks
+            "matmul_gflop_per_s": self.gflops, **peak_rss_mb()}
         write_json(self.dir / "summary.json", summary)
         return summary
 
@@ -508,6 +533,9 @@ class Run:
         if a.method != "eval":
             print(f"  best-on-validation checkpoint: {a.test_split} {s['test_mean8_best_val']:.3f} "
                   f"+- {s['test_mean8_best_val_se']:.3f}")
+        if s.get("matmul_gflop_per_s"):
+            print(f"  machine: fp32 matmul {s['matmul_gflop_per_s']:.0f} GFLOP/s (times scale with its inverse); peak "
+                  f"RSS {s['peak_rss_mb']} MB, largest child {s['peak_rss_child_mb']} MB")
         print(f"  files: {self.dir}/ (summary.json, metrics.jsonl, harnesses/, checkpoint/, curve.png)")
 
     def write_report(self):
