@@ -147,13 +147,15 @@ def chance_to_accept(b, c, seen, left, alpha):
     return total
 
 
-def race(cand_scores, inc_scores, alpha=0.1, rule="futility", block=8, gamma=0.005, beta=0.05, theta1=0.75):
+def race(cand_scores, inc_scores, alpha=0.1, rule="futility", block=8, gamma=0.005, beta=0.05, theta1=0.75,
+         stages=None):
     """(dropped, examples used) of a candidate raced against the incumbent over blocks of `block`
-    paired examples in order. rule "futility": dropped once chance_to_accept < gamma; rule "sprt":
+    paired examples in order (or looked at only after the first `stages` examples, e.g. (8, 16, 32):
+    fewer, larger blocks). rule "futility": dropped once chance_to_accept < gamma; rule "sprt":
     Wald's SPRT of theta = 1/2 against theta1 (the candidate's share of the discordant pairs),
     dropped once b log(2 theta1) + c log(2 (1 - theta1)) <= log(beta / (1 - alpha))."""
     n = len(cand_scores)
-    for end in range(block, n, block):  # the last block always runs: then accept() decides
+    for end in [k for k in stages if k < n] if stages else range(block, n, block):  # the last block always runs
         b, c, _ = sign_test(cand_scores[:end], inc_scores[:end])
         if rule == "futility":
             drop = chance_to_accept(b, c, end, n - end, alpha) < gamma

@@ -84,6 +84,7 @@ def main(argv=None):
     ap.add_argument("dir", help="a folder of runs (results/runs), a grid or one run")
     ap.add_argument("--rule", default=meta_harness.RACE["rule"], choices=("futility", "sprt"), help="meta_harness.race's rule")
     ap.add_argument("--block", type=int, default=meta_harness.RACE["block"], help="examples per block")
+    ap.add_argument("--stages", default="", help="instead of --block: look after these many examples only, e.g. 8,16,32")
     ap.add_argument("--gamma", type=float, default=meta_harness.RACE["gamma"], help="futility: drop below this chance "
                     "of being accepted at the end")
     ap.add_argument("--beta", type=float, default=0.05, help="sprt: its chance of dropping a candidate as good as --theta1")
@@ -97,7 +98,14 @@ def main(argv=None):
     if a.block < 1 or not 0 < a.gamma < 1 or not 0 < a.beta < 1 or not 0.5 < a.theta1 < 1:
         print("race_replay: error: --block >= 1, --gamma and --beta in (0, 1), --theta1 in (0.5, 1)", file=sys.stderr)
         return 2
-    rule = dict(rule=a.rule, block=a.block, gamma=a.gamma, beta=a.beta, theta1=a.theta1)
+    try:
+        stages = tuple(int(x) for x in a.stages.split(",") if x.strip())
+    except ValueError:
+        stages = (0,)
+    if any(k < 1 for k in stages):
+        print(f"race_replay: error: --stages takes example counts like 8,16,32, not {a.stages!r}", file=sys.stderr)
+        return 2
+    rule = dict(rule=a.rule, block=a.block, gamma=a.gamma, beta=a.beta, theta1=a.theta1, stages=stages or None)
     agree = total = raced = full = 0
     for run, phase, config in searches(a.dir):
         for it, recorded, decided, r, f in replay(phase, config, rule):
@@ -105,7 +113,8 @@ def main(argv=None):
             if recorded != decided and not a.quiet:
                 print(f"{run}/{phase.name} iteration {it}: the search kept {recorded}, racing {decided}")
     what = f"gamma {a.gamma}" if a.rule == "futility" else f"beta {a.beta}, theta1 {a.theta1}"
-    print(f"racing ({a.rule}): block {a.block}, {what}; {total} decisions in the searches under {a.dir}")
+    where = f"stages {a.stages}" if stages else f"block {a.block}"
+    print(f"racing ({a.rule}): {where}, {what}; {total} decisions in the searches under {a.dir}")
     print(f"decisions agree {agree} of {total}, rollouts {raced} of {full}")
     return 0
 
