@@ -1814,6 +1814,7 @@ def test_resume_refuses_trained_blocks_on_another_base(tmp_path, tiny_reference)
     trained on; a resume whose --model loads other weights stops with one line and changes nothing."""
     run = copy_run(tiny_reference, tmp_path / "run")
     shutil.copytree(tiny_reference / "checkpoint", run / "checkpoint")
+    (run / "summary.json").unlink()  # not finished: a finished run is not resumed at all
     base = json.loads((run / "checkpoint" / "base.json").read_text())
     (run / "checkpoint" / "base.json").write_text(json.dumps({**base, "sha256": "0" * 64}))  # as if the base changed
     before = (run / "metrics.jsonl").read_text()

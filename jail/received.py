@@ -67,7 +67,7 @@ def _open_no_links(path, root):
         raise
 
 
-def read_bytes(path, cap=MAX_FILE, root=None):
+def read_bytes(path, cap=MAX_FILE, root=None, cut=False):
     """The bytes of a regular file, opened without following a symbolic link anywhere below root
     (default: the file's own folder) and read up to cap; ValueError naming the file when it is a
     link, outside root, not a regular file (a FIFO, a device) or over cap. OSError (e.g.
@@ -83,13 +83,16 @@ def read_bytes(path, cap=MAX_FILE, root=None):
             raise ValueError(f"{path}: not a regular file")
         data = f.read(cap + 1)
     if len(data) > cap:
+        if cut:  # (cut=True: its first cap bytes and a marker, instead of the error)
+            return data[:cap] + f"\n[... cut at {cap:,} bytes]".encode()
         raise ValueError(f"{path}: over {cap:,} bytes")
     return data
 
 
 def read_text(path, cap=MAX_TEXT, root=None):
-    """The file as text; bytes that are not UTF-8 become U+FFFD."""
-    return read_bytes(path, cap, root).decode("utf-8", "replace")
+    """The file as text, its first cap bytes and a marker when it is longer (a text is for showing:
+    a huge one is cut, not refused); bytes that are not UTF-8 become U+FFFD."""
+    return read_bytes(path, cap, root, cut=True).decode("utf-8", "replace")
 
 
 def loads(text, where):

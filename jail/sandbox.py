@@ -358,7 +358,8 @@ def run_rollouts(source, jobs, llm_batch, make_tools_for, *, rollout_timeout=60.
     over the model's context). make_tools_for(rid) -> {name: fn} runs in this process.
     concurrency: rollout processes alive at once (None: all jobs at once). cpu_s: RLIMIT_CPU of
     the child and of each rollout process (None: batch_timeout + 10). mem_mb: the address space of
-    each rollout process, and the memory all of them may hold together beyond the router. Returns one record per job, in order; "charged_s" is
+    each rollout process, and the memory all of them may hold together beyond the router
+    (watch_memory). Returns one record per job, in order; "charged_s" is
     what the rollout was charged against rollout_timeout.
 
     What counts against rollout_timeout: the harness's own time, the tools it called, and its

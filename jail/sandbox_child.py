@@ -324,9 +324,9 @@ def read_frames(buf):
     return msgs, None
 
 
-def write_frame(fd, msg):
-    """Write one frame to a blocking descriptor, all of it."""
-    view = memoryview(frame(msg))
+def write_frame(fd, data):
+    """Write one frame (bytes from frame()) to a blocking descriptor, all of it."""
+    view = memoryview(data)
     while view:
         view = view[os.write(fd, view):]
 
@@ -346,7 +346,7 @@ def read_frame(fd):
 
 def _child_main(rfd, wfd):
     def send(msg):
-        write_frame(wfd, msg)
+        write_frame(wfd, frame(msg))
 
     def recv():
         return read_frame(rfd)
@@ -387,9 +387,10 @@ def _rollout_process(sock, rid, job, code, path, scratch):
         os._exit(3)
 
     def send(msg):
-        if len(frame(msg)) > MAX_MSG:
-            raise ToolError(f"message of {len(frame(msg))} bytes is over the {MAX_MSG} byte cap")
-        write_frame(sock, msg)
+        data = frame(msg)
+        if len(data) > MAX_MSG:
+            raise ToolError(f"message of {len(data)} bytes is over the {MAX_MSG} byte cap")
+        write_frame(sock, data)
 
     def call(payload):
         """Send one llm/tool call to the parent (through the router) and wait for its reply."""

@@ -103,8 +103,9 @@ def test_report_escapes_cuts_and_renders_runs_in_progress_and_without_traces(tin
     assert "in progress or stopped" in page and "--resume" in page
     assert "<script" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
     assert "more characters not shown" in page
-    assert "other fields" in page and "proposer_cost_usd" in page and "stop_reason" in page
-    assert "event phase_stop" in page
+    # fields and events the page does not know: collapsed, named in the summary line, never loose text
+    assert "more fields: " in page and "proposer_cost_usd" in page and "stop_reason" in page
+    assert "1 other event: phase_stop" in page and "other fields" not in page and "<p class=\"extra\">event" not in page
     assert "1 of 3 evaluated candidates have no traces.jsonl" in page and "traces not kept for this candidate" in page
     card = page.split('id="phase00-cand_099"')[1]
     assert "invalid" in card and "syntax error: invalid syntax" in card and "raw reply" in card
