@@ -482,3 +482,11 @@ def test_agent_workspace_outcome_tables_failures_guide_and_hypotheses(tmp_path):
     assert fails.count("### example") == 3  # a few traces per kind, not all of them
     summary = [json.loads(x) for x in open(os.path.join(d, "summary.jsonl"))]
     assert summary[0]["hypothesis"] == "Toy harness." and summary[-1]["hypothesis"] is None  # unparsable: none
+
+
+def test_the_egress_proxys_log_stays_bounded_however_many_connections_come():
+    """Issue 66: a flood of CONNECTs (allowed or refused) keeps MAX_LOG entries and one that counts the rest."""
+    log = []
+    for k in range(agent_jail.MAX_LOG + 500):
+        agent_jail._note(log, dict(host=f"h{k}", port=443, allowed=False, why="not an allowed host"))
+    assert len(log) == agent_jail.MAX_LOG + 1 and log[-1]["more"] == 500 and "500 more" in log[-1]["why"]
