@@ -78,8 +78,9 @@ def tell_states(llm_batch, states):
     """llm_batch that also sets `latest_replies` on the states of the rollouts it answers: the texts
     of each one's latest llm() call (n of them for llm(..., n=)), so that a domain's tools can check
     an argument against what the model wrote (chess: a move must be one the model named), and
-    `latest_prompt`, the messages of that call (chess: the prompt must not single the move out). A rollout has at most one llm() call waiting, so all of its calls in a batch are
-    that one call's replies."""
+    `latest_prompt`, the messages of that call (chess: the prompt must not single the move out).
+    A rollout has at most one llm() call waiting, so all of its calls in a batch are that one
+    call's replies."""
     def answer(calls):
         outs = llm_batch(calls)
         latest = {}
@@ -88,8 +89,8 @@ def tell_states(llm_batch, states):
         for rid, texts in latest.items():
             if hasattr(states.get(rid), "latest_replies"):
                 states[rid].latest_replies = texts
-        for c in calls:  # and what the harness showed the model in that call (chess: did it lead it to a move?)
-            if hasattr(states.get(c["rid"]), "latest_prompt"):
+        for c, o in zip(calls, outs):  # and what the harness showed the model in that call (chess: did it lead it?)
+            if "text" in o and hasattr(states.get(c["rid"]), "latest_prompt"):
                 states[c["rid"]].latest_prompt = c["messages"]
         return outs
     return answer
