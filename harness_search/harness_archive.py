@@ -190,7 +190,7 @@ def score_records(records, example_ids):
     def mean(xs):
         return sum(xs) / len(xs) if xs else 0.0
     # moves a domain refused because the prompt led the model to them (chess: "play: led: ..."), if any
-    led = sum("led: " in str(t.get("error") or "") for r in records for t in r.get("tool_calls") or [])
+    led = sum(": led: " in str(t.get("error") or "") for r in records for t in r.get("tool_calls") or [])
     return dict(**({"led_refusals": led} if led else {}), success=mean(per_example),
                 mean_turns=mean([float(r["turns"] if r.get("turns") is not None else len(r.get("calls") or []))
                                  for r in records]),
