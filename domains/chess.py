@@ -50,6 +50,7 @@ Why "the harness may not choose moves" holds, and where it is only a rule:
   is plain notation a chess GUI shows, and pointing the model at forcing moves is a fair harness idea.
 Left out: longer puzzles, draws/stalemates as outcomes, partial credit.
 """
+import functools
 import gzip
 import json
 import os
@@ -168,12 +169,24 @@ def mentions(texts, board):
     legal move texts name as named_in reads a name: its UCI, or its SAN. A pawn push's SAN is a bare
     square ("e4"), which any text about squares names ("knight b1 to a3"), so a bare square counts
     only in texts that write no legal move in UCI (a SAN-only list)."""
-    text, found = "\n".join(texts), {}
-    for move in board.legal_moves:
-        uci, san = move.uci(), board.san(move).rstrip("+#")
+    return _mentions("\n".join(texts), board.fen())
+
+
+@functools.lru_cache(maxsize=1024)
+def _sans(fen):
+    """{uci: SAN} of the position's legal moves (SAN is slow to write; a rollout asks again and again)."""
+    board = chess.Board(fen)
+    return {m.uci(): board.san(m) for m in board.legal_moves}
+
+
+@functools.lru_cache(maxsize=1024)
+def _mentions(text, fen):
+    found, low = {}, text.lower()
+    for uci, san in _sans(fen).items():
+        san = san.rstrip("+#")
         by_uci = [m.start() for m in re.finditer(
             rf"(?<![a-z0-9]){re.escape(uci[:2])}[-x ]?{re.escape(uci[2:4])}{re.escape(uci[4:])}"
-            rf"{'?' if uci[4:] == 'q' else ''}(?![a-z0-9])", text.lower())]
+            rf"{'?' if uci[4:] == 'q' else ''}(?![a-z0-9])", low)]
         by_san = [m.start() for m in re.finditer(rf"(?<![A-Za-z0-9-]){re.escape(san)}(?![A-Za-z0-9=-])", text)]
         found[uci] = (by_uci, by_san, re.fullmatch(r"[a-h][1-8]", san) is not None)
     any_uci = any(u for u, _, _ in found.values())
@@ -207,7 +220,7 @@ def singled_out(move, board, messages):
     uci = move.uci()
     if uci not in named:
         return None
-    sans = {m.uci(): board.san(m) for m in board.legal_moves}
+    sans = _sans(board.fen())
     P = sorted(sans)
     checks = [u for u in P if sans[u][-1] in "+#"]
     captures = [u for u in P if "x" in sans[u] and u not in checks]

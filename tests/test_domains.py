@@ -6,6 +6,7 @@ import ast
 import filecmp
 import gzip
 import hashlib
+import re
 import importlib.util
 import subprocess
 import sys
@@ -699,15 +700,18 @@ def _menu_prompts(ex, source):
 def test_chess_a_prompt_that_singles_out_a_move_is_seen_and_the_menus_lists_are_not():
     """Issue 66: a harness that works the move out itself and shows the model only that move (or puts
     it first, or hints it) leads; every list on the menu is a list the parent fixes, and the only moves
-    it singles out are the example moves its own prompt texts write (e2e4, g1f3, d1h5) when legal."""
+    it singles out are the example moves its own prompt texts write (e2e4, g1f3, d1h5 today) when legal."""
     h0 = Path(chessdom.H0).read_text()
     sources = [h0] + [hsrc.splice(h0, axis, alt) for axis in ("SYSTEM_PROMPT", "USER_TEMPLATE", "format_observation",
                                                                "annotate_moves") for alt in chessdom.PRIMITIVES[axis]]
-    for ex in chessdom.load_split("harness")[:30]:
+    for ex in chessdom.load_split("harness")[:20]:
         for source in sources:
             messages, board = _menu_prompts(ex, source)
             flagged = {m.uci() for m in board.legal_moves if chessdom.singled_out(m, board, messages)}
-            assert flagged <= {"e2e4", "g1f3", "d1h5"}, (flagged, source[:200])
+            mod = {}
+            exec(compile(source, "harness.py", "exec"), mod)  # the example moves its own prompt texts write
+            examples = set(re.findall(r"\b[a-h][1-8][a-h][1-8]\b", mod["SYSTEM_PROMPT"] + mod["USER_TEMPLATE"]))
+            assert flagged <= examples, (flagged, source[:200])
     ex = next(e for e in chessdom.load_split("harness")
               if sorted(m.uci() for m in pychess.Board(e["task"]["fen"]).legal_moves)[0] != e["answer"]["line"][0]
               and "x" not in pychess.Board(e["task"]["fen"]).san(pychess.Move.from_uci(e["answer"]["line"][0])))

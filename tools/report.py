@@ -66,34 +66,29 @@ class BadRun(ValueError):
     """A file of the run that cannot be read as what it should be (a link, too big, not JSON ...)."""
 
 
-def read_json(path, default=None, root=None):
-    """The file's JSON (default when it is absent); a file that is there but cannot be read is a
-    BadRun naming it. root: the run directory, below which no symbolic link is followed."""
+def _received(read, path, absent, root):
+    """read(path, root=root) from jail/received.py; `absent` when the file is not there; any other
+    failure (a link, too big, not JSON ...) is a BadRun naming the file."""
     try:
-        return received.read_json(path, root=root)
+        return read(path, root=root)
     except FileNotFoundError:
-        return default
+        return absent
     except (OSError, ValueError) as e:
         raise BadRun(str(e)) from None
+
+
+def read_json(path, default=None, root=None):
+    """The file's JSON (default when absent). root: the run directory, below which no link is followed."""
+    return _received(received.read_json, path, default, root)
 
 
 def read_jsonl(path, root=None):
     """Every line that parses (a line cut short by a crash is skipped); [] when absent."""
-    try:
-        return received.read_jsonl(path, root=root)[0]
-    except FileNotFoundError:
-        return []
-    except (OSError, ValueError) as e:
-        raise BadRun(str(e)) from None
+    return _received(lambda f, root: received.read_jsonl(f, root=root)[0], path, [], root)
 
 
 def read_text(path, default=None, root=None):
-    try:
-        return received.read_text(path, root=root)
-    except FileNotFoundError:
-        return default
-    except (OSError, ValueError) as e:
-        raise BadRun(str(e)) from None
+    return _received(received.read_text, path, default, root)
 
 
 def read_candidate(cand_dir, root=None):
