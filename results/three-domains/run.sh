@@ -5,6 +5,7 @@
 #   bash results/three-domains/run.sh                          # every stage-1 cell, in the registered order
 #   bash results/three-domains/run.sh searchqa-fst-s0          # some cells
 #   bash results/three-domains/run.sh select-math-B            # stage 2: a selection run (README.md)
+#   bash results/three-domains/run.sh searchqa-whale-s3 searchqa-stagewise-s3   # stage 4 (issue 71): seeds 3-4
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 here=$PWD
