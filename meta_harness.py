@@ -113,19 +113,25 @@ def accept(cand_scores, inc_scores, alpha=0.1):
     return (b > c and p <= alpha), b, c, p
 
 
-# Racing (issue 67; measured by tools/race_replay.py on the committed searches, not yet used by
-# search_phase): a candidate is scored in blocks of examples, paired with the incumbent on the same
-# examples, and after each block (but the last) it is dropped when it has little chance left to be
-# accepted. There is no early accept: a candidate that is not dropped is scored on every example and
-# decided by accept() as today, so racing saves rollouts on losers and never lets one in; its error
-# is dropping a candidate the full evaluation would have accepted.
+# Racing (issue 67; `search_phase(race=RACE)`, whale.py's --race; results/racing/README.md replays it on
+# every committed search): a candidate is scored in blocks of examples, paired with the incumbent on the
+# same examples (the incumbent's scores are its full evaluation's, never re-run), and after each block
+# but the last it is dropped when it has little chance left to be accepted. There is no early accept: a
+# candidate that is not dropped is scored on every example and decided by accept() as without racing,
+# so racing saves rollouts on losers and never lets one in; its one error is dropping a candidate the
+# full evaluation would have accepted. A dropped candidate is archived with its partial scores and
+# `dropped_after` (examples scored), and is never the paper's choice (its score is over fewer examples).
 # Rule "futility": the chance that accept() says yes at the end, with the examples still to come
 # drawn as the ones so far (each discordant with the rate seen, and won by the candidate with the
 # share seen; both with one pseudo-count either way), below gamma: drop. Why not a plain SPRT on
 # the discordant pairs (rule "sprt", kept for the replay): on a 64-example search set most examples
 # are ties, so few discordant pairs come and the SPRT rarely decides; the futility rule also reads
 # "few discordant pairs so far" as "too few to be accepted", which is what makes a loser a loser here.
-RACE = dict(rule="futility", block=8, gamma=0.005)
+# stages: where it looks, as shares of the search set (or example counts), instead of every `block`
+# examples: fewer, larger blocks, because on a CPU a thin batch runs the model far below its speed
+# (`python tools/bench.py --only race` prices each cut). The setting is the replay's (the rule for
+# choosing it, and the grid: results/racing/README.md): looks after a quarter, a half and three quarters.
+RACE = dict(rule="futility", block=8, gamma=0.01, stages=(0.25, 0.5, 0.75))
 
 
 def _sign_p(b, c):
@@ -147,21 +153,37 @@ def chance_to_accept(b, c, seen, left, alpha):
     return total
 
 
-def race(cand_scores, inc_scores, alpha=0.1, rule="futility", block=8, gamma=0.005, beta=0.05, theta1=0.75,
-         stages=None):
-    """(dropped, examples used) of a candidate raced against the incumbent over blocks of `block`
-    paired examples in order (or looked at only after the first `stages` examples, e.g. (8, 16, 32):
-    fewer, larger blocks). rule "futility": dropped once chance_to_accept < gamma; rule "sprt":
-    Wald's SPRT of theta = 1/2 against theta1 (the candidate's share of the discordant pairs),
-    dropped once b log(2 theta1) + c log(2 (1 - theta1)) <= log(beta / (1 - alpha))."""
+def race_looks(n, block=8, stages=None, **_):
+    """The example counts after which a race of n examples looks (the last block always runs): every
+    `block`, or at `stages` (a share of n where it is under 1, else a count) where no block is thinner
+    than `block` examples (a tiny search set is not raced)."""
+    if not stages:
+        return list(range(block, n, block))
+    looks, last = [], 0
+    for k in sorted({round(x * n) if x < 1 else int(x) for x in stages}):
+        if k - last >= block and n - k >= block:
+            looks, last = looks + [k], k
+    return looks
+
+
+def drop_now(cand_so_far, inc_so_far, n, alpha=0.1, rule="futility", gamma=0.005, beta=0.05, theta1=0.75, **_):
+    """After a look at the first len(cand_so_far) of n paired examples: drop the candidate? rule
+    "futility": chance_to_accept < gamma; rule "sprt": Wald's SPRT of theta = 1/2 against theta1 (the
+    candidate's share of the discordant pairs), dropped once b log(2 theta1) + c log(2 (1 - theta1))
+    <= log(beta / (1 - alpha))."""
+    seen = len(cand_so_far)
+    b, c, _ = sign_test(cand_so_far, inc_so_far[:seen])
+    if rule == "futility":
+        return chance_to_accept(b, c, seen, n - seen, alpha) < gamma
+    return b * math.log(2 * theta1) + c * math.log(2 * (1 - theta1)) <= math.log(beta / (1 - alpha))
+
+
+def race(cand_scores, inc_scores, alpha=0.1, **rule):
+    """(dropped, examples used) of a candidate whose scores on every example are known, raced
+    against the incumbent with `rule` (RACE's keys): what search_phase would have spent on it."""
     n = len(cand_scores)
-    for end in [k for k in stages if k < n] if stages else range(block, n, block):  # the last block always runs
-        b, c, _ = sign_test(cand_scores[:end], inc_scores[:end])
-        if rule == "futility":
-            drop = chance_to_accept(b, c, end, n - end, alpha) < gamma
-        else:
-            drop = b * math.log(2 * theta1) + c * math.log(2 * (1 - theta1)) <= math.log(beta / (1 - alpha))
-        if drop:
+    for end in race_looks(n, **rule):
+        if drop_now(cand_scores[:end], inc_scores, n, alpha, **rule):
             return True, end
     return False, n
 
@@ -190,6 +212,12 @@ def candidate_rollouts(archive_dir, cand):
     return (line.get("cost") or {}).get("rollouts", 0)
 
 
+def paid(records):
+    """The rollouts of these records the budget pays for: all but those an evaluation cache gave back
+    from earlier work (marked "cached", harness_search/eval_cache.py)."""
+    return sum(not r.get("cached") for r in records)
+
+
 def read_confirmations(ledger_path):
     """{cand: ledger line} of the candidates scored on the confirmation block: confirm (the
     scores), iteration (when), rollouts (what it cost)."""
@@ -206,16 +234,34 @@ def _confirm_scores(cands, examples, run_candidate, ledger_path, iteration, affo
         return None
     for c in todo:
         records = run_candidate(c["source"], examples, c["name"])
-        line = dict(cand=c["name"], iteration=iteration, rollouts=len(records),
+        line = dict(cand=c["name"], iteration=iteration, rollouts=paid(records),
                     confirm=score_records(records, [str(ex["id"]) for ex in examples]))
         append_jsonl(ledger_path, line)
         done[c["name"]] = line
     return [done[c["name"]]["confirm"] for c in cands]
 
 
+def scored_in_race(source, name, examples, run_candidate, race_against=None):
+    """(records, dropped_after) of one candidate: scored on every example at once (race_against None),
+    or raced block by block against the incumbent (race_against = (the incumbent's per-example scores,
+    alpha, rule)): after each look (race_looks) the candidate is dropped if drop_now says so, and then
+    dropped_after is the number of examples it was scored on; else it is None."""
+    if race_against is None:
+        return run_candidate(source, examples, name), None
+    inc, alpha, rule = race_against
+    ids, n, records, start = [str(ex["id"]) for ex in examples], len(examples), [], 0
+    for end in race_looks(n, **rule) + [n]:
+        records += run_candidate(source, examples[start:end], name)
+        start = end
+        if end < n and drop_now(score_records(records, ids[:end])["per_example"], inc, n, alpha, **rule):
+            return records, end
+    return records, None
+
+
 def _finish_candidate(c, archive_dir, archive, examples, ids, run_candidate, validate_run,
-                      prompt_only_base, allowed, log, ledger_path):
-    """Validate, then evaluate (or reject) one proposed candidate; write its files."""
+                      prompt_only_base, allowed, log, ledger_path, race_against=None):
+    """Validate, then evaluate (or reject) one proposed candidate; write its files. race_against: see
+    scored_in_race (the incoming harness, cand_000, is always scored whole: it is the incumbent)."""
     src, d, t0 = c["source"], c["dir"], time.time()
     reason = None
     if c["num"] > 0:  # the incoming harness is evaluated whatever it is: it is the incumbent
@@ -244,17 +290,20 @@ def _finish_candidate(c, archive_dir, archive, examples, ids, run_candidate, val
     t1 = time.time()
     # Exceptions from run_candidate propagate: they mean the infrastructure broke (a broken harness
     # comes back as records with status error/crash/timeout). The archive stays resumable.
-    records = run_candidate(src, examples, c["name"])
+    records, dropped_after = scored_in_race(src, c["name"], examples, run_candidate, race_against)
     t2 = time.time()
     with open(os.path.join(d, "traces.jsonl"), "w") as f:
         for r in records:
             f.write(json.dumps(drop_token_ids(r), default=str) + "\n")
-    s = score_records(records, ids)
+    s = score_records(records, ids[:dropped_after or len(ids)])
+    if dropped_after:
+        s.update(dropped_after=dropped_after)
     m = c["meta"]
     s.update(cand=c["name"], iteration=m.get("iteration"), proposer=m.get("proposer"),
              parent=m.get("parent"), axis=m.get("axis"), note=m.get("note"),
-             cost=dict(candidates=1, evaluated=1, rollouts=len(records),
-                       rollout_tokens=sum(int(r.get("tokens") or 0) for r in records),
+             cost=dict(candidates=1, evaluated=1, rollouts=paid(records),
+                       **({"cached_rollouts": len(records) - paid(records)} if len(records) > paid(records) else {}),
+                       rollout_tokens=sum(int(r.get("tokens") or 0) for r in records if not r.get("cached")),
                        validate_seconds=round(t1 - t0, 3), eval_seconds=round(t2 - t1, 3)))
     append_jsonl(ledger_path, dict(cand=c["name"], scores=json.loads(json.dumps(s, default=str))))  # first
     write_json(os.path.join(d, "scores.json"), s)
@@ -263,6 +312,27 @@ def _finish_candidate(c, archive_dir, archive, examples, ids, run_candidate, val
     append_jsonl(os.path.join(archive_dir, "summary.jsonl"), line)
     write_frontier(archive_dir)
     log(candidate_event(line))
+
+
+def console_line(event, cycle):
+    """The console's short line (<= ~120 characters) for one of this search's events; None: print the
+    event's fields (metrics.jsonl keeps every event whole)."""
+    e, where = event.get("event"), f"B{cycle}"
+    if e == "harness_candidate":
+        what = " ".join(str(x) for x in (event.get("kind"), event.get("axis")) if x)[:48] or "the incoming harness"
+        if event.get("status") != "ok":
+            return f"{where} {event.get('cand')} {what}: invalid: {str(event.get('reason'))[:60]}"
+        dropped = f", dropped after {event['dropped_after']} examples" if event.get("dropped_after") else ""
+        return f"{where} {event.get('cand')} {what}: {100 * event.get('success', 0):.1f} %{dropped}"
+    if e == "harness_iteration":
+        test = event.get("test") or {}
+        verdict = (f"accepted {event['incumbent']}" if event.get("accepted") else f"incumbent {event.get('incumbent')}"
+                   f"{' (' + test['cand'] + ' not accepted, p ' + format(test['p'], '.2f') + ')' if test else ''}")
+        return (f"{where} iteration {event.get('iteration')}: {event.get('valid', 0)} scored, best "
+                f"{event.get('paper_choice')} {100 * (event.get('archive_best') or 0):.1f} %; {verdict}")
+    if e == "harness_phase_end":
+        return f"{where} ends after iteration {event.get('iterations', 1) - 1}: {str(event.get('reason'))[:80]}"
+    return None
 
 
 PROPOSER_COST_KEYS = ("calls", "prompt_chars", "completion_chars", "prompt_tokens", "completion_tokens", "cost_usd")
@@ -365,7 +435,8 @@ def _iteration_line(it, members, archive, incumbent, proposal, integrity, *, acc
 
 def search_phase(incumbent_src, domain, examples, run_candidate, validate_run, propose, *, archive_dir,
                  k=3, should_stop, affordable=None, prompt_only_base=None, accept_alpha=0.1, log=print,
-                 max_empty=EMPTY_ITERATIONS_TO_STOP, backoff=BACKOFF, ledger_path=None, confirm_examples=()):
+                 max_empty=EMPTY_ITERATIONS_TO_STOP, backoff=BACKOFF, ledger_path=None, confirm_examples=(),
+                 race=None):
     """Run (or resume) one Meta-Harness search. Returns dict(incumbent_source, incumbent_scores,
     iterations, counters, paper_scores, incumbent, paper_choice, stop_reason).
 
@@ -384,7 +455,10 @@ def search_phase(incumbent_src, domain, examples, run_candidate, validate_run, p
     every event. ledger_path: the parent's record of the scores it measured and the incumbents
     it chose (default: beside archive_dir, <archive_dir>.ledger.jsonl); selection reads only it.
     confirm_examples: the second look's block (see CONFIRM_P; empty: none), scored with run_candidate
-    and paid from the same budget (affordable()); its rollouts are in the iteration's cost."""
+    and paid from the same budget (affordable()); its rollouts are in the iteration's cost.
+    race: None scores every candidate on every example (the paper's way); a dict like RACE races each
+    proposed candidate against the incumbent block by block (see RACE): a dropped candidate stops
+    spending, and the rest are decided by accept() on every example as without racing."""
     ids = [str(ex["id"]) for ex in examples]
     allowed = sorted(domain.PROMPT_AXES) if prompt_only_base is not None else None
     ledger_path = ledger_path or ledger_path_for(archive_dir)
@@ -423,10 +497,12 @@ def search_phase(incumbent_src, domain, examples, run_candidate, validate_run, p
             archive, problems = trusted_archive(archive_dir, ledger_path)
             integrity += problems
             members = [c for c in archive if c["meta"].get("iteration") == it]
+        inc_scores = next((x["scores"]["per_example"] for x in archive if x["name"] == incumbent and x["scores"]), None)
         for c in members:
             if not (c["scores"] or c["invalid"]):
                 _finish_candidate(c, archive_dir, archive, examples, ids, run_candidate, validate_run,
-                                  prompt_only_base, allowed, log, ledger_path)
+                                  prompt_only_base, allowed, log, ledger_path,
+                                  race_against=(inc_scores, accept_alpha, race) if race and c["num"] > 0 else None)
         for p in integrity:
             log(dict(event="archive_integrity", reason=p))
         line = _iteration_line(it, members, archive, incumbent, proposal, integrity, accept_alpha=accept_alpha,

@@ -49,6 +49,7 @@ import rs_sft
 import switch
 import whale
 from domains import searchqa
+from harness_search import eval_cache
 from harness_search import harness_archive
 from harness_search import harness_source as hsrc
 from harness_search import primitives
@@ -797,7 +798,7 @@ def test_primitives_menu_keeps_proposing_after_every_single_swap(tmp_path):
     assert len(set(norms)) == 6 and not set(norms) & seen  # distinct, never seen
     by_name = {c["name"]: c for c in arch}
     for c in out:
-        assert hsrc.static_check(c["source"]) is None and c["kind"] in ("combine", "retry", "pair")
+        assert hsrc.static_check(c["source"]) is None and c["kind"] in ("merge", "combine", "retry", "pair")
         assert c["parents"][0] == c["parent"] and all(p in by_name for p in c["parents"])
         # the candidate is its first parent with exactly the named axes changed
         assert set(primitives.changed_axes(by_name[c["parent"]]["source"], c["source"], DOMAIN.PRIMITIVES)) \
@@ -825,7 +826,7 @@ def test_primitives_menu_provenance_is_written(tmp_path):
     kinds = set()
     for c in arch[1:]:
         meta = json.load(open(os.path.join(c["dir"], "meta.json")))
-        assert meta["kind"] in ("swap", "combine", "retry", "pair") and meta["axes"] and meta["parents"]
+        assert meta["kind"] in ("swap", "merge", "combine", "retry", "pair") and meta["axes"] and meta["parents"]
         assert meta["parents"][0] == meta["parent"] and meta["axis"] == "+".join(meta["axes"])
         assert {k: summary[c["name"]][k] for k in ("kind", "axes", "parents")} == \
             {k: meta[k] for k in ("kind", "axes", "parents")}
@@ -983,8 +984,9 @@ def _paired(rng, n, discordant, theta):
 def test_racing_drops_losers_early_and_rarely_a_candidate_the_full_test_would_accept():
     """Racing (meta_harness.race, its registered setting) on synthetic pairs where the truth is known,
     64 examples as a search set has, alpha 0.2 as whale.py's: a candidate no better than the incumbent
-    is mostly dropped and stops spending; of the truly better candidates (theta 0.8) that the full
-    test accepts, racing drops at most 12% (measured here: 9%), of clearly better ones (theta 0.9) 7% (5%)."""
+    is mostly dropped and stops spending (measured here: 60 % dropped, 67 % of the examples spent; a
+    worse one 90 %, 46 %); of the truly better candidates (theta 0.8) that the full test accepts,
+    racing drops at most 10 % (measured: 5 %), of clearly better ones (theta 0.9) 5 % (1 %)."""
     rng = random.Random(0)
 
     def trial(discordant, theta, runs=300):
@@ -996,13 +998,114 @@ def test_racing_drops_losers_early_and_rarely_a_candidate_the_full_test_would_ac
             dropped, used, accepted, lost = dropped + d, used + u, accepted + full, lost + (full and d)
         return dropped / runs, used / runs / 64, lost / max(accepted, 1)
     drop, spent, _ = trial(0.15, 0.5)
-    assert drop >= 0.6 and spent <= 0.7  # no better: most dropped, early
+    assert drop >= 0.55 and spent <= 0.75  # no better: most dropped, early
     drop, spent, _ = trial(0.15, 0.3)
-    assert drop >= 0.9 and spent <= 0.45  # worse: nearly all dropped, earlier
-    assert trial(0.15, 0.8)[2] <= 0.12 and trial(0.2, 0.9)[2] <= 0.07
+    assert drop >= 0.85 and spent <= 0.5  # worse: nearly all dropped, earlier
+    assert trial(0.15, 0.8)[2] <= 0.1 and trial(0.2, 0.9)[2] <= 0.05
     cand, inc = [1.0] * 64, [0.0] * 64
     assert mh.race(cand, inc, 0.2, **mh.RACE) == (False, 64)  # a clear winner runs to the end: accept() decides
-    assert mh.race(inc, cand, 0.2, **mh.RACE) == (True, 8)  # a clear loser stops after its first block
+    assert mh.race(inc, cand, 0.2, **mh.RACE) == (True, mh.race_looks(64, **mh.RACE)[0])  # a clear loser: first look
+
+
+def _evaluate_by_id(calls):
+    """make_evaluate's quality-driven evaluate, with an example's draw taken by its id (a block of
+    examples scores each as the whole set does); counts (candidate, examples) in `calls`."""
+    def evaluate(source, examples, tag):
+        calls.append((tag, len(examples)))
+        q = constant(source, "QUALITY")
+        return [record(ex, U[int(ex["id"][2:])] < q) for ex in examples]
+    return evaluate
+
+
+def test_racing_stops_spending_on_a_loser_and_decides_as_scoring_every_example(tmp_path):
+    """search_phase(race=RACE): a candidate that cannot win is dropped at a look and costs no more
+    (its scores say after how many examples, and it is never the paper's choice); the winners run to
+    the end, so every iteration keeps the incumbent that scoring every example keeps."""
+    batches = [["QUALITY = 0.0", "QUALITY = 0.5"], ["QUALITY = 0.1", "QUALITY = 0.8"], ["QUALITY = 0.05"]]
+
+    def search(race, d):
+        todo, calls = [list(b) for b in batches], []
+
+        def propose(archive_dir, k):
+            best = harness_archive.paper_choice(harness_archive.load_archive(archive_dir))
+            return [dict(source=hsrc.splice(H0, "QUALITY", q), proposer="fake", parent=best["name"]) for q in todo.pop(0)]
+        mh.search_phase(H0, DOMAIN, EXAMPLES, _evaluate_by_id(calls), ok_validate, propose, archive_dir=str(d), k=2,
+                        should_stop=stop_after(4), log=quiet, race=race)
+        return [line["incumbent"] for line in harness_archive.read_jsonl(d / "iterations.jsonl")], calls
+    full, full_calls = search(None, tmp_path / "full")
+    raced, raced_calls = search(mh.RACE, tmp_path / "raced")
+    assert raced == full == ["cand_000", "cand_002", "cand_004", "cand_004"]  # the same decisions
+    assert all(n == len(EXAMPLES) for _, n in full_calls)  # racing off: every candidate on every example at once
+    archive = {c["name"]: c for c in harness_archive.load_archive(str(tmp_path / "raced"))}
+    first_look = mh.race_looks(len(EXAMPLES), **mh.RACE)[0]
+    for loser in ("cand_001", "cand_003", "cand_005"):  # quality 0.0, 0.1, 0.05 against 0.2, 0.5, 0.8
+        s = archive[loser]["scores"]
+        assert s["dropped_after"] <= 2 * first_look and s["rollouts"] == s["dropped_after"]
+        assert sum(n for tag, n in raced_calls if tag == loser) == s["dropped_after"]  # stopped spending
+        assert s["cost"]["rollouts"] == s["dropped_after"]
+    for winner in ("cand_002", "cand_004"):
+        assert "dropped_after" not in archive[winner]["scores"] and archive[winner]["scores"]["rollouts"] == len(EXAMPLES)
+    assert sum(n for _, n in raced_calls) < sum(n for _, n in full_calls)
+    lines = harness_archive.read_jsonl(tmp_path / "raced" / "iterations.jsonl")
+    assert not {line["paper_choice"] for line in lines} & {"cand_001", "cand_003", "cand_005"}
+
+
+def test_the_evaluation_cache_never_pays_twice_and_its_key_changes_with_the_weights(tmp_path):
+    """eval_cache.cached: a resumed candidate's finished examples are not run again (and are paid as
+    the first time), another phase's request for the same source under the same weights gets the
+    records free ("cached"), and new weights, another seed or another source run anew."""
+    calls = []
+
+    def run_fn(source, examples, name):
+        calls.append(len(examples))
+        return [dict(record(ex, U[int(ex["id"][2:])] < constant(source, "QUALITY")), sample=0) for ex in examples]
+    sampling = {"temperature": 0.7, "top_k": 20, "top_p": 1.0, "max_tokens": 48}
+
+    def cached(version, phase, seed=(0, "B", 0)):
+        return eval_cache.cached(run_fn, tmp_path, version, seed, sampling, 1, phase)
+    first = cached(0, "phase00")(H0, EXAMPLES[:8], "cand_001")
+    resumed = cached(0, "phase00")(H0, EXAMPLES[:16], "cand_001")
+    assert calls == [8, 8] and resumed[:8] == first and not any(r.get("cached") for r in resumed)
+    again = cached(0, "phase01")(H0, EXAMPLES[:16], "cand_000")  # the next phase's incoming harness
+    assert calls == [8, 8] and all(r["cached"] for r in again)
+    assert [r["score"] for r in again] == [r["score"] for r in resumed]
+    assert mh.paid(again) == 0 and mh.paid(resumed) == 16
+    cached(1, "phase01")(H0, EXAMPLES[:16], "cand_000")  # one optimizer step later: new weights
+    cached(0, "phase01", seed=(0, "B", 1))(H0, EXAMPLES[:16], "cand_000")
+    cached(0, "phase01")(hsrc.splice(H0, "QUALITY", "QUALITY = 0.5"), EXAMPLES[:16], "cand_001")
+    assert calls == [8, 8, 16, 16, 16]
+    key = dict(source=H0, weights_version=0, seed=(0, "B", 0), sampling=sampling)
+    assert eval_cache.cache_file(tmp_path, **key) != eval_cache.cache_file(tmp_path, **dict(key, weights_version=1))
+
+
+def test_a_merge_carries_both_parents_changes_and_validates(tmp_path):
+    """The primitives proposer's merge: two swaps of different axes that each held against h0 (here
+    neither changes the score, a plateau) come back stacked in one candidate, labelled a merge with
+    its parents, and the search scores it like any candidate. An LLM's merge is labelled from its
+    docstring's first line."""
+    d = tmp_path / "arch"
+    swaps = [[hsrc.splice(H0, "TOP_K", "TOP_K = 3"), hsrc.splice(H0, "SYSTEM_PROMPT", 'SYSTEM_PROMPT = "Answer briefly."')]]
+    mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate,
+                    lambda a, k: [dict(source=s, proposer="fake", parent="cand_000") for s in swaps.pop(0)],
+                    archive_dir=str(d), k=2, should_stop=stop_after(2), log=quiet)
+    out = primitives.proposer(DOMAIN)(str(d), 3)
+    merge = out.candidates[0]
+    assert merge["kind"] == "merge" and merge["parents"] == ["cand_000", "cand_001", "cand_002"]
+    assert sorted(merge["axes"]) == ["SYSTEM_PROMPT", "TOP_K"]
+    assert primitives.definition(merge["source"], "TOP_K").strip() == "TOP_K = 3"
+    assert primitives.definition(merge["source"], "SYSTEM_PROMPT").strip() == 'SYSTEM_PROMPT = "Answer briefly."'
+    assert hsrc.static_check(merge["source"]) is None
+    assert all(c["kind"] != "merge" for c in primitives.proposer(DOMAIN, merge=False)(str(d), 3).candidates)
+    mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate, primitives.proposer(DOMAIN), archive_dir=str(d),
+                    k=3, should_stop=stop_after(3), log=quiet)
+    merged = [c for c in harness_archive.load_archive(str(d)) if c["meta"].get("kind") == "merge"]
+    assert merged and merged[0]["scores"] and not merged[0]["invalid"]
+    assert merged[0]["meta"]["parents"] == ["cand_000", "cand_001", "cand_002"]
+    llm = dict(source=hsrc.with_hypothesis(merge["source"], "merge of cand_001 and cand_002: both changes"),
+               proposer="openai", parent="cand_000")
+    harness_archive.write_candidate(str(d), 99, llm, 9, {})
+    meta = json.loads((d / "cand_099" / "meta.json").read_text())
+    assert meta["kind"] == "merge" and meta["parents"] == ["cand_000", "cand_001", "cand_002"]
 
 
 def test_search_logs_paper_choice_but_keeps_incumbent_on_noise(tmp_path):

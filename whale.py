@@ -106,6 +106,8 @@ class Args:
     proposer_ties: str = arg("older", "primitives proposer: on a tie for the top score, edit the older candidate "
                                       "(the paper's order) or the newer (sideways moves across a plateau: "
                                       "harness_search/primitives.parent_of)")
+    proposer_merge: str = arg("on", "primitives proposer: on = each proposal starts with a merge of the best with "
+                                    "what other lineages changed where it held or helped (primitives.merges); off")
     proposer_url: str = arg("", "openai proposer: base URL of an OpenAI-compatible endpoint")
     proposer_model: str = arg("", "openai proposer: model name")
     proposer_command: str = arg("", "command proposer: the coding agent CLI, run jailed in a copy of the archive "
@@ -126,6 +128,9 @@ class Args:
     harness_examples: int = arg(64, "examples of the harness search set (0 = all)")
     harness_n: int = arg(2, "rollouts per harness-search example")
     accept_alpha: float = arg(0.2, "a candidate replaces the incumbent only if the paired sign test p <= this")
+    race: str = arg("futility", "phase B scores a candidate in blocks and drops it once it has little chance "
+                                "left to beat the incumbent (meta_harness.RACE; results/racing/README.md): "
+                                "futility, or off to score every candidate on every example")
     confirm_examples: int = arg(64, "second look: a near-miss top candidate (p in (alpha, 0.5]) is scored on this "
                                     "many further harness-split examples and tested on both blocks (0 = none)")
     # sampling and evaluation
@@ -312,7 +317,7 @@ def harness_phase(run, ctx: Context):
     the archive after a crash); the search's incumbent carries on."""
     import meta_harness
     import rollout
-    from harness_search import proposers
+    from harness_search import eval_cache, proposers
     from rundir.run_dir import crash_point
     args, state, method, budget = ctx.args, run.state, ctx.method, ctx.budget
     archive = run.dir / "archive" / f"phase{state['cycle']:02d}"
@@ -334,13 +339,19 @@ def harness_phase(run, ctx: Context):
         return (method.harness_until == "switch" and ctx.policy.harness_done(paper_scores, val_means(state))
                 and "switch policy: harness phase done")
 
-    def run_candidate(source, examples, name):  # one candidate on the search set
-        # seeded by example, not by the candidate's name: every candidate gets the same draws (a sharper sign test)
-        records = rollout.run(ctx.engine, ctx.domain, source, examples, args.harness_n,
-                              seed=(args.seed, "B", state["cycle"]), sampling=ctx.sampling,
-                              max_tokens=args.max_tokens, progress=run.bar)
+    # The draws of phase B: seeded by example, not by the candidate's name, so every candidate gets the same
+    # draws (a sharper sign test); and by the weights they sample from: the cycle that first searched under
+    # these weights (a weight phase that kept nothing changed nothing, and the incoming harness is then a hit)
+    weights_version = state["counters"].get("optimizer_steps", 0)
+    seed = (args.seed, "B", state.setdefault("b_draws", {}).setdefault(str(weights_version), state["cycle"]))
+
+    def run_rollouts(source, examples, name):  # one candidate on (some of) the search set
+        records = rollout.run(ctx.engine, ctx.domain, source, examples, args.harness_n, seed=seed,
+                              sampling=ctx.sampling, max_tokens=args.max_tokens, progress=run.bar)
         crash_point("harness_eval")
         return records
+    run_candidate = eval_cache.cached(run_rollouts, run.dir / "eval_cache", weights_version, seed,
+                                      dict(ctx.sampling, max_tokens=args.max_tokens), args.harness_n, archive.name)
 
     def validate_run(source):  # one rollout of one example: does it run at all?
         rec = rollout.run(ctx.engine, ctx.domain, source, ctx.search_set[:1], 1, seed=(args.seed, "validate"),
@@ -353,14 +364,15 @@ def harness_phase(run, ctx: Context):
         if event["event"] == "harness_candidate":
             logged["rollouts"] += meta_harness.candidate_rollouts(str(archive), event["cand"])
         logged["rollouts"] += event.get("confirm_rollouts", 0)  # (an iteration's second-look evaluations)
-        run.log({"event": event.pop("event"), "cycle": state["cycle"], **event}, rollouts=logged["rollouts"])
+        run.log({"event": event["event"], "cycle": state["cycle"], **{k: v for k, v in event.items() if k != "event"}},
+                rollouts=logged["rollouts"], console=meta_harness.console_line(event, state["cycle"]))
 
     result = meta_harness.search_phase(
         state["harness"], ctx.domain, ctx.search_set, run_candidate, validate_run,
         proposers.from_args(args, ctx.domain, rollout.text_sampler(ctx.engine, args), run.dir),
         archive_dir=str(archive), k=args.candidates, should_stop=should_stop, affordable=affordable,
         accept_alpha=args.accept_alpha, prompt_only_base=ctx.h0 if method.prompt_only else None, log=log,
-        confirm_examples=ctx.confirm_set)
+        confirm_examples=ctx.confirm_set, race=meta_harness.RACE if args.race == "futility" else None)
     counters = result["counters"]
     run.spend(counters.get("rollouts", 0), **{k: counters.get(k, 0) for k in (
               "proposer_calls", "proposer_prompt_tokens", "proposer_completion_tokens", "proposer_seconds",

@@ -21,6 +21,10 @@ DIGEST_CHARS = 16000           # default budget of the LLM proposers' archive vi
 RULES = """Rules (from the paper's proposer skill):
 - Each harness file implements ONE mechanism (one idea about prompting, tool use, parsing,
   feedback or stopping), different from the other candidates of this iteration.
+- Or a MERGE: the parent with the changes of two earlier candidates that each held or helped against
+  their own parents (their diffs are below), when they changed different things. Start the docstring
+  with "merge of cand_A and cand_B". A merge brings together mechanisms already in the archive; a new
+  mechanism is still one per candidate.
 - No pure parameter tweaks: changing only a number (top-k, a turn limit, a length) is not a
   mechanism.
 - Never hard-code answers, examples, or dataset names; the harness must work on unseen tasks.
@@ -95,7 +99,7 @@ def archive_digest(archive_dir, max_chars=DIGEST_CHARS, n_diffs=4, n_trace_cands
     one) and one successful trace of the best. Full traces stay on disk."""
     archive = harness_archive.load_archive(archive_dir)
     by_name = {c["name"]: c for c in archive}
-    scored = sorted((c for c in archive if c["scores"]), key=harness_archive.rank_key)
+    scored = sorted(harness_archive.scored_whole(archive), key=harness_archive.rank_key)
     rows = ["## Archive, best first (success desc, mean turns asc)",
             "cand | success | mean turns | mean tokens | proposer | parent | mechanism"]
     for c in scored[:20]:
@@ -104,6 +108,11 @@ def archive_digest(archive_dir, max_chars=DIGEST_CHARS, n_diffs=4, n_trace_cands
                     f"{m.get('proposer')} | {m.get('parent')} | {short(m.get('note', ''), 160)}")
     if len(scored) > 20:
         rows.append(f"... and {len(scored) - 20} more (scores.json of each)")
+    dropped = [c for c in archive if c["scores"] and c["scores"].get("dropped_after")][-8:]
+    if dropped:  # raced and dropped: a score over the first examples only, not in the order above
+        rows.append("\nDropped early (little chance left to beat the incumbent): " + "; ".join(
+            f"{c['name']} {c['scores']['success']:.3f} on the first {c['scores']['dropped_after']} examples "
+            f"({short(c['meta'].get('note', ''), 80)})" for c in dropped))
     bad = [c for c in archive if c["invalid"]][-8:]
     if bad:
         rows.append("\nRejected (invalid): " + "; ".join(

@@ -170,10 +170,17 @@ def rank_key(cand):
     return (-s["success"], s["mean_turns"], cand["num"])
 
 
+def scored_whole(archive):
+    """The candidates scored on every example of the search set: a candidate racing dropped
+    (scores.json's dropped_after) was scored on fewer, so its success is not comparable."""
+    return [c for c in archive if c["scores"] and not c["scores"].get("dropped_after")]
+
+
 def paper_choice(archive):
-    """The archive's top scorer in the paper's order (rank_key): what the proposers edit (their
-    parent) and what the sign test weighs against the incumbent. None if nothing scored."""
-    scored = [c for c in archive if c["scores"]]
+    """The archive's top scorer in the paper's order (rank_key) among those scored whole: what the
+    proposers edit (their parent) and what the sign test weighs against the incumbent. None if
+    nothing scored."""
+    scored = scored_whole(archive)
     return min(scored, key=rank_key) if scored else None
 
 
@@ -211,7 +218,7 @@ def pareto(points, cost):
 
 def write_frontier(archive_dir):
     pts = [dict(cand=c["name"], success=c["scores"]["success"], mean_turns=c["scores"]["mean_turns"],
-                mean_tokens=c["scores"]["mean_tokens"]) for c in load_archive(archive_dir) if c["scores"]]
+                mean_tokens=c["scores"]["mean_tokens"]) for c in scored_whole(load_archive(archive_dir))]
     write_json(os.path.join(archive_dir, "frontier.json"),
                 dict(success_vs_turns=pareto(pts, "mean_turns"), success_vs_tokens=pareto(pts, "mean_tokens")))
 
@@ -361,6 +368,11 @@ def write_candidate(archive_dir, num, cand, iteration, proposal_cost):
     # book it when it finishes the iteration. `reject` is a reason the proposer already knows
     # (a reply cut at the length limit, an edit that does not apply): kept so a resumed run
     # rejects the candidate for the same reason.
+    if cand.get("kind") is None and src:  # an LLM's or an agent's merge says so in its first docstring line
+        merged = re.match(r"\s*merge of (cand_\d+) and (cand_\d+)\b", (hypothesis(src) or ""), re.I)
+        if merged:
+            cand = dict(cand, kind="merge", parents=[cand.get("parent")] * bool(cand.get("parent")) + [
+                        x for x in merged.groups() if x != cand.get("parent")])
     write_json(os.path.join(d, "meta.json"), dict(
         iteration=iteration, proposer=str(cand.get("proposer", "?")), parent=cand.get("parent"),
         axis=cand.get("axis"), note=valid_text(str(cand.get("note", ""))[:2000], replace=True),
@@ -378,7 +390,7 @@ def summary_line(c):
     if s:
         line.update(status="ok", success=s["success"], mean_turns=s["mean_turns"],
                     mean_tokens=s["mean_tokens"], n=s["n"], status_counts=s["status_counts"],
-                    cost=s.get("cost", {}))
+                    cost=s.get("cost", {}), **({"dropped_after": s["dropped_after"]} if s.get("dropped_after") else {}))
     else:
         line.update(status="invalid", reason=(c["invalid"] or "").strip(),
                     cost=dict(candidates=1, invalid=1))
@@ -387,7 +399,8 @@ def summary_line(c):
 
 def candidate_event(line, **extra):
     """One log line for a finished candidate (from its summary line)."""
-    keep = ("cand", "status", "success", "mean_turns", "proposer", "parent", "axis", "format", "reason")
+    keep = ("cand", "status", "success", "mean_turns", "dropped_after", "proposer", "kind", "parent", "parents", "axis",
+            "format", "reason")
     ev = {k: line.get(k) for k in keep if line.get(k) is not None}
     if "reason" in ev:
         ev["reason"] = str(ev["reason"])[:300]

@@ -9,6 +9,9 @@ harness-split traces. A proposal, in this order:
             of its alternatives, spliced in by name with `ast`;
             axes ranked by the failure signatures of the parent's failed traces (which axis the
             failures point at), so the first draws go where the traces say the harness fails;
+  merge     first, when k >= 2 and there is one: the parent + what one or two other lineages changed
+            against their own parents where that held or helped (gain >= 0), on axes the parent has
+            not changed (`merges`): how several changes that each score ~0 alone come together;
   combine   when single swaps on the parent are used up: the axes that helped in other top
             candidates (their changes against their own parents), grafted onto the parent;
   retry     near misses (within two examples of the parent) one swap further;
@@ -156,6 +159,25 @@ def grafts_that_helped(best, scored, axes, seed_source, top=TOP_DONORS):
     return sorted(out, key=lambda g: -g[0])  # stable: ties keep the donors' rank order
 
 
+def merges(best, scored, axes, seed_source):
+    """Merges of lineages: the best + everything another candidate changed against its own parent,
+    for candidates that held or helped there (grafts_that_helped: gain >= 0, axes the best has at
+    their seed value), two such candidates at once when their axes differ, then one. Pairs first,
+    largest summed gain first: on a plateau where single swaps all score the same (chess at 135M),
+    stacking the swaps that did not hurt is the way across, and on a slope it joins what two
+    lineages found. Yields ([(axis, definition), ...], parents, how)."""
+    by_donor = {}
+    for gain, axis, d, donor in grafts_that_helped(best, scored, axes, seed_source):
+        by_donor.setdefault(donor, [gain, []])[1].append((axis, d))
+    donors = list(by_donor.items())  # in the donors' rank order
+    pairs = [(a, b) for i, a in enumerate(donors) for b in donors[i + 1:]
+             if not {x for x, _ in a[1][1]} & {x for x, _ in b[1][1]}]
+    for (a, (ga, ca)), (b, (gb, cb)) in sorted(pairs, key=lambda p: -(p[0][1][0] + p[1][1][0])):
+        yield ca + cb, [best["name"], a, b], f"{a} ({ga:+.3f} on its parent) and {b} ({gb:+.3f})"
+    for a, (ga, ca) in donors:
+        yield ca, [best["name"], a], f"{a} ({ga:+.3f} on its parent)"
+
+
 def near_misses(best, scored, margin):
     """Candidates within `margin` of the best that behave differently from it (some example
     scored differently: a clone of the best would only repeat its swaps), best first."""
@@ -222,14 +244,14 @@ def parent_of(archive, ties="older"):
     best = harness_archive.paper_choice(archive)
     if ties == "older" or best is None:
         return best
-    return max((c for c in archive if c["scores"] and c["scores"]["success"] == best["scores"]["success"]),
+    return max((c for c in harness_archive.scored_whole(archive) if c["scores"]["success"] == best["scores"]["success"]),
                key=lambda c: c["num"])
 
 
-def proposer(domain, rng_seed=0, ties="older"):
+def proposer(domain, rng_seed=0, ties="older", merge=True):
     """propose(archive_dir, k) -> Proposal of up to k candidates (proposers.py's interface), exhausted
     once nothing is left to propose on this archive. ties: which of the top-scoring candidates is
-    the parent (parent_of)."""
+    the parent (parent_of); merge: a merge of lineages first in each proposal (`merges`)."""
     from harness_search.proposers import Proposal  # (proposers.py imports this file)
     parent_of([], ties)  # an unknown rule fails here, not at the first proposal
 
@@ -268,6 +290,23 @@ def proposer(domain, rng_seed=0, ties="older"):
         # the one that works)
         out, order = [], list(queues)
         rank = list(order)
+        # A merge first, when there is one and room for single swaps beside it (k >= 2): the best with
+        # the changes of one or two other lineages that held or helped (`merges`)
+        scored = harness_archive.scored_whole(archive)
+        seed = next((c["source"] for c in archive if c["num"] == 0), parent["source"])
+        for changes, parents, how in merges(parent, scored, rank, seed) if merge and k >= 2 else ():
+            try:
+                src = _splice_all(parent["source"], changes)
+            except (ValueError, KeyError, SyntaxError):
+                continue
+            if normalized(src) in seen:
+                continue
+            seen.add(normalized(src))
+            names = [a for a, _ in changes]
+            note = f"merge: {' + '.join(names)} from {', '.join(parents[1:])} on {parents[0]} ({how})"
+            out.append(dict(source=with_hypothesis(src, note), proposer="primitives", parent=parents[0],
+                            axis="+".join(names), kind="merge", axes=names, parents=parents, note=note))
+            break
         top = order[0] if order else None
         if top and 2 * axis_weight(top, signatures) > sum(signatures.values()):
             order = [top] * len(queues[top]) + order
@@ -289,9 +328,7 @@ def proposer(domain, rng_seed=0, ties="older"):
         # The single swaps on the best are used up: combine, retry near misses, pair (a
         # menu that runs dry would end a harness-only run with budget left).
         if len(out) < k:
-            scored = [c for c in archive if c["scores"]]
             margin = 2.0 / max(1, parent["scores"].get("n") or 1)  # two examples' worth
-            seed = next((c["source"] for c in archive if c["num"] == 0), parent["source"])
             for kind, changes, parents, base, how in later_candidates(domain, parent, scored, rank, margin, seed):
                 try:
                     src = _splice_all(base, changes)

@@ -248,7 +248,7 @@ def endpoint_error(base_url, model=None, api_key=None, timeout=10.0):
 def make_proposer(name, domain, *, llm_text=None, base_url=None, model=None, api_key=None,
                   api_key_env="OPENAI_API_KEY", command=None, rng_seed=0, max_tokens=4096, timeout=None,
                   digest_chars=DIGEST_CHARS, reply_format="any", workdir_root=None, agent_env=(), private=(),
-                  hosts=None, ties="older"):
+                  hosts=None, ties="older", merge=True):
     """propose(archive_dir, k) -> Proposal(candidates, errors, exhausted, usage): the candidates as
     [dict(source, proposer, note, [parent, axis, format, reject, raw])], this call's errors and cost.
     max_tokens: the LLM reply's length limit; timeout: seconds per LLM request as a whole, from
@@ -257,11 +257,12 @@ def make_proposer(name, domain, *, llm_text=None, base_url=None, model=None, api
     of either form are accepted); agent_env: names of variables the agent gets besides the
     basics (agent_jail.py); private: more paths the agent must never read; hosts: what its
     agent may reach through the jail's egress proxy (None: agent_jail.DEFAULT_HOSTS); ties: which
-    of the top scorers the primitives proposer edits (primitives.parent_of)."""
+    of the top scorers the primitives proposer edits (primitives.parent_of); merge: whether it proposes
+    merges of lineages (primitives.merges)."""
     if reply_format not in ("any", "file", "edit"):
         raise ValueError(f"unknown reply format {reply_format!r}; expected any, file or edit")
     if name == "primitives":
-        return primitives.proposer(domain, rng_seed, ties)
+        return primitives.proposer(domain, rng_seed, ties, merge)
     if name == "self":
         if llm_text is None:
             raise ValueError("the self proposer needs llm_text(prompt, max_tokens) -> str")
@@ -300,4 +301,5 @@ def from_args(a, domain, llm_text=None, run_dir=None):
                          reply_format=a.proposer_format,
                          agent_env=[x.strip() for x in a.proposer_env.split(",") if x.strip()],
                          private=[str(run_dir)] if run_dir else [],
-                         hosts=[x.strip() for x in a.proposer_hosts.split(",") if x.strip()], ties=a.proposer_ties)
+                         hosts=[x.strip() for x in a.proposer_hosts.split(",") if x.strip()], ties=a.proposer_ties,
+                         merge=a.proposer_merge == "on")

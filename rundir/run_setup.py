@@ -81,13 +81,14 @@ def parse_args(args_class, argv=None, description=""):
 # the flags that take one of a few words (--method and --domain: from METHODS and domains/)
 CHOICES = {"test_split": ("test", "val"), "engine": ("hf", "vllm"), "chat_format": ("auto", "template", "plain"),
            "proposer": ("primitives", "self", "openai", "command"), "proposer_format": ("any", "file", "edit"),
-           "proposer_ties": ("older", "newer"),
+           "proposer_ties": ("older", "newer"), "race": ("futility", "off"),
+           "proposer_merge": ("on", "off"),
            "rollout_precision": ("fp32", "int8"), "sft_prompts": ("shared", "whole")}
 
 # Settings added after runs were already made, whose default changes what a run does: a resumed run
 # whose config.json predates one takes the value that keeps it doing what it did (a name a config
 # lacks otherwise takes its default).
-ADDED_LATER = {"confirm_examples": 0, "sft_prompts": "whole"}
+ADDED_LATER = {"confirm_examples": 0, "sft_prompts": "whole", "race": "off", "proposer_merge": "off"}
 
 
 def check_args(a, methods, check_schedule):
@@ -302,7 +303,7 @@ def check_proposer_flags(a):
     for flag, users in (("proposer_max_tokens", ("self", "openai")), ("proposer_format", ("self", "openai")),
                         ("proposer_timeout", ("openai", "command")), ("proposer_api_key_env", ("openai",)),
                         ("proposer_digest_chars", ("self", "openai", "command")), ("proposer_env", ("command",)),
-                        ("proposer_ties", ("primitives",))):
+                        ("proposer_ties", ("primitives",)), ("proposer_merge", ("primitives",))):
         if getattr(a, flag) != getattr(defaults, flag) and a.proposer not in users:
             raise UserError(f"--{flag.replace('_', '-')} is only used by --proposer {' or '.join(users)}, "
                             f"not --proposer {a.proposer}")

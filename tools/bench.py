@@ -33,6 +33,11 @@ Prints one `name: value` line per measurement:
   - malloc (only with --only malloc): the long-context harness evaluated in fresh processes with
     glibc's malloc settings and with whale.py's (freed blocks under 1 GB kept in the heap, not
     returned to the kernel): rollouts/s, system time, page faults, peak RSS, ratio;
+  - race (only with --only race): what cutting one candidate's evaluation into racing's blocks
+    costs on this machine: searchqa h0 on 64 harness-split questions x 2 (one search-set
+    evaluation) scored as one batch, as racing's blocks (meta_harness.RACE: after 16, 32 and 48
+    questions) and as blocks of 8 questions (the first registered setting), the same rollouts each way: seconds and the ratio to one batch (a thin
+    block runs the model further below its peak);
   - deadline (only with --only deadline): what rollouts are charged against their
     deadline (own time + tools + their share of each model batch) in a real evaluation,
     64 searchqa questions x 8 = one 512-rollout wave and 16 chess puzzles x 8 (multi-turn,
@@ -46,6 +51,7 @@ Prints one `name: value` line per measurement:
     python tools/bench.py --only eval --harnesses '' --phase-a study  # one phase-A step of the study's regime
     python tools/bench.py --only memory           # peak memory per sampler (~10 min on 2 cores)
     python tools/bench.py --only isolation        # a process per rollout vs none (~1 min)
+    python tools/bench.py --only race             # one candidate's evaluation in racing's blocks vs one batch (~5 min)
     python tools/bench.py --only vote --questions 16  # llm(n=5) vs 5 calls in the voting harness
     python tools/bench.py --only omp              # OpenMP threads sleeping at once vs spinning briefly (~2 min)
     python tools/bench.py --only malloc           # freed memory back to the kernel vs kept (~8 min)
@@ -163,7 +169,7 @@ def main():
         return eval_child(args.eval_child, args.model, args.questions)
     only = set(args.only.split(","))
     sections = {"rollout", "decode", "sandbox", "multiturn", "sft", "deadline", "eval", "memory", "vote", "omp", "malloc",
-                "isolation"}
+                "isolation", "race"}
     if only - sections:
         print(f"bench.py: unknown section(s) {', '.join(sorted(only - sections))}; "
               f"choose from {', '.join(sorted(sections))}", file=sys.stderr)
@@ -191,7 +197,7 @@ def main():
     n_params += model.lm_head.weight.numel() if model.config.tie_word_embeddings else 0
 
     P, G, NEW = (8, 8, 16) if q else (32, 8, 32)
-    prompts = squad_prompts(e, P) if only - {"eval", "deadline", "memory", "vote", "isolation"} else []
+    prompts = squad_prompts(e, P) if only - {"eval", "deadline", "memory", "vote", "isolation", "race"} else []
     if "rollout" in only:
         rollout_workload(e, model, prompts, G, NEW, n_params, peak)
     if "decode" in only:
@@ -200,6 +206,8 @@ def main():
         sandbox_overhead(e, P, G, NEW)
     if "isolation" in only:
         isolation(args.questions or (8 if q else 64))
+    if "race" in only:
+        race_blocks(e, args.questions or (16 if q else 64), args.max_tokens)
     if "multiturn" in only:
         multiturn(e, 4 if q else 16)
     if "deadline" in only:
@@ -350,6 +358,28 @@ def isolation(n_questions, G=8):
         print(f"isolation_{name}_inprocess_ms_per_rollout: {1000 * t_inproc / n:.2f}")
         print(f"isolation_{name}_sandbox_over_inprocess: {t_sandbox / t_inproc:.1f}")
         print(f"isolation_{name}_sandbox_tree_peak_pss_mb: {peak[0]:.0f}")
+
+
+def race_blocks(e, n_questions, max_tokens, n=2):
+    """One candidate's search-set evaluation (searchqa h0, n_questions x n, whale.py's sampling),
+    whole and cut into racing's blocks: the same rollouts (a rollout's seed is its example's and
+    sample's, so the cuts sample the same tokens), in batches of different sizes."""
+    import meta_harness
+    from domains import searchqa
+    examples, source = searchqa.load_split("harness")[:n_questions], open(searchqa.H0).read()
+    sampling = {"temperature": 0.7, "top_k": 20, "top_p": 1.0}
+    cuts = {"one_batch": (), "racing": tuple(meta_harness.race_looks(n_questions, **meta_harness.RACE)),
+            "blocks_of_8": tuple(range(8, n_questions, 8))}
+    seconds = {}
+    for name, cut in cuts.items():
+        ends = [k for k in cut if k < n_questions] + [n_questions]
+        t = time.perf_counter()
+        for lo, hi in zip([0] + ends, ends):
+            rollout.run(e, searchqa, source, examples[lo:hi], n, seed=0, sampling=sampling, max_tokens=max_tokens)
+        seconds[name] = time.perf_counter() - t
+        print(f"race_{name}_batches: {len(ends)} (after {', '.join(map(str, ends))} questions)")
+        print(f"race_{name}_seconds: {seconds[name]:.1f}")
+        print(f"race_{name}_over_one_batch: {seconds[name] / seconds['one_batch']:.2f}")
 
 
 def multiturn(e, n_puzzles):

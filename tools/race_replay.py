@@ -2,8 +2,8 @@
 race_replay.py: what racing (meta_harness.race) would have decided in every harness search already
 run, and what it would have cost, from the archives alone (nothing is run again).
 
-    python tools/race_replay.py results/runs                 # every search under it
-    python tools/race_replay.py results/runs --block 16 --beta 0.1
+    python tools/race_replay.py results/runs                 # every search under it, at meta_harness.RACE
+    python tools/race_replay.py results/runs --stages '' --block 16 --gamma 0.005   # another setting
 
 For each harness phase of each run under DIR (a run directory, or a committed run.zip), and each
 iteration after the incoming evaluation: its candidates are raced against the incumbent the
@@ -84,7 +84,9 @@ def main(argv=None):
     ap.add_argument("dir", help="a folder of runs (results/runs), a grid or one run")
     ap.add_argument("--rule", default=meta_harness.RACE["rule"], choices=("futility", "sprt"), help="meta_harness.race's rule")
     ap.add_argument("--block", type=int, default=meta_harness.RACE["block"], help="examples per block")
-    ap.add_argument("--stages", default="", help="instead of --block: look after these many examples only, e.g. 8,16,32")
+    ap.add_argument("--stages", default=",".join(map(str, meta_harness.RACE.get("stages") or ())),
+                    help="instead of --block: look after these many examples only, e.g. 16,32,48, or these shares "
+                         "of the search set, e.g. 0.25,0.5,0.75 ('' = every --block)")
     ap.add_argument("--gamma", type=float, default=meta_harness.RACE["gamma"], help="futility: drop below this chance "
                     "of being accepted at the end")
     ap.add_argument("--beta", type=float, default=0.05, help="sprt: its chance of dropping a candidate as good as --theta1")
@@ -98,12 +100,13 @@ def main(argv=None):
     if a.block < 1 or not 0 < a.gamma < 1 or not 0 < a.beta < 1 or not 0.5 < a.theta1 < 1:
         print("race_replay: error: --block >= 1, --gamma and --beta in (0, 1), --theta1 in (0.5, 1)", file=sys.stderr)
         return 2
-    try:
-        stages = tuple(int(x) for x in a.stages.split(",") if x.strip())
+    try:  # example counts (16,32,48), or shares of the search set (0.25,0.5,0.75)
+        stages = tuple(float(x) if "." in x else int(x) for x in a.stages.split(",") if x.strip())
     except ValueError:
         stages = (0,)
-    if any(k < 1 for k in stages):
-        print(f"race_replay: error: --stages takes example counts like 8,16,32, not {a.stages!r}", file=sys.stderr)
+    if any(k <= 0 or (isinstance(k, float) and k >= 1) for k in stages):
+        print(f"race_replay: error: --stages takes example counts like 16,32,48 or shares like 0.25,0.5,0.75, "
+              f"not {a.stages!r}", file=sys.stderr)
         return 2
     rule = dict(rule=a.rule, block=a.block, gamma=a.gamma, beta=a.beta, theta1=a.theta1, stages=stages or None)
     agree = total = raced = full = 0
