@@ -4,8 +4,9 @@ the table the console prints when a run ends, the spans curve.png shades, and th
 report.html. A reader sees at once whether the weights or the harness moved the number.
 
   phase A   RSFT steps, kept rollouts, trained tokens, validation before -> after
-  phase B   iterations, candidates, what the sign test accepted (the candidate, its axis and
-            hypothesis), the search set's success of the incumbent before -> after
+  phase B   iterations, candidates (those racing dropped early and what they cost, merges), what
+            the sign test accepted (the candidate, its axis and hypothesis), the search set's
+            success of the incumbent before -> after
 
 Only what the run logged is shown: a phase without a validation point after it (a run stopped
 in it) has no "after". Left out: per-step detail (metrics.jsonl and the report have it).
@@ -30,7 +31,7 @@ def phases(run_dir) -> list[dict]:
     def start(phase, cycle):
         return dict(phase=phase, cycle=cycle, rollouts_start=last_rollouts, t_start=last_t, val_before=last_val,
                     val_after=None, steps=0, kept=0, rollouts=0, trained_tokens=0, iterations=0, candidates=0,
-                    accepted=[], search_before=None, search_after=None)
+                    accepted=[], search_before=None, search_after=None, dropped=0, dropped_rollouts=0, merges=0)
 
     for e in read_jsonl(Path(run_dir) / "metrics.jsonl"):  # (a line cut by a kill is skipped)
         kind = e.get("event")
@@ -48,6 +49,10 @@ def phases(run_dir) -> list[dict]:
                 out.append(current)
             if kind == "harness_candidate" and e.get("cand") != "cand_000":
                 current["candidates"] += 1
+                current["merges"] += e.get("kind") == "merge"
+                if e.get("dropped_after"):  # raced and dropped: what it cost is the run's count's step
+                    current["dropped"] += 1
+                    current["dropped_rollouts"] += e.get("rollouts", last_rollouts) - last_rollouts
             if kind == "harness_iteration":
                 current["iterations"] += e.get("iteration", 0) > 0
                 if current["search_before"] is None:
@@ -95,8 +100,10 @@ def what_it_did(p: dict) -> str:
     accepted = "; ".join(f"accepted {a['cand']} ({short(a['hypothesis']) or a['axis']})" for a in p["accepted"])
     search = ("" if p["search_before"] is None else
               f"; search set {p['search_before']:.3f} -> {p['search_after']:.3f}")
-    return (f"{plural(p['iterations'], 'iteration')}, {plural(p['candidates'], 'candidate')}; "
-            f"{accepted or 'nothing accepted'}{search}")
+    extra = [f"{p.get('dropped')} dropped early, {p.get('dropped_rollouts')} rollouts"] * bool(p.get("dropped")) \
+        + [plural(p.get("merges"), "merge")] * bool(p.get("merges"))
+    return (f"{plural(p['iterations'], 'iteration')}, {plural(p['candidates'], 'candidate')}"
+            f"{' (' + ', '.join(extra) + ')' if extra else ''}; {accepted or 'nothing accepted'}{search}")
 
 
 def what_did_not_move(rows: list[dict]) -> list[str]:
