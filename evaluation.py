@@ -14,6 +14,8 @@ their per-question means, so results.py can pair two runs question by question. 
 Context (whale.py): args, domain, engine, the splits, the sampling settings.
 Left out: early stopping on validation (the run always spends its budget).
 """
+import sys
+
 import rollout
 from rundir import run_dir as rd
 
@@ -86,5 +88,19 @@ def finish(run, ctx):
     rd.plot_curve(run.dir, state["evals"], f"{args.method} on {args.domain} (seed {args.seed})")
     gain = rollout.paired_gain(initial["per_example"], final["per_example"])  # final - initial, paired
     run.print_summary(run.write_summary(tests, best_val_test, gain))
-    run.write_report()
+    run.finish_tracker(write_report(run.dir))
     run.drop_optimizer()  # nothing trains after this: the run directory keeps only weights, state and records
+
+
+def write_report(run_dir):
+    """report.html beside the run's files (tools/report.py); its path, or None. The page is a view of
+    the files: if it breaks, the run is still whole, and the warning says how to write it again."""
+    try:
+        from tools import report
+        page = report.write_report(run_dir)
+        print(f"  report: {page}")
+        return page
+    except Exception as e:
+        print(f"whale: warning: report.html not written ({type(e).__name__}: {e}); "
+              f"retry with python tools/report.py {run_dir}", file=sys.stderr)
+        return None

@@ -67,7 +67,7 @@ from harness_search.harness_archive import (  # the files: candidates, lines, th
     open_search, paper_choice, read_jsonl, read_ledger, score_records, sum_costs, summary_line, trusted_archive,
     write_candidate, write_frontier, write_json)
 from harness_search.harness_source import differs_only_in, normalized, static_check  # the source, as text
-from harness_search.proposers import Proposal  # what a proposer call returns
+from harness_search.proposal import Proposal  # what a proposer call returns
 from jail.sandbox import valid_text  # the one text rule (lone surrogates), at every boundary
 
 EMPTY_ITERATIONS_TO_STOP = 3  # consecutive iterations without a valid candidate end a phase

@@ -37,6 +37,7 @@ import time
 from harness_search import harness_archive
 from harness_search import harness_source
 from harness_search.primitives import failure_signatures
+from harness_search.proposal import Proposal  # what every proposer returns
 from harness_search.archive_view import DIGEST_CHARS, RULES, archive_digest, id_list, outcomes_vs, render_trace, short
 
 MAX_CANDIDATE_BYTES = 200_000  # a harness file is ~3-5 kB; anything this big is not one
@@ -466,7 +467,6 @@ def command_proposer(domain, command, timeout, digest_chars, workdir_root=None, 
     from jail import agent_jail
     hosts = agent_jail.DEFAULT_HOSTS if hosts is None else tuple(hosts)
 
-    from harness_search.proposers import Proposal
 
     def propose(archive_dir, k):
         errors, spent = [], dict(calls=0, prompt_chars=0, completion_chars=0, prompt_tokens=0, completion_tokens=0,

@@ -31,6 +31,7 @@ from collections import Counter
 
 from harness_search import harness_archive
 from harness_search.harness_source import normalized, splice, top_level_names, with_hypothesis
+from harness_search.proposal import Proposal  # what every proposer returns
 
 TOP_DONORS = 8  # how many top candidates may give an axis to a combination
 
@@ -252,7 +253,6 @@ def proposer(domain, rng_seed=0, ties="older", merge=True):
     """propose(archive_dir, k) -> Proposal of up to k candidates (proposers.py's interface), exhausted
     once nothing is left to propose on this archive. ties: which of the top-scoring candidates is
     the parent (parent_of); merge: a merge of lineages first in each proposal (`merges`)."""
-    from harness_search.proposers import Proposal  # (proposers.py imports this file)
     parent_of([], ties)  # an unknown rule fails here, not at the first proposal
 
     def propose(archive_dir, k):

@@ -34,24 +34,16 @@ import re
 import time
 import urllib.error
 import urllib.request
-from typing import NamedTuple
 
 from harness_search import harness_archive
 from harness_search import primitives
 from jail import received  # an endpoint is someone else's: its replies capped, redirects same-origin only
 from harness_search.archive_view import DIGEST_CHARS, RULES, archive_digest, short
+from harness_search.proposal import Proposal  # what every proposer returns
 from jail.sandbox import valid_text
 
 # -----------------------------------------------------------------------------
 # LLM proposers: the prompt, the reply, the endpoints
-
-class Proposal(NamedTuple):
-    """What one proposer call returns (meta_harness.py books it with the iteration)."""
-    candidates: list          # dicts: source, proposer, note, [parent, axis, format, finish, reject, raw]
-    errors: list = []         # what went wrong in this call, one sentence each
-    exhausted: bool = False   # nothing left to propose on this archive (the next call would say the same)
-    usage: dict = {}          # this call's cost: calls, prompt/completion chars and tokens, seconds, cost_usd
-
 
 EDIT_HELP = """Edit blocks against the parent's source, one per change, each exactly:
 <<<<<<< SEARCH

@@ -52,6 +52,7 @@ import torch
 
 from rundir import phases  # what each phase did: the closing table, the curve's spans
 from rundir.ddp import broadcast, ddp_setup  # (the torchrun plumbing: a no-op in one process)
+from rundir.exits import UserError  # a damaged file or a full disk: one line, exit 2
 
 
 _CRASH_COUNTS = {}
@@ -134,7 +135,6 @@ def truncate_metrics(run: Path, lines: int):
     line of its own. A damaged line with lines after it is not a kill's doing: one line (UserError)
     naming it. Fewer lines than the checkpoint counted (the file cut or emptied from outside): a
     warning saying how many are gone. Returns the number of lines kept."""
-    from rundir.run_setup import UserError
     path = run / "metrics.jsonl"
     if not path.exists():
         return 0
@@ -219,7 +219,6 @@ def save_checkpoint(run: Path, engine, optimizer, state: dict, name: str = "chec
 def damaged_file(path, run):
     """Reading a checkpoint file: any failure (truncated, empty, not what it should hold) is one
     line naming the file and what to do, never a traceback."""
-    from rundir.run_setup import UserError
     try:
         yield
     except UserError:
@@ -485,7 +484,6 @@ class Run:
                 if not (isinstance(e, OSError) and e.errno == errno.ENOSPC or "No space left" in str(e)):
                     raise
                 clean_partial(self.dir)  # the half-written copy; the last checkpoint is untouched
-                from rundir.run_setup import UserError
                 need = sum(p.numel() * p.element_size() for p in engine.model.parameters()
                            if self.weights == "all" or p.requires_grad) * (3 if optimizer is not None else 1)
                 raise UserError(f"no space left on the device of {self.dir} for a checkpoint (about {need >> 20} MB "
@@ -539,16 +537,10 @@ class Run:
                   f"RSS {s['peak_rss_mb']} MB, largest child {s['peak_rss_child_mb']} MB")
         print(f"  files: {self.dir}/ (summary.json, metrics.jsonl, harnesses/, checkpoint/, curve.png)")
 
-    def write_report(self):
-        page = None
-        try:  # the page is a view of the files above: if it breaks, the run is still whole
-            from tools import report
-            page = report.write_report(self.dir)
-            print(f"  report: {page}")
-        except Exception as e:
-            print(f"whale: warning: report.html not written ({type(e).__name__}: {e}); "
-                  f"retry with python tools/report.py {self.dir}", file=sys.stderr)
-        if self.tracker:  # the summary numbers, the final harness and report.html; the tracker run ends
+    def finish_tracker(self, page):
+        """The tracker's run ends with the summary numbers, the final harness and report.html (`page`:
+        its path, None when it was not written)."""
+        if self.tracker:
             self.tracker.finish(read_json(self.dir / "summary.json"), self.state["harness"], page)
 
     def keep_checkpoint_as(self, name):
@@ -567,7 +559,6 @@ class Run:
                 if not isinstance(base, dict) or not isinstance(base.get("sha256"), str):
                     raise ValueError("no sha256 fingerprint in it")
             if base["sha256"] != self.base["sha256"]:
-                from rundir.run_setup import UserError
                 raise UserError(f"{d} holds blocks trained on other base weights than --model {self.args.model} "
                                 f"loads now (fingerprint {base['sha256'][:12]}, not {self.base['sha256'][:12]}); "
                                 f"give it the model it was trained on")

@@ -17,14 +17,7 @@ import re
 from pathlib import Path
 
 import domains
-
-
-class UserError(Exception):
-    """A mistake in the command line or the inputs: one line, exit code 2."""
-
-
-class RunFinished(Exception):
-    """--resume of a run that has finished: its summary is said (str(e)), nothing on disk changes, exit 0."""
+from rundir.exits import RunFinished, UserError  # one line and an exit code (whale.py's main says them)
 
 
 def finished_summary(run) -> str:

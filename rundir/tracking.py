@@ -177,7 +177,7 @@ OPEN = {"tensorboard": open_tensorboard, "mlflow": open_mlflow, "wandb": open_wa
 
 
 # -----------------------------------------------------------------------------
-# The run's handle: Run.log calls log(row), Run.write_report calls finish(...)
+# The run's handle: Run.log calls log(row), Run.finish_tracker calls finish(...)
 
 class Tracker:
     """The chosen backends of one run. Any exception from a backend turns it off with one warning."""
@@ -235,9 +235,10 @@ class Tracker:
         self.save()
 
     def save(self):
-        from rundir.run_dir import write_json
-        try:
-            write_json(self.path, self.saved)
+        try:  # atomic: a kill leaves the old file or the new one (run_dir.write_json's way; no import back up)
+            tmp = Path(self.path).with_name(f".{Path(self.path).name}.tmp")
+            tmp.write_text(json.dumps(self.saved, indent=1, default=str))
+            os.replace(tmp, self.path)
         except OSError as e:  # (a full disk: metrics.jsonl will say so; a tracker does not stop the run)
             print(f"whale: warning: {self.path} not written ({e}); a resume may send some points twice",
                   file=sys.stderr)
