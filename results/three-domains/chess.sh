@@ -4,10 +4,11 @@
 # landed here for a commit.
 #   bash results/three-domains/chess.sh gate    # the first gate search (resumes), then the gate on the weight pool
 #   bash results/three-domains/chess.sh gate2   # the second (sideways moves), in its own worktree ../whale-chess2
+#   bash results/three-domains/chess.sh gate3   # the third (racing and merge, issue 67), in ../whale-chess3
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 here=$PWD
-case "${1:-}" in gate2) wt=$(dirname "$here")/whale-chess2 ;; *) wt=$(dirname "$here")/whale-chess ;; esac
+case "${1:-}" in gate2|gate3) wt=$(dirname "$here")/whale-chess${1#gate} ;; *) wt=$(dirname "$here")/whale-chess ;; esac
 [ -d "$wt" ] || git worktree add --detach "$wt" HEAD
 echo "chess runs at $(git -C "$wt" rev-parse --short HEAD) in $wt"
 
@@ -35,5 +36,6 @@ gate() {  # gate NAME [FLAGS...]: the gate search NAME-search (resumes), then ch
 case "${1:-}" in
   gate) gate gate ;;
   gate2) gate gate2 --proposer-ties newer ;;
-  *) echo "usage: bash results/three-domains/chess.sh gate|gate2" >&2; exit 2 ;;
+  gate3) gate gate3 --proposer-ties newer ;;  # racing and merge are this commit's defaults
+  *) echo "usage: bash results/three-domains/chess.sh gate|gate2|gate3" >&2; exit 2 ;;
 esac
