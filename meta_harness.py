@@ -395,9 +395,15 @@ def stop_reason(iters, should_stop, max_empty=EMPTY_ITERATIONS_TO_STOP):
     return None
 
 
-def _iteration_line(it, members, archive, incumbent, proposal, integrity, *, accept_alpha, confirm_examples,
-                    run_candidate, ledger_path, affordable) -> dict:
-    """Selection after iteration `it`, as its iterations.jsonl line: the paper's choice (the argmax
+def incumbent_after(ledger_path, it, default=None):
+    """The incumbent the search chose after iteration `it`, as its ledger says (before iteration 0, and
+    where the ledger has no line for `it`: `default`, else the incoming harness cand_000)."""
+    return read_ledger(ledger_path)[1].get(it, default or cand_name(0)) if it >= 0 else cand_name(0)
+
+
+def select_incumbent(it, members, archive, incumbent, proposal, integrity, *, accept_alpha, confirm_examples,
+                     run_candidate, ledger_path, affordable) -> dict:
+    """The acceptance step after iteration `it`, as its iterations.jsonl line, as its iterations.jsonl line: the paper's choice (the argmax
     over the whole phase archive), the paired sign test of it against the incumbent (with a second
     look on a near miss), the new incumbent, and what the proposer reported (`proposal`)."""
     scored = [c for c in archive if c["scores"]]
@@ -473,7 +479,7 @@ def search_phase(incumbent_src, domain, examples, run_candidate, validate_run, p
         # What the files say is checked against what this search measured and chose (the ledger):
         # between iterations (a process the agent left behind), and again after the proposer ran.
         archive, integrity = trusted_archive(archive_dir, ledger_path)
-        incumbent = read_ledger(ledger_path)[1].get(it - 1, cand_name(0)) if iters else cand_name(0)
+        incumbent = incumbent_after(ledger_path, it - 1)
         if iters and iters[-1]["incumbent"] != incumbent:
             integrity.append(f"iterations.jsonl names {iters[-1]['incumbent']} the incumbent, the search chose "
                              f"{incumbent}; refused")
@@ -505,9 +511,9 @@ def search_phase(incumbent_src, domain, examples, run_candidate, validate_run, p
                                   race_against=(inc_scores, accept_alpha, race) if race and c["num"] > 0 else None)
         for p in integrity:
             log(dict(event="archive_integrity", reason=p))
-        line = _iteration_line(it, members, archive, incumbent, proposal, integrity, accept_alpha=accept_alpha,
-                               confirm_examples=confirm_examples, run_candidate=run_candidate,
-                               ledger_path=ledger_path, affordable=affordable)
+        line = select_incumbent(it, members, archive, incumbent, proposal, integrity, accept_alpha=accept_alpha,
+                                confirm_examples=confirm_examples, run_candidate=run_candidate,
+                                ledger_path=ledger_path, affordable=affordable)
         # The line that ends the phase says why (should_stop sees this iteration's paper score too).
         line["stop_reason"] = stop_reason(iters + [line], should_stop, max_empty)
         append_jsonl(ledger_path, dict(iteration=it, incumbent=line["incumbent"]))  # the ledger first
@@ -516,7 +522,7 @@ def search_phase(incumbent_src, domain, examples, run_candidate, validate_run, p
 
     archive, _ = trusted_archive(archive_dir, ledger_path)
     by_name = {c["name"]: c for c in archive}
-    inc = by_name[read_ledger(ledger_path)[1].get(len(iters) - 1, iters[-1]["incumbent"])]
+    inc = by_name[incumbent_after(ledger_path, len(iters) - 1, iters[-1]["incumbent"])]
     log(dict(event="harness_phase_end", reason=reason, iterations=len(iters), incumbent=inc["name"],
              incumbent_success=inc["scores"]["success"]))
     return dict(incumbent_source=inc["source"], incumbent_scores=inc["scores"], iterations=len(iters),

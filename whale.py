@@ -317,10 +317,43 @@ def harness_phase(run, ctx: Context):
     the archive after a crash); the search's incumbent carries on."""
     import meta_harness
     import rollout
-    from harness_search import eval_cache, proposers
+    from harness_search import proposers
+    args, state, method = ctx.args, run.state, ctx.method
+    archive = run.dir / "archive" / f"phase{state['cycle']:02d}"
+    hooks = search_hooks(run, ctx, archive)  # (plumbing, below: scoring, validation, budget, log)
+    result = meta_harness.search_phase(
+        state["harness"], ctx.domain, ctx.search_set, hooks.run_candidate, hooks.validate_run,
+        proposers.from_args(args, ctx.domain, rollout.text_sampler(ctx.engine, args), run.dir),
+        archive_dir=str(archive), k=args.candidates, should_stop=hooks.should_stop, affordable=hooks.affordable,
+        accept_alpha=args.accept_alpha, prompt_only_base=ctx.h0 if method.prompt_only else None, log=hooks.log,
+        confirm_examples=ctx.confirm_set, race=meta_harness.RACE if args.race == "futility" else None)
+    counters = result["counters"]
+    run.spend(counters.get("rollouts", 0), **{k: counters.get(k, 0) for k in (
+              "proposer_calls", "proposer_prompt_tokens", "proposer_completion_tokens", "proposer_seconds",
+              "proposer_cost_usd")}, harness_candidates=counters.get("candidates", 0),
+              harness_invalid=counters.get("invalid", 0), harness_accepted=counters.get("accepted", 0))
+    state["harness"] = result["incumbent_source"]
+    (run.dir / "harnesses").mkdir(exist_ok=True)
+    (run.dir / "harnesses" / f"cycle{state['cycle']:02d}.py").write_text(state["harness"])
+    state.update(phase="A", cycle=state["cycle"] + 1, pending_eval=f"B{state['cycle']}", done=method.one_pass)
+    run.checkpoint(ctx.engine, ctx.optimizer, model_changed=False)
+
+
+# -----------------------------------------------------------------------------
+# Plumbing (skip on a first read): what search_phase calls back into the run for
+
+def search_hooks(run, ctx: Context, archive):
+    """The callbacks one harness phase gives meta_harness.search_phase: run_candidate (rollouts of a
+    source on search-set examples, through the run's evaluation cache), validate_run (one rollout:
+    does it run at all?), affordable and should_stop (the budget, the proposer's dollars, the switch
+    policy) and log (each event into metrics.jsonl, with the run's rollout count at that event)."""
+    import types
+
+    import meta_harness
+    import rollout
+    from harness_search import eval_cache
     from rundir.run_dir import crash_point
     args, state, method, budget = ctx.args, run.state, ctx.method, ctx.budget
-    archive = run.dir / "archive" / f"phase{state['cycle']:02d}"
     weights_follow = not method.one_pass
 
     def spent():  # the run's rollouts so far: those booked before this phase + this archive's candidates
@@ -350,8 +383,6 @@ def harness_phase(run, ctx: Context):
                               sampling=ctx.sampling, max_tokens=args.max_tokens, progress=run.bar)
         crash_point("harness_eval")
         return records
-    run_candidate = eval_cache.cached(run_rollouts, run.dir / "eval_cache", weights_version, seed,
-                                      dict(ctx.sampling, max_tokens=args.max_tokens), args.harness_n, archive.name)
 
     def validate_run(source):  # one rollout of one example: does it run at all?
         rec = rollout.run(ctx.engine, ctx.domain, source, ctx.search_set[:1], 1, seed=(args.seed, "validate"),
@@ -367,23 +398,10 @@ def harness_phase(run, ctx: Context):
         run.log({"event": event["event"], "cycle": state["cycle"], **{k: v for k, v in event.items() if k != "event"}},
                 rollouts=logged["rollouts"], console=meta_harness.console_line(event, state["cycle"]))
 
-    result = meta_harness.search_phase(
-        state["harness"], ctx.domain, ctx.search_set, run_candidate, validate_run,
-        proposers.from_args(args, ctx.domain, rollout.text_sampler(ctx.engine, args), run.dir),
-        archive_dir=str(archive), k=args.candidates, should_stop=should_stop, affordable=affordable,
-        accept_alpha=args.accept_alpha, prompt_only_base=ctx.h0 if method.prompt_only else None, log=log,
-        confirm_examples=ctx.confirm_set, race=meta_harness.RACE if args.race == "futility" else None)
-    counters = result["counters"]
-    run.spend(counters.get("rollouts", 0), **{k: counters.get(k, 0) for k in (
-              "proposer_calls", "proposer_prompt_tokens", "proposer_completion_tokens", "proposer_seconds",
-              "proposer_cost_usd")}, harness_candidates=counters.get("candidates", 0),
-              harness_invalid=counters.get("invalid", 0), harness_accepted=counters.get("accepted", 0))
-    state["harness"] = result["incumbent_source"]
-    (run.dir / "harnesses").mkdir(exist_ok=True)
-    (run.dir / "harnesses" / f"cycle{state['cycle']:02d}.py").write_text(state["harness"])
-    state.update(phase="A", cycle=state["cycle"] + 1, pending_eval=f"B{state['cycle']}", done=method.one_pass)
-    run.checkpoint(ctx.engine, ctx.optimizer, model_changed=False)
-
+    return types.SimpleNamespace(
+        run_candidate=eval_cache.cached(run_rollouts, run.dir / "eval_cache", weights_version, seed,
+                                        dict(ctx.sampling, max_tokens=args.max_tokens), args.harness_n, archive.name),
+        validate_run=validate_run, affordable=affordable, should_stop=should_stop, log=log)
 
 if __name__ == "__main__":
     try:
