@@ -494,7 +494,8 @@ def render_event(r):
     if e == "harness_candidate":
         return ""  # the iteration's card of that candidate says it all
     if e == "harness_phase_end":
-        return (f'<p>Phase B ended ({esc(r.get("reason"))}) after {esc(r.get("iterations"))} iterations; incumbent '
+        last = r.get("iterations") - 1 if isinstance(r.get("iterations"), int) else "?"  # iteration 0 is the incoming harness
+        return (f'<p>Phase B ended ({esc(r.get("reason"))}) after iteration {esc(last)}; incumbent '
                 f'<b>{esc(r.get("incumbent"))}</b> (success {num(r.get("incumbent_success"))}).</p>')
     if e == "health_warning":
         return f'<p>{badge("warning", "warn")} step {esc(r.get("step"))}: {clip(r.get("warning"), 400)}</p>'
@@ -671,7 +672,7 @@ def _anchor(members, it):
 
 
 CAND_KNOWN = {"success", "mean_turns", "mean_tokens", "n", "rollouts", "missing", "status_counts", "example_ids",
-              "per_example", "cand", "iteration", "proposer", "parent", "axis", "note", "cost"}
+              "per_example", "cand", "iteration", "proposer", "parent", "axis", "note", "cost", "dropped_after"}
 
 
 def render_candidate(c, by_name, incumbent, run_tests):
@@ -682,6 +683,10 @@ def render_candidate(c, by_name, incumbent, run_tests):
             marks += " " + badge(f"accepted in iteration {it}: the new incumbent", "ok")
     if c["name"] == incumbent:
         marks += " " + badge("incumbent", "info")
+    if s and s.get("dropped_after"):  # raced and dropped: its score is over the first examples only
+        marks += " " + badge(f"dropped early, after {s['dropped_after']} examples", "warn")
+    if meta.get("kind") == "merge":
+        marks += " " + badge("merge", "info")
     head = (f'<h4>{esc(c["name"])} <span class=dim>· proposer {esc(meta.get("proposer", "?"))}'
             f'{" · axis " + esc(meta.get("axis")) if meta.get("axis") else ""}'
             f'{" · parent " + esc(meta.get("parent")) if meta.get("parent") else ""}</span>{marks}</h4>')
@@ -711,7 +716,8 @@ def render_candidate(c, by_name, incumbent, run_tests):
     return f'<div class="cand" id="{esc(Path(c["dir"]).parent.name)}-{esc(c["name"])}">{head}{body}</div>'
 
 
-PROVENANCE_KINDS = {"swap": "one alternative swapped in", "combine": "axes that helped in other candidates, combined",
+PROVENANCE_KINDS = {"swap": "one alternative swapped in", "merge": "what other lineages changed where it held or helped, "
+                    "on the parent", "combine": "axes that helped in other candidates, combined",
                     "retry": "a near miss of the best, one swap further", "pair": "two alternatives swapped in at once"}
 
 
@@ -721,6 +727,8 @@ def render_provenance(meta):
     donors = parents[1:] if meta.get("kind") == "combine" and len(parents) == len(axes) + 1 else []
     parts = [f"{esc(a)} from {esc(d)}" for a, d in zip(axes, donors)] if donors else [esc(a) for a in axes]
     base = f" on {esc(parents[0])}" if parents else ""
+    if meta.get("kind") == "merge" and parents[1:]:
+        base += f" from {', '.join(esc(p) for p in parents[1:])}"
     why = PROVENANCE_KINDS.get(meta.get("kind"), "")
     return f'<b>{esc(meta.get("kind"))}</b>: {" + ".join(parts)}{base}' + (f' <span class=dim>({why})</span>' if why else "")
 
