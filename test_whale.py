@@ -695,6 +695,21 @@ def test_a_domains_own_defaults_apply_to_it_alone_and_the_command_line_overrides
     assert vars(resumed) == {**before, "resume": str(run)}
 
 
+def test_a_preset_sets_its_flags_for_any_domain_and_a_flag_beside_it_wins():
+    """--preset tiny (whale.PRESETS) is a valid run of every method in every domain, beats a domain's own
+    DEFAULTS (chess's run size), loses to a flag given beside it, and an unknown preset is one line."""
+    for domain in ("searchqa", "math", "chess"):
+        for method in whale.METHODS:
+            a = run_setup.parse_args(whale.Args, ["--preset", "tiny", "--domain", domain, "--method", method],
+                                     presets=whale.PRESETS)
+            assert {k: getattr(a, k) for k in whale.PRESETS["tiny"]} == whale.PRESETS["tiny"]
+            run_setup.check_args(a, whale.METHODS, switch.check)
+    a = run_setup.parse_args(whale.Args, ["--preset", "tiny", "--budget", "64"], presets=whale.PRESETS)
+    assert a.budget == 64 and a.group == whale.PRESETS["tiny"]["group"]
+    with pytest.raises(run_setup.UserError, match="unknown --preset 'huge'; choose tiny"):
+        run_setup.parse_args(whale.Args, ["--preset", "huge"], presets=whale.PRESETS)
+
+
 def test_a_near_miss_gets_a_second_look_on_the_confirmation_block(tmp_path):
     """The sign test's second look (meta_harness.CONFIRM_P): a top candidate that wins 2 to 0 on
     the search block (p 0.25 > alpha 0.2) is scored with the incumbent on the confirmation block,

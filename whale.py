@@ -62,9 +62,21 @@ def arg(default, help):
     return field(default=default, metadata={"help": help})
 
 
+# Named sets of flags (--preset NAME): each one a whole run of any method at a size for its purpose; flags given
+# beside it win. "tiny" is about a minute on a 2-core CPU: a smoke test, a fork's first try, and the tests'
+# own tiny runs (tests/helpers.py's TINY is `--preset tiny`).
+PRESETS = {
+    "tiny": dict(budget=32, prompts_per_step=2, group=4, candidates=2, harness_examples=4, harness_n=1, test_limit=4,
+                 test_n=2, val_limit=2, val_n=1, max_tokens=32, temperature=0.3, schedule="fixed-steps:1,2",
+                 train_layers=1, lr=3e-4, max_kept_per_prompt=2),
+}
+
+
 @dataclass
 class Args:
     domain: str = arg("searchqa", "task family: domains/<name>.py (searchqa, math, chess; template: the example to copy)")
+    preset: str = arg("", "a named set of flags (PRESETS): tiny = a whole run of any method in about a minute on a "
+                          "2-core CPU (a smoke test); flags given beside it win")
     method: str = arg("whale", "whale | fst | weight-only | harness-only | stagewise | eval")
     schedule: str = arg("fixed-steps:3,3", "switch policy: fixed:E,I (epochs) | fixed-steps:S,I | adaptive[:w=..] "
                                            "(I counts the incoming harness: 3 = two proposer iterations)")
@@ -405,7 +417,7 @@ def search_hooks(run, ctx: Context, archive):
 
 if __name__ == "__main__":
     try:
-        main(parse_args(Args, description=__doc__.split("\n\n")[0]))
+        main(parse_args(Args, description=__doc__.split("\n\n")[0], presets=PRESETS))
     except RunFinished as e:
         print(f"whale: {e}")
         sys.exit(0)

@@ -37,11 +37,11 @@ def finished_summary(run) -> str:
                         f"({type(e).__name__})") from None
 
 
-def parse_args(args_class, argv=None, description=""):
+def parse_args(args_class, argv=None, description="", presets=None):
     """The command line as an args_class (whale.Args): one flag per field, its help string from the
-    field's metadata. A value comes from the command line, else from the domain's own DEFAULTS
-    (domains/<name>.py, e.g. chess's run size), else from args_class. argparse's own errors
-    (--budget abc, --nosuch) become one UserError line."""
+    field's metadata. A value comes from the command line, else from --preset NAME (presets[NAME],
+    whale.PRESETS), else from the domain's own DEFAULTS (domains/<name>.py, e.g. chess's run size),
+    else from args_class. argparse's own errors (--budget abc, --nosuch) become one UserError line."""
     import argparse
     import dataclasses
 
@@ -65,6 +65,10 @@ def parse_args(args_class, argv=None, description=""):
     if unknown:  # a fork's typo in a domain file, not the user's: still one line
         raise UserError(f"domains/{given.get('domain', a['domain'])}.py: DEFAULTS names no flag: {', '.join(unknown)}")
     a.update(domain_defaults)
+    presets = presets or {}
+    if given.get("preset", "") not in ("", *presets):
+        raise UserError(f"unknown --preset {given['preset']!r}; choose {' | '.join(presets) or 'none (there are none)'}")
+    a.update(presets.get(given.get("preset", ""), {}))
     a.update(given)
     if "proposer_env" in given:
         a["proposer_env"] = ",".join(x.strip() for v in given["proposer_env"] for x in v.split(",") if x.strip())

@@ -70,10 +70,7 @@ def chat(e, text):
     return e.chat_ids([{"role": "user", "content": text}])
 
 
-TINY = ["--budget", "32", "--prompts-per-step", "2", "--group", "4", "--candidates", "2", "--harness-examples", "4",
-        "--harness-n", "1", "--test-limit", "4", "--test-n", "2", "--val-limit", "2", "--val-n", "1", "--max-tokens", "32",
-        "--temperature", "0.3", "--schedule", "fixed-steps:1,2", "--train-layers", "1", "--lr", "3e-4",
-        "--max-kept-per-prompt", "2"]
+TINY = ["--preset", "tiny"]  # whale.PRESETS["tiny"]: the README's one-minute run, the same definition
 
 
 def sft_cfg(**overrides):
