@@ -74,6 +74,8 @@ def finish(run, ctx):
     if ctx.method is not None and "final" not in tests:
         tests["final"] = evaluate_and_log(run, ctx, "test", ctx.test, args.test_n, "final")
         run.checkpoint(ctx.engine, ctx.optimizer, model_changed=False)
+    if ctx.method is not None and args.two_by_two == "on" and both_moved(run, ctx):  # the final weights: in the engine now
+        test_cell(run, ctx, "final_weights_h0", ctx.h0)
     initial = tests["initial"]
     final = tests.get("final", initial)
     best = state["best_val"]
@@ -85,9 +87,10 @@ def finish(run, ctx):
         run.load_weights("best_val", ctx.engine)
         best_val_test = tests["best_val"] = evaluate_and_log(run, ctx, "test", ctx.test, args.test_n, "best_val",
                                                              harness=best["harness"])
+    cells = two_by_two(run, ctx, initial, final) if ctx.method is not None and args.two_by_two == "on" else None
     rd.plot_curve(run.dir, state["evals"], f"{args.method} on {args.domain} (seed {args.seed})")
     gain = rollout.paired_gain(initial["per_example"], final["per_example"])  # final - initial, paired
-    run.print_summary(run.write_summary(tests, best_val_test, gain))
+    run.print_summary(run.write_summary(tests, best_val_test, gain, cells))
     run.finish_tracker(write_report(run.dir))
     run.drop_optimizer()  # nothing trains after this: the run directory keeps only weights, state and records
 
@@ -104,3 +107,61 @@ def write_report(run_dir):
         print(f"whale: warning: report.html not written ({type(e).__name__}: {e}); "
               f"retry with python tools/report.py {run_dir}", file=sys.stderr)
         return None
+
+
+# -----------------------------------------------------------------------------
+# The run's own 2 x 2 (--two-by-two): the paper's claim inside one run
+
+def test_cell(run, ctx, tag, harness):
+    """One cell of the 2 x 2 on the test questions at the test's own seeds (so it pairs with the initial
+    and final evaluations draw for draw): the weights now in the engine under `harness`. Kept in the
+    state's two_by_two (a resumed run does not score it again) and logged as a `two_by_two` event."""
+    cells = run.state.setdefault("two_by_two", {})
+    if tag not in cells:
+        from tqdm import tqdm
+        args = ctx.args
+        with tqdm(total=len(ctx.test) * args.test_n, unit="rollout", desc=f"2x2 {tag}", leave=False) as bar:
+            res = rollout.evaluate(ctx.engine, ctx.domain, harness, ctx.test, args.test_n, seed=(args.seed, "test"),
+                                   sampling=ctx.sampling, max_tokens=args.max_tokens, progress=bar)
+        cells[tag] = {"mean": res["mean"], "se": res["se"], "per_example": rollout.per_example_means(res["records"])}
+        run.log({"event": "two_by_two", "cell": tag, "mean": res["mean"], "se": res["se"],
+                 "seconds": round(res["seconds"], 1)}, console=f"2x2: {tag.replace('_', ' ')} {res['mean']:.3f}")
+        run.checkpoint(ctx.engine, ctx.optimizer, model_changed=False)
+    return cells[tag]
+
+
+def both_moved(run, ctx) -> bool:
+    """Did the run change its weights and its harness? (Only then are two cells of the 2 x 2 new.)"""
+    return run.state["counters"].get("optimizer_steps", 0) > 0 and run.state["harness"] != ctx.h0
+
+
+def two_by_two(run, ctx, initial, final) -> dict:
+    """Final test mean@k of {base, final weights} x {starting, final harness} on the same questions, and
+    what each half did, paired per question: weights alone (final weights, starting harness - initial),
+    harness alone (base weights, final harness - initial), together (final - initial) and the
+    interaction (together minus the two alone). A cell that is another cell (nothing trained, or the
+    harness unchanged) is not scored again. Costs up to two test evaluations; the engine ends with the
+    base weights (the run's checkpoints are on disk)."""
+    state, args = run.state, ctx.args
+    trained, searched = state["counters"].get("optimizer_steps", 0) > 0, state["harness"] != ctx.h0
+    fw_h0 = test_cell(run, ctx, "final_weights_h0", ctx.h0) if trained and searched else (final if trained else initial)
+    if trained and searched:
+        if "base_weights_final_harness" not in state.get("two_by_two", {}):
+            from lm import models
+            base, _ = models.load_model(args.model, device=run.device)  # --model: the base, also on a resume
+            ctx.engine.model.load_state_dict(base.state_dict())  # (vLLM: its sync_weights sends them on)
+            ctx.engine.sync_weights()
+            del base
+        bw_fh = test_cell(run, ctx, "base_weights_final_harness", state["harness"])
+    else:
+        bw_fh = final if searched else initial
+    b, f = initial["per_example"], final["per_example"]
+    fw, bh = fw_h0["per_example"], bw_fh["per_example"]
+    both = [q for q in b if q in f and q in fw and q in bh]
+    out = {"base_h0": initial["mean"], "base_weights_final_harness": bw_fh["mean"], "final_weights_h0": fw_h0["mean"],
+           "final": final["mean"], "questions": len(both)}
+    for name, d in (("weights_alone", {q: fw[q] - b[q] for q in both}), ("harness_alone", {q: bh[q] - b[q] for q in both}),
+                    ("together", {q: f[q] - b[q] for q in both}),
+                    ("interaction", {q: f[q] - fw[q] - bh[q] + b[q] for q in both})):
+        out[name], out[name + "_se"] = rollout.paired_gain(dict.fromkeys(d, 0.0), d)
+    return out

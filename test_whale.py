@@ -43,6 +43,7 @@ import numpy as np
 import pytest
 import torch
 
+import evaluation
 import meta_harness as mh
 import rollout
 import rs_sft
@@ -693,6 +694,27 @@ def test_a_domains_own_defaults_apply_to_it_alone_and_the_command_line_overrides
     _, resumed = run_setup.open_run(run_setup.parse_args(whale.Args, ["--resume", str(run), "--domain", "chess"]),
                                     whale.METHODS, switch.check)
     assert vars(resumed) == {**before, "resume": str(run)}
+
+
+def test_the_runs_two_by_two_adds_up_and_reuses_what_is_scored():
+    """evaluation.two_by_two: the effects are paired per question and add up (together = weights alone +
+    harness alone + interaction); cells a resumed run already scored are not scored again (no engine
+    is touched here); a run that moved only one half scores nothing new (its cells are the others)."""
+    q = [f"q{i}" for i in range(5)]
+    b, f = dict(zip(q, [0, 0, .5, 0, 0])), dict(zip(q, [1, .5, 1, 0, 1]))
+    fw, bh = dict(zip(q, [0, .5, .5, 0, 1])), dict(zip(q, [1, 0, .5, .5, 0]))
+    cell = lambda d: {"mean": sum(d.values()) / len(d), "se": 0.0, "per_example": d}  # noqa: E731
+    state = {"counters": {"optimizer_steps": 3}, "harness": "found", "two_by_two": {
+        "final_weights_h0": cell(fw), "base_weights_final_harness": cell(bh)}}
+    run, ctx = types.SimpleNamespace(state=state), types.SimpleNamespace(h0="h0", args=whale.Args(), engine=None)
+    c = evaluation.two_by_two(run, ctx, cell(b), cell(f))
+    assert (c["final_weights_h0"], c["base_weights_final_harness"], c["questions"]) == (0.4, 0.4, 5)
+    assert c["together"] == pytest.approx(c["weights_alone"] + c["harness_alone"] + c["interaction"])
+    assert c["interaction"] == pytest.approx(sum(f[k] - fw[k] - bh[k] + b[k] for k in q) / 5) and c["interaction_se"] > 0
+    state.update(counters={"optimizer_steps": 0}, two_by_two={})  # harness-only: the weights never moved
+    c = evaluation.two_by_two(run, ctx, cell(b), cell(f))
+    assert c["final_weights_h0"] == c["base_h0"] and c["base_weights_final_harness"] == c["final"]
+    assert c["weights_alone"] == 0 and c["interaction"] == 0 and not state["two_by_two"]
 
 
 def test_a_preset_sets_its_flags_for_any_domain_and_a_flag_beside_it_wins():

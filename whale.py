@@ -153,6 +153,9 @@ class Args:
     max_tokens: int = arg(48, "cap on new tokens per llm() call (the parent enforces it)")
     test_n: int = arg(8, "samples per test question: mean@test_n")
     test_limit: int = arg(100, "first N test questions (0 = all 250)")
+    two_by_two: str = arg("on", "on: the final test also scores (final weights, starting harness) and (base weights, "
+                                "final harness) on the same questions: what each half did and their interaction "
+                                "(up to 2 more test evaluations, only when both moved); off")
     test_split: str = arg("test", "the split scored as 'test': test, or val to choose settings without "
                                   "ever reading the test split")
     val_n: int = arg(2, "samples per validation question")

@@ -489,10 +489,11 @@ class Run:
                 raise UserError(f"no space left on the device of {self.dir} for a checkpoint (about {need >> 20} MB "
                                 f"needed): free space, then `--resume {self.dir}` continues from the last one") from None
 
-    def write_summary(self, tests, best_val_test, gain):
+    def write_summary(self, tests, best_val_test, gain, two_by_two=None):
         """summary.json: the run's numbers in one file (results.py's tables read these). tests: the
         full-test evaluations by tag (initial, final, best_val); best_val_test: the one of them that
-        scores the checkpoint chosen on validation; gain: (final - initial, its paired SE)."""
+        scores the checkpoint chosen on validation; gain: (final - initial, its paired SE); two_by_two:
+        evaluation.two_by_two's cells and effects (None: not scored)."""
         a, st = self.args, self.state
         initial, final = tests["initial"], tests.get("final", tests["initial"])
         best_test = max(tests.values(), key=lambda e: e["mean"])
@@ -517,7 +518,8 @@ class Run:
             "harness_valid": c["harness_candidates"] - c["harness_invalid"],
             "phases": phases.phases(self.dir),  # what each phase did (rundir/phases.py)
             # the machine: its fp32 matmul speed (measured when this process started) and memory peaks
-            "matmul_gflop_per_s": self.gflops, **peak_rss_mb()}
+            "matmul_gflop_per_s": self.gflops, **peak_rss_mb(),
+            **({"test_2x2": two_by_two} if two_by_two else {})}
         write_json(self.dir / "summary.json", summary)
         return summary
 
@@ -532,6 +534,13 @@ class Run:
         if a.method != "eval":
             print(f"  best-on-validation checkpoint: {a.test_split} {s['test_mean8_best_val']:.3f} "
                   f"+- {s['test_mean8_best_val_se']:.3f}")
+        if s.get("test_2x2"):  # the paper's claim inside this run: which half moved the number
+            c = s["test_2x2"]
+            print(f"  2 x 2 ({c['questions']} questions): base weights {c['base_h0']:.3f} with the starting harness, "
+                  f"{c['base_weights_final_harness']:.3f} with the final one; final weights {c['final_weights_h0']:.3f}, "
+                  f"{c['final']:.3f}")
+            print("  " + ", ".join(f"{k.replace('_', ' ')} {c[k]:+.3f} +- {c[k + '_se']:.3f}"
+                                   for k in ("weights_alone", "harness_alone", "together", "interaction")))
         if s.get("matmul_gflop_per_s"):
             print(f"  machine: fp32 matmul {s['matmul_gflop_per_s']:.0f} GFLOP/s (times scale with its inverse); peak "
                   f"RSS {s['peak_rss_mb']} MB, largest child {s['peak_rss_child_mb']} MB")

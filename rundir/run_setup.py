@@ -79,13 +79,14 @@ def parse_args(args_class, argv=None, description="", presets=None):
 CHOICES = {"test_split": ("test", "val"), "engine": ("hf", "vllm"), "chat_format": ("auto", "template", "plain"),
            "proposer": ("primitives", "self", "openai", "command"), "proposer_format": ("any", "file", "edit"),
            "proposer_ties": ("older", "newer"), "race": ("futility", "off"),
-           "proposer_merge": ("on", "off"),
+           "proposer_merge": ("on", "off"), "two_by_two": ("on", "off"),
            "rollout_precision": ("fp32", "int8"), "sft_prompts": ("shared", "whole")}
 
 # Settings added after runs were already made, whose default changes what a run does: a resumed run
 # whose config.json predates one takes the value that keeps it doing what it did (a name a config
 # lacks otherwise takes its default).
-ADDED_LATER = {"confirm_examples": 0, "sft_prompts": "whole", "race": "off", "proposer_merge": "off"}
+ADDED_LATER = {"confirm_examples": 0, "sft_prompts": "whole", "race": "off", "proposer_merge": "off",
+               "two_by_two": "off"}
 
 
 def check_args(a, methods, check_schedule):

@@ -396,7 +396,21 @@ def render_summary(run):
                            mean_ci(s["test_gain"], s.get("test_gain_se"), lo=-1.0)))
     return ('<h2 id="summary">Summary</h2>' + kv_table(rows) +
             f"<h3>Test mean@{esc(k)} on {esc(n_q)} questions (± SE [95% interval])</h3>" + kv_table(score_rows) +
-            render_phase_table(s.get("phases"), cfg.get("val_n", "k")))
+            render_two_by_two(s.get("test_2x2")) + render_phase_table(s.get("phases"), cfg.get("val_n", "k")))
+
+
+def render_two_by_two(c):
+    """summary.json's test_2x2 (evaluation.two_by_two): the four cells, and what each half did."""
+    if not isinstance(c, dict):
+        return ""
+    cells = (f"<table><tr><th></th><th>starting harness</th><th>final harness</th></tr>"
+             f"<tr><td>base weights</td><td>{num(c.get('base_h0'))}</td><td>{num(c.get('base_weights_final_harness'))}</td></tr>"
+             f"<tr><td>final weights</td><td>{num(c.get('final_weights_h0'))}</td><td>{num(c.get('final'))}</td></tr></table>")
+    effects = kv_table([(name, mean_ci(c.get(key), c.get(key + "_se"), lo=-1.0)) for name, key in (
+        ("the weights alone", "weights_alone"), ("the harness alone", "harness_alone"), ("together", "together"),
+        ("together beyond the two alone (interaction)", "interaction"))])
+    return (f"<h3>Which half moved the number: the 2 × 2 on the same {esc(c.get('questions'))} questions</h3>"
+            + cells + effects)
 
 
 def render_phase_table(phase_rows, val_n):
@@ -497,6 +511,9 @@ def render_event(r):
         last = r.get("iterations") - 1 if isinstance(r.get("iterations"), int) else "?"  # iteration 0 is the incoming harness
         return (f'<p>Phase B ended ({esc(r.get("reason"))}) after iteration {esc(last)}; incumbent '
                 f'<b>{esc(r.get("incumbent"))}</b> (success {num(r.get("incumbent_success"))}).</p>')
+    if e == "two_by_two":
+        return (f'<p>2 × 2: {esc(str(r.get("cell")).replace("_", " "))} scored {num(r.get("mean"))} on the test questions '
+                f'(the summary\'s table)</p>')
     if e == "health_warning":
         return f'<p>{badge("warning", "warn")} step {esc(r.get("step"))}: {clip(r.get("warning"), 400)}</p>'
     if e in ("archive_integrity", "proposer_error"):
