@@ -7,7 +7,9 @@ One harness phase = one search = one archive directory on disk:
                 the standard library, is not a repeat of an archived source, [prompt-only:
                 differs from the base only in the domain's PROMPT_AXES], runs ONE task in the
                 sandbox),
-                then evaluated once per example of D_harness. Valid or not, all is archived.
+                then evaluated once per example of D_harness, or raced (race=RACE: scored in blocks
+                against the incumbent and dropped at a look once it has little chance left; see RACE).
+                Valid or not, all is archived.
   selection     the paper takes the archive argmax of (success desc, mean turns asc): the
                 paper's choice, the archive's top scorer, which proposers edit. We log
                 that choice every iteration, but the incumbent is replaced only when a
@@ -403,7 +405,7 @@ def incumbent_after(ledger_path, it, default=None):
 
 def select_incumbent(it, members, archive, incumbent, proposal, integrity, *, accept_alpha, confirm_examples,
                      run_candidate, ledger_path, affordable) -> dict:
-    """The acceptance step after iteration `it`, as its iterations.jsonl line, as its iterations.jsonl line: the paper's choice (the argmax
+    """The acceptance step after iteration `it`, as its iterations.jsonl line: the paper's choice (the argmax
     over the whole phase archive), the paired sign test of it against the incumbent (with a second
     look on a near miss), the new incumbent, and what the proposer reported (`proposal`)."""
     scored = [c for c in archive if c["scores"]]
