@@ -1044,10 +1044,13 @@ def test_racing_drops_losers_early_and_rarely_a_candidate_the_full_test_would_ac
     assert mh.race(inc, cand, 0.2, **mh.RACE) == (True, mh.race_looks(64, **mh.RACE)[0])  # a clear loser: first look
 
 
-def _evaluate_by_id(calls):
+def _evaluate_by_id(calls, fail_at=None):
     """make_evaluate's quality-driven evaluate, with an example's draw taken by its id (a block of
-    examples scores each as the whole set does); counts (candidate, examples) in `calls`."""
+    examples scores each as the whole set does); counts (candidate, examples) in `calls`; raises on
+    call number `fail_at` (a crash)."""
     def evaluate(source, examples, tag):
+        if fail_at is not None and len(calls) + 1 == fail_at:
+            raise RuntimeError("simulated crash")
         calls.append((tag, len(examples)))
         q = constant(source, "QUALITY")
         return [record(ex, U[int(ex["id"][2:])] < q) for ex in examples]
@@ -1060,14 +1063,18 @@ def test_racing_stops_spending_on_a_loser_and_decides_as_scoring_every_example(t
     the end, so every iteration keeps the incumbent that scoring every example keeps."""
     batches = [["QUALITY = 0.0", "QUALITY = 0.5"], ["QUALITY = 0.1", "QUALITY = 0.8"], ["QUALITY = 0.05"]]
 
-    def search(race, d):
+    def search(race, d, fail_at=None):
         todo, calls = [list(b) for b in batches], []
 
         def propose(archive_dir, k):
             best = harness_archive.paper_choice(harness_archive.load_archive(archive_dir))
             return [dict(source=hsrc.splice(H0, "QUALITY", q), proposer="fake", parent=best["name"]) for q in todo.pop(0)]
-        mh.search_phase(H0, DOMAIN, EXAMPLES, _evaluate_by_id(calls), ok_validate, propose, archive_dir=str(d), k=2,
-                        should_stop=stop_after(4), log=quiet, race=race)
+        try:
+            mh.search_phase(H0, DOMAIN, EXAMPLES, _evaluate_by_id(calls, fail_at), ok_validate, propose,
+                            archive_dir=str(d), k=2, should_stop=stop_after(4), log=quiet, race=race)
+        except RuntimeError:  # the crash: the same search again resumes it from its archive
+            mh.search_phase(H0, DOMAIN, EXAMPLES, _evaluate_by_id(calls), ok_validate, propose,
+                            archive_dir=str(d), k=2, should_stop=stop_after(4), log=quiet, race=race)
         return [line["incumbent"] for line in harness_archive.read_jsonl(d / "iterations.jsonl")], calls
     full, full_calls = search(None, tmp_path / "full")
     raced, raced_calls = search(mh.RACE, tmp_path / "raced")
@@ -1085,6 +1092,8 @@ def test_racing_stops_spending_on_a_loser_and_decides_as_scoring_every_example(t
     assert sum(n for _, n in raced_calls) < sum(n for _, n in full_calls)
     lines = harness_archive.read_jsonl(tmp_path / "raced" / "iterations.jsonl")
     assert not {line["paper_choice"] for line in lines} & {"cand_001", "cand_003", "cand_005"}
+    # a crash in the middle of a race (after a dropped candidate was archived) resumes to the same decisions
+    assert search(mh.RACE, tmp_path / "crashed", fail_at=len(raced_calls) - 1)[0] == raced
 
 
 def test_the_evaluation_cache_never_pays_twice_and_its_key_changes_with_the_weights(tmp_path):

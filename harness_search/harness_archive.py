@@ -445,8 +445,8 @@ def open_search(archive_dir, incumbent_src, ids, allowed, k, ledger_path, log) -
     if first is None or "iteration" not in first["meta"]:
         write_candidate(archive_dir, 0, dict(source=incumbent_src, proposer="incoming",
                                              note="the incoming harness h0 of this phase"), 0, None)
-    for c in archive:  # a resumed archive must be about the same examples, in the same order
-        if c["scores"] and c["scores"].get("example_ids") != ids:
+    for c in archive:  # a resumed archive must be about the same examples, in the same order (racing: a prefix)
+        if c["scores"] and c["scores"].get("example_ids") != ids[:c["scores"].get("dropped_after") or len(ids)]:
             raise ValueError(f"{c['name']} was scored on other examples than these")
     # Crash between scores.json and its summary line: add the missing lines (append-only).
     done = {line.get("cand") for line in read_jsonl(summary_path)}
