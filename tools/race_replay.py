@@ -5,7 +5,8 @@ run, and what it would have cost, from the archives alone (nothing is run again)
     python tools/race_replay.py results/runs                 # every search under it, at meta_harness.RACE
     python tools/race_replay.py results/runs --stages '' --block 16 --gamma 0.005   # another setting
 
-For each harness phase of each run under DIR (a run directory, or a committed run.zip), and each
+For each harness phase of each run under DIR (a run directory, or a committed run.zip) that scored
+every candidate on every example (a run raced as it ran, --race futility, is skipped), and each
 iteration after the incoming evaluation: its candidates are raced against the incumbent the
 search held then, on the search set's examples in their recorded order (scores.json's per_example).
 Dropped candidates leave the iteration; the archive's top scorer among the rest (the paper's
@@ -40,6 +41,9 @@ def searches(root):
             config = received.read_json(record / "config.json") if (record / "config.json").exists() else {}
         except (OSError, ValueError) as e:
             print(f"race_replay: {run}: skipped ({e})", file=sys.stderr)
+            continue
+        if config.get("race", "off") != "off":  # raced when it ran: no full evaluation to compare with
+            print(f"race_replay: {run}: skipped (raced as it ran: --race {config['race']})", file=sys.stderr)
             continue
         for phase in sorted(Path(archive).iterdir()) if archive else []:
             if phase.is_dir() and (phase / "iterations.jsonl").exists():
