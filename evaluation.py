@@ -20,19 +20,26 @@ import rollout
 from rundir import run_dir as rd
 
 
+def measure(ctx, harness, examples, n, split, desc) -> dict:
+    """rollout.evaluate of (the engine's weights, harness) at the split's seeds, with a bar, and its
+    per-question means (for paired gains) in place of the records."""
+    from tqdm import tqdm
+    with tqdm(total=len(examples) * n, unit="rollout", desc=desc, leave=False) as bar:
+        res = rollout.evaluate(ctx.engine, ctx.domain, harness, examples, n, seed=(ctx.args.seed, split),
+                               sampling=ctx.sampling, max_tokens=ctx.args.max_tokens, progress=bar)
+    res["per_example"] = rollout.per_example_means(res.pop("records"))
+    return res
+
+
 def evaluate_and_log(run, ctx, split, examples, n, tag, harness=None):
     """mean@n of (current weights, harness) on examples; logged and kept in the state. The initial
     test evaluation of (model, h0) is the same for every method of a domain and seed: cached."""
-    from tqdm import tqdm
     args, state = ctx.args, run.state
     harness = harness or state["harness"]
     key = rd.eval_key(vars(args), ctx.domain, harness, examples, n, split) if tag == "initial" else None
     res = rd.load_cached_eval(key)
     if res is None:
-        with tqdm(total=len(examples) * n, unit="rollout", desc=f"eval {split} mean@{n}", leave=False) as bar:
-            res = rollout.evaluate(ctx.engine, ctx.domain, harness, examples, n, seed=(args.seed, split),
-                                   sampling=ctx.sampling, max_tokens=args.max_tokens, progress=bar)
-        res["per_example"] = rollout.per_example_means(res.pop("records"))  # for paired gains
+        res = measure(ctx, harness, examples, n, split, f"eval {split} mean@{n}")
         rd.store_cached_eval(key, res)
     rd.crash_point("eval")  # (a testing aid: a kill after an evaluation, before its line and checkpoint)
     point = {"split": split, "tag": tag, "cycle": state["cycle"], "rollouts": state["rollouts"],
@@ -118,12 +125,8 @@ def test_cell(run, ctx, tag, harness):
     state's two_by_two (a resumed run does not score it again) and logged as a `two_by_two` event."""
     cells = run.state.setdefault("two_by_two", {})
     if tag not in cells:
-        from tqdm import tqdm
-        args = ctx.args
-        with tqdm(total=len(ctx.test) * args.test_n, unit="rollout", desc=f"2x2 {tag}", leave=False) as bar:
-            res = rollout.evaluate(ctx.engine, ctx.domain, harness, ctx.test, args.test_n, seed=(args.seed, "test"),
-                                   sampling=ctx.sampling, max_tokens=args.max_tokens, progress=bar)
-        cells[tag] = {"mean": res["mean"], "se": res["se"], "per_example": rollout.per_example_means(res["records"])}
+        res = measure(ctx, harness, ctx.test, ctx.args.test_n, "test", f"2x2 {tag}")
+        cells[tag] = {k: res[k] for k in ("mean", "se", "per_example")}
         run.log({"event": "two_by_two", "cell": tag, "mean": res["mean"], "se": res["se"],
                  "seconds": round(res["seconds"], 1)}, console=f"2x2: {tag.replace('_', ' ')} {res['mean']:.3f}")
         run.checkpoint(ctx.engine, ctx.optimizer, model_changed=False)
