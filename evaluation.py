@@ -23,8 +23,7 @@ from rundir import run_dir as rd
 def measure(ctx, harness, examples, n, split, desc) -> dict:
     """rollout.evaluate of (the engine's weights, harness) at the split's seeds, with a bar, and its
     per-question means (for paired gains) in place of the records."""
-    from tqdm import tqdm
-    with tqdm(total=len(examples) * n, unit="rollout", desc=desc, leave=False) as bar:
+    with rollout.bar(ctx.engine, len(examples) * n, desc) as bar:
         res = rollout.evaluate(ctx.engine, ctx.domain, harness, examples, n, seed=(ctx.args.seed, split),
                                sampling=ctx.sampling, max_tokens=ctx.args.max_tokens, progress=bar)
     res["per_example"] = rollout.per_example_means(res.pop("records"))

@@ -303,7 +303,7 @@ def _finish_candidate(c, archive_dir, archive, examples, ids, run_candidate, val
     m = c["meta"]
     s.update(cand=c["name"], iteration=m.get("iteration"), proposer=m.get("proposer"),
              parent=m.get("parent"), axis=m.get("axis"), note=m.get("note"),
-             cost=dict(candidates=1, evaluated=1, rollouts=paid(records),
+             cost=dict(candidates=int(c["num"] > 0), evaluated=1, rollouts=paid(records),  # (cand_000: not proposed)
                        **({"cached_rollouts": len(records) - paid(records)} if len(records) > paid(records) else {}),
                        rollout_tokens=sum(int(r.get("tokens") or 0) for r in records if not r.get("cached")),
                        validate_seconds=round(t1 - t0, 3), eval_seconds=round(t2 - t1, 3)))

@@ -12,6 +12,7 @@ always mean the same thing by "a rollout":
 Left out: asynchronous/streaming rollouts across phases (each call returns when
 its rollouts are done) and rollouts on several machines.
 """
+import contextlib
 import hashlib
 import time
 
@@ -72,6 +73,36 @@ def run(engine, domain, source: str, examples: list[dict], n: int, *, seed, samp
         if progress is not None:
             progress.update(len(wave))
     return records
+
+
+@contextlib.contextmanager
+def bar(engine, total: int, desc: str, also=None, quiet: bool = False):
+    """A progress bar of one evaluation or candidate (total rollouts; `also`: another bar the same
+    rollouts move, the run's; quiet: another rank shows it) that never goes silent: rollouts finish
+    a wave at a time, so while one runs the bar counts the tokens the engine samples
+    (engine.on_tokens, the HF sampler's decode loop; at most one redraw a second). Yields what
+    rollout.run's `progress` takes.
+    """
+    from tqdm import tqdm
+    shown = tqdm(total=total, unit="rollout", desc=desc, leave=False, disable=quiet)
+    tokens, last = [0], [time.monotonic()]
+
+    def on_tokens(k):
+        tokens[0] += k
+        if time.monotonic() - last[0] >= 1.0:
+            last[0] = time.monotonic()
+            shown.set_postfix_str(f"{tokens[0]:,} tokens sampled")
+
+    def update(k):
+        shown.update(k)
+        if also is not None:
+            also.update(k)
+    engine.on_tokens = on_tokens
+    try:
+        yield type("Progress", (), {"update": staticmethod(update)})
+    finally:
+        engine.on_tokens = None
+        shown.close()
 
 
 def tell_states(llm_batch, states):

@@ -2160,12 +2160,16 @@ def test_a_checkpoint_after_no_update_links_the_weights_and_optimizer_state_and_
     assert all(torch.equal(a, b) for a, b in zip(saved["state"][0].values(), opt.state_dict()["state"][0].values()))
 
 
-def test_a_finished_full_fine_tuning_run_keeps_its_weights_once_in_bfloat16(tmp_path):
-    """run_dir.halve_weights (a finished run's last step): checkpoint/ and best_val/ holding the same
-    point share one bfloat16 file; a different best_val point gets its own; both load back into an
-    fp32 model as the bf16-rounded weights; a run's config says bfloat16."""
+def test_a_finished_run_halves_only_weights_that_bfloat16_holds_exactly(tmp_path):
+    """run_dir.halve_weights (a finished run's last step): a model whose values are all bf16 values
+    (an untrained one) is kept once in bfloat16, checkpoint/ and best_val/ of the same point sharing
+    one file, and loads back as the same fp32 values; a trained model (fp32 values between bf16
+    steps) keeps its fp32 file byte for byte: the weights a run scored are the weights it keeps."""
     from safetensors.torch import load_file
     model = tiny_lm()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(p.to(torch.bfloat16).float())  # what bf16 holds exactly
     run = tmp_path / "run"
     model.save_pretrained(run / "checkpoint")
     run_dir.copy_checkpoint(run, "checkpoint", "best_val")  # the same point: hard links
@@ -2177,14 +2181,10 @@ def test_a_finished_full_fine_tuning_run_keeps_its_weights_once_in_bfloat16(tmp_
     assert json.loads((run / "best_val" / "config.json").read_text())["dtype"] == "bfloat16"
     back = type(model).from_pretrained(run / "checkpoint", dtype=torch.float32)
     for (name, p), q in zip(model.named_parameters(), back.parameters()):
-        assert q.dtype == torch.float32 and torch.equal(p.detach().to(torch.bfloat16).float(), q.detach()), name
-    same = tmp_path / "same"  # the same weights written twice (nothing trained between): one file too
-    model.save_pretrained(same / "checkpoint")
-    model.save_pretrained(same / "best_val")
-    run_dir.halve_weights(same)
-    assert (same / "checkpoint" / "model.safetensors").stat().st_ino == \
-        (same / "best_val" / "model.safetensors").stat().st_ino
-    other = tiny_lm(seed=1)  # best_val an earlier point: its own file, halved too
-    other.save_pretrained(run / "best_val")
+        assert q.dtype == torch.float32 and torch.equal(p.detach(), q.detach()), name
+    trained = tiny_lm(seed=1)  # best_val a trained point: fp32 between bf16 steps
+    trained.save_pretrained(run / "best_val")
+    before = bv.read_bytes()
     run_dir.halve_weights(run)
-    assert ck.stat().st_ino != bv.stat().st_ino and all(t.dtype == torch.bfloat16 for t in load_file(bv).values())
+    assert bv.read_bytes() == before and ck.stat().st_ino != bv.stat().st_ino
+    assert all(t.dtype == torch.float32 for t in load_file(bv).values())

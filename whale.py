@@ -276,13 +276,16 @@ def weight_phase(run, ctx: Context):
     """Phase A: one RSFT rollout step after another (rollouts under the current harness ->
     keep the verified ones -> SFT on their model-written tokens) until the phase is over, or
     until a --val-every evaluation is due (the loop evaluates and calls this again)."""
+    import rollout
     import rs_sft
     args, state = ctx.args, run.state
     while state["phase"] == "A":
-        step = rs_sft.rollout_step(ctx.engine, ctx.domain, state["harness"], ctx.pool, state["loader"], ctx.optimizer,
-                                   ctx.sft, seed=(args.seed, "A", state["steps"]), sampling=ctx.sampling,
-                                   progress=run.bar, ddp_model=ctx.ddp_model, shard=(run.rank, run.world),
-                                   replay=state.setdefault("replay", []))  # --replay-steps: saved with the state
+        with rollout.bar(ctx.engine, args.prompts_per_step * args.group // run.world,
+                         f"A{state['cycle']} step {state['steps'] + 1}", run.bar, quiet=run.rank > 0) as bar:
+            step = rs_sft.rollout_step(ctx.engine, ctx.domain, state["harness"], ctx.pool, state["loader"],
+                                       ctx.optimizer, ctx.sft, seed=(args.seed, "A", state["steps"]),
+                                       sampling=ctx.sampling, progress=bar, ddp_model=ctx.ddp_model,
+                                       shard=(run.rank, run.world), replay=state.setdefault("replay", []))
         run.spend(step["rollouts"], prompt_tokens=step["prompt_tokens"], completion_tokens=step["completion_tokens"],
                   optimizer_steps=step["opt_steps"])
         state["steps"] += 1
@@ -393,9 +396,10 @@ def search_hooks(run, ctx: Context, archive):
     weights_version = state["counters"].get("optimizer_steps", 0)
     seed = (args.seed, "B", state.setdefault("b_draws", {}).setdefault(str(weights_version), state["cycle"]))
 
-    def run_rollouts(source, examples, name):  # one candidate on (some of) the search set
-        records = rollout.run(ctx.engine, ctx.domain, source, examples, args.harness_n, seed=seed,
-                              sampling=ctx.sampling, max_tokens=args.max_tokens, progress=run.bar)
+    def run_rollouts(source, examples, name):  # one candidate on (some of) the search set, with its own bar
+        with rollout.bar(ctx.engine, len(examples) * args.harness_n, f"B{state['cycle']} {name}", run.bar) as bar:
+            records = rollout.run(ctx.engine, ctx.domain, source, examples, args.harness_n, seed=seed,
+                                  sampling=ctx.sampling, max_tokens=args.max_tokens, progress=bar)
         crash_point("harness_eval")
         return records
 

@@ -118,6 +118,12 @@ def preallocated_cache(model, capacity: int):
             self.keys, self.values = self.k_buf[:, :, :end], self.v_buf[:, :, :end]
             return self.keys, self.values
 
+        def add_rows(self, n):
+            # n more (empty) rows after these: a prefill in row slices allocates for its first slice
+            self.k_buf = torch.cat([self.k_buf, self.k_buf.new_empty((n, *self.k_buf.shape[1:]))])
+            self.v_buf = torch.cat([self.v_buf, self.v_buf.new_empty((n, *self.v_buf.shape[1:]))])
+            self.keys, self.values = self.k_buf[:, :, :self.length], self.v_buf[:, :, :self.length]
+
         def batch_select_indices(self, indices):
             self.k_buf, self.v_buf = self.k_buf[indices], self.v_buf[indices]
             self.keys, self.values = self.k_buf[:, :, :self.length], self.v_buf[:, :, :self.length]
@@ -189,7 +195,8 @@ class HFEngine:
     precision="int8", once sync_weights() has re-quantized the sampling copy)."""
 
     def __init__(self, model, tokenizer, max_batch_rows: int = 512, max_batch_tokens: int = 2**17,
-                 chat_format: str = "auto", sampler: str = "fast", precision: str = "fp32", shared_prefix: bool = True):
+                 chat_format: str = "auto", sampler: str = "fast", precision: str = "fp32", shared_prefix: bool = True,
+                 max_prefill_tokens: int = 2**15):
         self.model, self.tokenizer = model, tokenizer
         # "fast" (default) or "landed": the decode loop as it was before issue #31, kept so that
         # tools/bench.py can time both side by side; both give the same tokens (see _sample_chunk)
@@ -212,12 +219,19 @@ class HFEngine:
         self.max_batch_rows, self.max_batch_tokens = max_batch_rows, max_batch_tokens
         # distinct prompts sharing a head of at least this many tokens prefill it once
         self.min_shared_head = 64
+        # one prefill forward runs at most this many positions (rows x width): its activations and
+        # attention scores grow with it (16 rows of 1,000 tokens took 1.1 GB above their cache), and
+        # 64 distinct 1,000-token prompts (a long harness's candidate, 2 samples each) in one
+        # forward took several GB; more rows than this are prefilled in slices of rows into the
+        # same cache. Below it, a forward is what it was (the same batches, the same numbers)
+        self.max_prefill_tokens = max_prefill_tokens
         # fast sampler, decode: each prompt's cache kept once for all of its samples, not copied to
         # every row (shared_prefix.py; False copies it as before, for tools/bench.py to compare);
         # architectures it does not cover keep a full cache per row
         from lm import shared_prefix as sp
         self.shared_prefix = shared_prefix and sampler == "fast" and sp.supported(self.sampling_model)
         self.prefill_tokens = 0  # tokens run through prefill so far (what the sharing saves shows here)
+        self.on_tokens = None  # called with the number of tokens each decode step samples (rollout.bar)
         # where sample()'s time went, for tools/bench.py: calls, chunks, and per stage (prefill:
         # up to the first sampled token; decode: the loop after it) forwards, rows and seconds
         # (wall clock: on the CPU the stages' own; on a GPU only roughly, its kernels run async)
@@ -238,10 +252,16 @@ class HFEngine:
             return [(0, len(tail_lens))]
         runs, r0 = [], 0
         for r, n in enumerate(tail_lens):
-            if n > 1.25 * tail_lens[r0] + 8:
+            if n > 1.25 * tail_lens[r0] + 8 or (r + 1 - r0) * n > self.max_prefill_tokens:
                 runs.append((r0, r))
                 r0 = r
         return runs + [(r0, len(tail_lens))]
+
+    def _prefill_slices(self, rows, width):
+        """[(r0, r1)]: the rows of the heads' prefill, at most max_prefill_tokens positions a forward
+        (the landed sampler: all rows in one, as it was)."""
+        step = rows if self.sampler == "landed" else max(1, self.max_prefill_tokens // max(width, 1))
+        return [(r0, min(r0 + step, rows)) for r0 in range(0, rows, step)]
 
     def chat_ids(self, messages) -> list[int]:
         return chat_ids(self.tokenizer, messages, self.chat_format)
@@ -306,10 +326,23 @@ class HFEngine:
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
         shared = self.shared_prefix  # decode reads the prompts' cache once per prompt (shared_prefix.py)
         cache = preallocated_cache(model, width + tail_width + (0 if shared else max_new_all))
-        out = model(input_ids=ids.to(dev), attention_mask=mask.to(dev), position_ids=pos.to(dev),
-                    use_cache=True, logits_to_keep=1, **{self.cache_kw: cache})
+        head_logits = []
+        for r0, r1 in self._prefill_slices(len(heads), width):
+            if r0 == 0:  # the first slice allocates the cache's buffers: for its own rows, then for all
+                part = cache
+            else:
+                part = preallocated_cache(model, 0)
+                part.layers = [layer.row_range(r0, r1, 0) for layer in cache.layers]
+            out = model(input_ids=ids[r0:r1].to(dev), attention_mask=mask[r0:r1].to(dev),
+                        position_ids=pos[r0:r1].to(dev), use_cache=True, logits_to_keep=1, **{self.cache_kw: part})
+            head_logits.append(out.logits[:, -1, :])
+            if r0 == 0 and r1 < len(heads):
+                for layer in cache.layers:
+                    layer.add_rows(len(heads) - r1)
+            work["prefill_forwards"] += 1
+        for layer in cache.layers:  # (the views wrote the other slices' positions into the same buffers)
+            layer.keys, layer.values = layer.k_buf[:, :, :layer.length], layer.v_buf[:, :, :layer.length]
         self.prefill_tokens += sum(map(len, heads))
-        work["prefill_forwards"] += 1
         if tail_width:
             # 1b) copy each head's cache to the prompts of its group, then prefill every prompt's
             #     own tail: in one batch (landed), or one forward per run of tails of similar length
@@ -351,7 +384,7 @@ class HFEngine:
             last_logits = torch.cat(logits)
             row_of = {j: row for row, j in enumerate(rank)}
         else:
-            last_logits = out.logits[:, -1, :]
+            last_logits = torch.cat(head_logits)
             row_of = {j: j for j in range(len(prompts))}
         # 2) one row per request: its prompt's last logits, and its prompt's cache: copied to every
         #    member row, or (shared) kept once per prompt beside a cache of each row's own new tokens
@@ -392,16 +425,20 @@ class HFEngine:
                 # a request's k-th token uses the k-th number of its own stream, whatever its row
                 u = torch.stack([uniforms[k][min(len(generated[k]), len(uniforms[k]) - 1)] for k in rows]).to(dev)
                 tok = sample_from_logits(logits, temp, top_k, top_p, u).tolist()
+                sampled = 0
                 for k, t in zip(rows, tok):
                     if finish[k] is not None:
                         continue  # finished earlier, not compacted away yet: its token is thrown away
                     generated[k].append(t)
+                    sampled += 1
                     if t in self.eos_ids:
                         finish[k] = "eos"
                     elif stops[k] and any(s in self.tokenizer.decode(generated[k][-tails[k]:]) for s in stops[k]):
                         finish[k] = "stop"
                     elif len(generated[k]) >= max_new[k]:
                         finish[k] = "length"
+                if self.on_tokens is not None:
+                    self.on_tokens(sampled)
                 keep = [row for row, k in enumerate(rows) if finish[k] is None]
                 if not keep:
                     break

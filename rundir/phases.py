@@ -15,6 +15,17 @@ from pathlib import Path
 
 from harness_search.harness_archive import read_jsonl  # a line cut by a crash is skipped
 
+# One colour for each phase and each split in every picture of a run (curve.png and report.html's curve)
+PHASE_FILL = {"A": "#dbe9f8", "B": "#fde7cf"}  # weights blue, harness search orange
+SPLIT_COLOUR = {"val": "#1f77b4", "test_subset": "#2ca02c", "test": "#d62728"}
+
+
+def joined(split: str) -> bool:
+    """Whether a curve draws a split's points as a line: validation and the test subset are scored
+    after every phase, so the line between two points is what was measured; the full test split
+    only at the start and the end, and a line across the phases between would draw what nobody measured."""
+    return split != "test"
+
 
 def hypotheses(run_dir, cycle: int) -> dict:
     """{candidate: (axis, what it tried)} of the harness phase of this cycle, from its archive: the
@@ -75,7 +86,8 @@ def phases(run_dir) -> list[dict]:
         p.setdefault("rollouts_end", p["rollouts_start"])
         p.setdefault("seconds", 0.0)
         p.pop("t_start")
-        if p["phase"] == "B":
+        if p["phase"] == "B":  # what it spent: its candidates and second looks, as the run's count moved
+            p["rollouts"] = p["rollouts_end"] - p["rollouts_start"]
             about = hypotheses(run_dir, p["cycle"])
             p["accepted"] = [dict(cand=c, axis=about.get(c, (None, ""))[0], hypothesis=about.get(c, (None, ""))[1])
                              for c in p["accepted"]]

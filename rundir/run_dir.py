@@ -112,6 +112,18 @@ def peak_rss_mb() -> dict:
             "peak_rss_child_mb": round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024)}
 
 
+def rss_now_and_peak_mb() -> dict:
+    """This process's resident memory now and its peak so far (Linux /proc: VmRSS, VmHWM; {} elsewhere).
+    Every metrics.jsonl line carries both, so the line after which the peak rose is the work that
+    raised it (a step, a candidate, an evaluation): where a run's memory goes, read from any run."""
+    try:
+        with open("/proc/self/status") as f:
+            kb = {k: int(v.split()[0]) for k, v in (x.split(":", 1) for x in f if x.startswith(("VmRSS", "VmHWM")))}
+        return {"rss_mb": round(kb["VmRSS"] / 1024), "peak_rss_mb": round(kb["VmHWM"] / 1024)}
+    except (OSError, KeyError, ValueError):
+        return {}
+
+
 def code_version() -> str:
     """The git commit this code runs at, with '+dirty' when tracked code or data differ from it
     (results/ and *.md do not count: run records and prose change while runs go on), or 'unknown'
@@ -240,12 +252,13 @@ def copy_checkpoint(run: Path, src: str, dst: str):
 
 
 def halve_weights(run: Path):
-    """checkpoint/ and best_val/'s model.safetensors in bfloat16, each distinct content once (the two
-    share one file when best-on-validation is the last point, or when nothing trained between
-    them): half the disk of a finished full fine-tuning run (270 MB a point for the 135M model, not 540). Only for a finished run: a
-    resume of it loads them back into fp32 and only reports; an unfinished run keeps fp32, so that
-    its resume is exact. Atomic per file; trained-block checkpoints (--train-layers K) are small
-    and stay as they are."""
+    """checkpoint/ and best_val/'s model.safetensors in bfloat16 where that loses nothing: every fp32
+    value of the file is a bfloat16 value (an untrained model whose base was bf16: half the disk, 270
+    MB a point for the 135M model, not 540), each distinct content once. A trained model stays fp32:
+    halving one lost updates smaller than a bf16 step (lr 1e-5) and the run's exported agent then
+    answered 11 of 100 test questions otherwise than the final test had scored it (issue 70): a run
+    keeps the weights it scored. Atomic per file; trained-block checkpoints (--train-layers K) are
+    small and stay as they are."""
     from safetensors import safe_open
     from safetensors.torch import load_file, save_file
     def content(f):  # (the same bytes in two files: a run whose updates all were skipped)
@@ -263,8 +276,9 @@ def halve_weights(run: Path):
         with safe_open(files[0], "pt") as src:
             meta = src.metadata() or {}
         tensors = load_file(files[0])
-        if not any(t.dtype == torch.float32 for t in tensors.values()):
-            continue
+        wide = [t for t in tensors.values() if t.dtype == torch.float32]
+        if not wide or not all(torch.equal(t.to(torch.bfloat16).float(), t) for t in wide):
+            continue  # already narrow, or narrowing would change the weights the run scored
         half = files[0].with_name(".model.bf16.tmp")
         save_file({k: t.to(torch.bfloat16) if t.dtype == torch.float32 else t for k, t in tensors.items()}, half,
                   metadata=meta)
@@ -304,15 +318,17 @@ def plot_curve(run: Path, evals: list[dict], title: str):
     for p in phases.phases(run):  # which span was phase A (weights) and which phase B (harness)
         if p["rollouts_end"] > p["rollouts_start"]:
             label = "phase A (weights)" if p["phase"] == "A" else "phase B (harness)"
-            ax.axvspan(p["rollouts_start"], p["rollouts_end"], color="tab:blue" if p["phase"] == "A" else "tab:green",
-                       alpha=0.12, lw=0, label=None if label in named else label)
+            ax.axvspan(p["rollouts_start"], p["rollouts_end"], color=phases.PHASE_FILL[p["phase"]], lw=0, zorder=0,
+                       label=None if label in named else label)
             named.add(label)
     for split in ("val", "test"):
         pts = [(e["rollouts"], e["mean"], e["se"]) for e in evals if e["split"] == split]
         if pts:
             x, y, s = zip(*pts)
             n = next(e["n"] for e in evals if e["split"] == split)
-            ax.errorbar(x, y, yerr=s, marker="o", capsize=3, label=f"{split} mean@{n}")
+            ax.errorbar(x, y, yerr=s, marker="o", capsize=3, color=phases.SPLIT_COLOUR.get(split, "#555"),
+                        linestyle="-" if phases.joined(split) else "none",
+                        label=f"{split} mean@{n}" + ("" if phases.joined(split) else " (start and end only)"))
     ax.set_xlabel("target rollouts")
     ax.set_ylabel("mean@k")
     ax.set_title(title)
@@ -459,8 +475,8 @@ class Run:
         to print instead of the row's key=value fields (metrics.jsonl keeps them all)."""
         if self.rank != 0:
             return
-        row = {"t": round(self.elapsed(), 1), **row,
-               "rollouts": self.state["rollouts"] if rollouts is None else rollouts}
+        row = {"t": round(self.elapsed(), 1), **row,  # (t and the memory fields: the machine's, not the run's)
+               "rollouts": self.state["rollouts"] if rollouts is None else rollouts, **rss_now_and_peak_mb()}
         log_metrics(self.dir, row, self.state)
         if self.tracker:  # every row to TensorBoard/MLflow/W&B too; metrics.jsonl stays the record
             self.tracker.log(row)
@@ -584,7 +600,7 @@ class Run:
 
     def drop_optimizer(self):
         """A finished run trains no more: its optimizer state (2x the trained weights) goes, and a
-        whole model (full fine-tuning) is kept in bfloat16 (halve_weights)."""
+        whole model is kept in bfloat16 only where that changes no value (halve_weights)."""
         (self.dir / "checkpoint" / "optimizer.pt").unlink(missing_ok=True)
         halve_weights(self.dir)
 

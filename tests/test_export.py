@@ -63,10 +63,15 @@ def test_a_full_fine_tuning_run_resumed_after_a_crash_and_a_torchrun_run_export_
     """The other kinds of run a user exports: full fine-tuning (the default), killed at a checkpoint
     and resumed, and the same run under torchrun on 2 gloo ranks (rank 0 writes the run). Each exports;
     its model/ loads with from_pretrained and gives the logits of the run's own final model (whale.py's
-    load of checkpoint/), bit for bit, which are not the base's: the whole model was trained."""
+    load of checkpoint/), bit for bit, which are not the base's: the whole model was trained. The
+    bundle is the agent the run scored: fp32 as scored (a trained model is not halved), it answers
+    the run's own final test question for question, and no file in it names a path of this machine."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    import rollout
+    from domains import searchqa
     from tests.helpers import TINY, run_whale
+    from tools import run_agent
     full = ["--domain", "searchqa", *TINY, "--harness", tiny_harness, "--train-layers", "0", "--lr", "1e-4"]
     resumed = tmp_path / "resumed"
     crashed = run_whale(*full, "--out", str(resumed), env={"WHALE_CRASH_AT": "checkpoint:2"})
@@ -90,6 +95,16 @@ def test_a_full_fine_tuning_run_resumed_after_a_crash_and_a_torchrun_run_export_
         with torch.no_grad():
             a, b, c = exported(ids).logits, own(ids).logits, base(ids).logits
         assert torch.equal(a, b) and not torch.equal(a, c), run.name
+        agent = json.loads((out / "agent.json").read_text())
+        assert agent["dtype"] == "float32" and agent["run"] == run.name and "warning" not in agent
+        leaks = [f.name for f in out.rglob("*") if f.is_file() and str(tmp_path).encode() in f.read_bytes()]
+        assert not leaks, leaks
+    config = json.loads((resumed / "config.json").read_text())
+    state = json.loads((resumed / "checkpoint" / "state.json").read_text())
+    final = next(e for e in state["evals"] if e["split"] == "test" and e["tag"] == "final")
+    got = run_agent.load_agent(tmp_path / "resumed-agent").answer_all(
+        searchqa.load_split("test")[:config["test_limit"]], n=config["test_n"])
+    assert rollout.per_example_means([r["record"] for r in got]) == final["per_example"]
 
 
 @pytest.mark.slow

@@ -59,6 +59,34 @@ def test_report_of_a_tiny_run_shows_every_phase_candidate_trace_and_the_final_ha
     assert not re.search(r'(src|href)="(https?:|//)', page)
 
 
+@pytest.mark.slow
+def test_console_summary_report_and_curve_count_a_tiny_run_the_same(tiny_reference):
+    """One number everywhere: phase B's candidates (those proposed: cand_000 is the incoming harness),
+    iterations and rollouts are the same in the console's closing table, summary.json and report.html;
+    curve.png and the report shade the phases in the same colours; the full test split, scored only at
+    the start and the end, is never drawn as a line across the phases between."""
+    from matplotlib import image
+
+    from rundir.phases import PHASE_FILL, SPLIT_COLOUR, plural
+    s = json.loads((tiny_reference / "summary.json").read_text())
+    console = (tiny_reference.parent / "stdout.txt").read_text()
+    page = (tiny_reference / "report.html").read_text()
+    b = next(p for p in s["phases"] if p["phase"] == "B")
+    assert b["candidates"] == s["harness_candidates"] > 0
+    assert b["rollouts"] == b["rollouts_end"] - b["rollouts_start"] > 0
+    table = console[console.index("  phase  "):].splitlines()  # the closing table (after the run's own lines)
+    row = next(line.split() for line in table if line.split()[:1] == ["B0"])
+    said = f"{plural(b['iterations'], 'iteration')}, {plural(b['candidates'], 'candidate')}"
+    assert row[4] == str(b["rollouts"]) and said in " ".join(row), row
+    assert f"<td>{b['rollouts']}</td>" in page and said in page
+    assert f"the incoming harness cand_000 and {plural(b['candidates'], 'candidate')}" in page
+    pixels = (image.imread(tiny_reference / "curve.png")[..., :3] * 255).round().astype(int).reshape(-1, 3).tolist()
+    seen = {tuple(x) for x in pixels}
+    for fill in PHASE_FILL.values():
+        assert f'fill="{fill}"' in page and tuple(int(fill[i:i + 2], 16) for i in (1, 3, 5)) in seen, fill
+    assert f'<polyline points' in page and f'stroke="{SPLIT_COLOUR["test"]}" stroke-width="1.5"' not in page
+
+
 def test_report_trace_shows_a_prompt_once_for_the_replies_to_it():
     """A voting rollout (llm(..., n=3), then a second turn): the prompt is shown once, at its
     first call, every reply is shown, and the second turn's new prompt is shown in full."""

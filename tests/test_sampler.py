@@ -199,6 +199,33 @@ def test_shared_prefix_decode_gives_the_tokens_of_a_cache_per_row(hf, monkeypatc
     assert hf.model.config._attn_implementation == "sdpa"
 
 
+@pytest.mark.slow
+def test_a_prefill_in_row_slices_gives_the_tokens_of_one_forward(hf, monkeypatch):
+    """max_prefill_tokens (the prefill's activations bound): distinct prompts (one prefill of their
+    heads) and prompts sharing a head (their tails in buckets) prefilled a few rows per forward into
+    the same cache give the tokens and endings of one forward each, greedy and sampled."""
+    head = [{"role": "system", "content": "You answer in one short sentence. " * 12}]
+    shared = [hf.chat_ids(head + [{"role": "user", "content": f"Name {k} animals, {'big and ' * k}small."}])
+              for k in range(2, 8)]
+    distinct = [hf.chat_ids([{"role": "system", "content": f"{i} is your number."},
+                             {"role": "user", "content": f"Say the number {i} in words, then a colour."}])
+                for i in range(7)]
+    for prompts in (distinct, shared):
+        groups = engine.shared_head_groups(prompts, hf.min_shared_head)
+        widest = max(len(p) - (h if len(js) > 1 else 0) for h, js in groups for p in (prompts[j] for j in js))
+        reqs = [{"prompt_ids": p, "max_tokens": 12, "temperature": t, "top_k": 20, "top_p": 1.0, "seed": 7 * i + j}
+                for i, p in enumerate(prompts) for j in range(2) for t in (0.0, 1.0)]
+        before = hf.work["prefill_forwards"]
+        whole = hf.sample(reqs)
+        one, before = hf.work["prefill_forwards"] - before, hf.work["prefill_forwards"]
+        monkeypatch.setattr(hf, "max_prefill_tokens", 2 * widest)  # at most two rows a forward
+        sliced = hf.sample(reqs)
+        assert hf.work["prefill_forwards"] - before >= one + 2, (len(groups), one)
+        assert [o["completion_ids"] for o in sliced] == [o["completion_ids"] for o in whole]
+        assert [o["finish"] for o in sliced] == [o["finish"] for o in whole]
+        monkeypatch.undo()
+
+
 def test_chunks_respect_the_token_cap(hf, monkeypatch):
     prompts = [chat(hf, f"Say the number {i} in words.") for i in range(6)]
     reqs = [{"prompt_ids": p, "max_tokens": 8, "temperature": 0.0, "seed": 0} for p in prompts for _ in range(2)]
@@ -355,6 +382,21 @@ def test_stop_strings_cut_text_but_keep_tokens(hf):
     assert out["finish"] == "stop"
     assert "5" not in out["text"] and "4" in out["text"]
     assert "5" in hf.tokenizer.decode(out["completion_ids"])
+
+
+@pytest.mark.slow
+def test_a_rollout_bar_counts_every_sampled_token_and_moves_the_runs_bar(hf):
+    """rollout.bar: rollouts finish a wave at a time, so while they run the engine reports each decode
+    step's tokens (an evaluation is never silent); those add up to the records' completion tokens,
+    the run's bar moves by the rollouts, and the engine's hook is gone after."""
+    moved = []
+    with rollout.bar(hf, 4, "two calls", also=types.SimpleNamespace(update=moved.append)) as bar:
+        counted, shown = [], hf.on_tokens
+        hf.on_tokens = lambda k: (counted.append(k), shown(k))
+        recs = rollout.run(hf, searchqa, two_call_harness(), searchqa.load_split("test")[:2], 2, seed=0,
+                           sampling={"temperature": 1.0, "top_k": 20, "top_p": 1.0}, max_tokens=24, progress=bar)
+    assert sum(counted) == sum(r["completion_tokens"] for r in recs) > 0 and len(counted) > 2
+    assert sum(moved) == 4 and hf.on_tokens is None
 
 
 @pytest.mark.slow

@@ -26,7 +26,8 @@ Prints one `name: value` line per measurement:
   - vote (only with --only vote): the menu's voting searchqa harness (5 replies to its first
     turn) with those replies asked as one llm(..., n=5) call vs as 5 llm() calls, the same seeds;
   - memory (only with --only memory): peak RSS of one long-context evaluation (16 questions x 8)
-    per sampler, each in its own process: landed, fast with a cache copy per row, fast;
+    per sampler, each in its own process: landed, fast with a cache copy per row, fast; then one
+    long-harness candidate (64 questions x 2) with its prefill in one forward vs in row slices;
   - omp (only with --only omp): how OpenMP's threads wait between parallel regions, searchqa h0
     evaluated in fresh processes with OMP_WAIT_POLICY=PASSIVE (sleep at once) and with
     GOMP_SPINCOUNT=20000 (whale.py's: spin briefly, then sleep): rollouts/s, context switches, ratio;
@@ -605,14 +606,17 @@ def vote(e, n_questions, max_tokens):
     print(f"vote_speedup: {res['apart']['seconds'] / res['together']['seconds']:.2f} (5 calls / one call with n=5)")
 
 
-def fresh_evaluation(what, model_name, n_questions, sampler, harness, temperature, env=None):
-    """One searchqa evaluation (harness "h0" or "long", n_questions test questions x 8) in a fresh
+def fresh_evaluation(what, model_name, n_questions, sampler, harness, temperature, env=None, n=8,
+                     max_prefill_tokens=None):
+    """One searchqa evaluation (harness "h0" or "long", n_questions test questions x n; the engine's
+    max_prefill_tokens, or its default) in a fresh
     process, so that it has its own peak RSS and reads process-wide settings (OpenMP's) anew:
     {"peak_gb", "model_gb" (after loading the model), "seconds", "rollouts_per_s",
     "context_switches" (voluntary), "system_s", "minor_faults" (these three during the evaluation), "mean"}."""
     import json
     import subprocess
-    spec = json.dumps({"sampler": sampler, "harness": harness, "temperature": temperature})
+    spec = json.dumps({"sampler": sampler, "harness": harness, "temperature": temperature, "n": n,
+                       "max_prefill_tokens": max_prefill_tokens})
     out = subprocess.run([sys.executable, __file__, "--eval-child", spec, "--model", model_name,
                           "--questions", str(n_questions)], capture_output=True, text=True, env=env)
     if out.returncode:
@@ -622,6 +626,7 @@ def fresh_evaluation(what, model_name, n_questions, sampler, harness, temperatur
 
 def eval_child(spec, model_name, n_questions):
     """`fresh_evaluation`'s side in the new process: prints one json line."""
+    import hashlib
     import json
     import resource
     from domains import searchqa
@@ -630,15 +635,19 @@ def eval_child(spec, model_name, n_questions):
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # kB on Linux -> GB
     sampler = spec["sampler"]
     e = eng.HFEngine(model, tok, sampler="landed" if sampler == "landed" else "fast", shared_prefix=sampler == "fast")
+    if spec.get("max_prefill_tokens"):
+        e.max_prefill_tokens = spec["max_prefill_tokens"]
     harness = long_context_harness() if spec["harness"] == "long" else open(searchqa.H0).read()
     before = resource.getrusage(resource.RUSAGE_SELF)
-    res = rollout.evaluate(e, searchqa, harness, searchqa.load_split("test")[:n_questions], 8, seed=0,
+    res = rollout.evaluate(e, searchqa, harness, searchqa.load_split("test")[:n_questions], spec.get("n", 8), seed=0,
                            sampling={"temperature": spec["temperature"], "top_k": 20, "top_p": 1.0}, max_tokens=48)
     usage = resource.getrusage(resource.RUSAGE_SELF)
     print(json.dumps({"peak_gb": usage.ru_maxrss / 1e6, "model_gb": base, "seconds": res["seconds"],
                       "rollouts_per_s": res["rollouts"] / res["seconds"],
                       "context_switches": usage.ru_nvcsw - before.ru_nvcsw, "system_s": usage.ru_stime - before.ru_stime,
-                      "minor_faults": usage.ru_minflt - before.ru_minflt, "mean": res["mean"]}))
+                      "minor_faults": usage.ru_minflt - before.ru_minflt, "mean": res["mean"],
+                      "tokens": hashlib.sha256(json.dumps([[c["completion_ids"] for c in r["calls"]]
+                                                           for r in res["records"]]).encode()).hexdigest()[:16]}))
 
 
 def memory(model_name, n_questions):
@@ -648,7 +657,10 @@ def memory(model_name, n_questions):
     with a cache copy per row, as before shared_prefix.py) and fast (each prompt's cache once).
     Prints memory_<sampler>_peak_gb, _model_gb (the process after loading the model: what no
     sampler changes), _seconds and _mean, then memory_shared_prefix_ratio: full's peak above the
-    model over fast's (how many times less memory the sampler itself takes)."""
+    model over fast's (how many times less memory the sampler itself takes). Then one candidate of
+    the long harness on a search set (4 x n_questions questions x 2, whale.py's 64 x 2 by default)
+    with its prefill in one forward and in row slices (engine.max_prefill_tokens): memory_candidate_
+    <one_forward|sliced>_peak_gb, ..., _same_tokens, and the ratio of their peaks above the model."""
     res = {}
     for s in ("landed", "full", "fast"):
         res[s] = fresh_evaluation(f"{s} memory", model_name, n_questions, s, "long", 0.3)
@@ -657,6 +669,18 @@ def memory(model_name, n_questions):
     above = {s: res[s]["peak_gb"] - res[s]["model_gb"] for s in res}
     print(f"memory_shared_prefix_ratio: {above['full'] / above['fast']:.2f} (full / fast, peak above the model)")
     print(f"memory_landed_ratio: {above['landed'] / above['fast']:.2f} (landed / fast, peak above the model)")
+    # one candidate of the long harness on a search set (whale.py's: 64 questions x 2): 64 distinct ~1,000-token
+    # prompts in one chunk, their prefill in one forward (as before max_prefill_tokens) or in row slices
+    cand = {}
+    for name, cap in (("one_forward", 2**30), ("sliced", None)):
+        cand[name] = fresh_evaluation(f"candidate {name}", model_name, 4 * n_questions, "fast", "long", 0.7, n=2,
+                                      max_prefill_tokens=cap)
+        for k in ("peak_gb", "model_gb", "seconds", "mean"):
+            print(f"memory_candidate_{name}_{k}: {cand[name][k]:.3f}")
+    print(f"memory_candidate_same_tokens: {cand['one_forward']['tokens'] == cand['sliced']['tokens']}")
+    print(f"memory_candidate_prefill_ratio: {(cand['one_forward']['peak_gb'] - cand['one_forward']['model_gb']) / "
+          f"(cand['sliced']['peak_gb'] - cand['sliced']['model_gb']):.2f} (one forward / row slices, peak above the "
+          f"model); time {cand['sliced']['seconds'] / cand['one_forward']['seconds']:.2f}x")
 
 
 def fresh_pair(section, model_name, n_questions, harness, temperature, settings):

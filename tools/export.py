@@ -22,8 +22,11 @@ A run that has not finished is refused in one line (exit 2), or, with --unfinish
 its last checkpoint with a warning that agent.json and the README repeat. Everything is written
 into a temporary directory beside OUT and renamed at the end: never a half-written OUT.
 
+The bundle is the agent the run scored: the weights in the narrowest precision that holds every
+value exactly (bfloat16 for an untrained model whose base is bf16, fp32 for a trained one: no
+upcast, no rounding), and no path of the exporting machine (agent.json names the run directory only).
 Left out: running the exported agent (its harness needs `llm` and `tools` as the sandbox gives
-them); the model is exported in the dtype the run's machinery loads (fp32 on a CPU).
+them; tools/run_agent.py does that).
 """
 import argparse
 import json
@@ -92,6 +95,23 @@ def merged_model(folder: Path):
         raise ExportError(f"{folder}: its weights do not load ({type(e).__name__}: {str(e)[:200]})") from None
 
 
+def narrowest_exact(model):
+    """The model in bfloat16 if every parameter is a bf16 value (nothing lost: it scores as it did),
+    else as it is (fp32): the precision its scores were measured in, at the least disk."""
+    import torch
+    if all(torch.equal(p.detach().to(torch.bfloat16).float(), p.detach().float()) for p in model.parameters()):
+        return model.to(torch.bfloat16)
+    return model
+
+
+def halved_after_scoring(point: dict) -> bool:
+    """A run from before issue 70 kept a trained whole model in bfloat16 after scoring it in fp32:
+    its export is not exactly the agent its final test scored."""
+    config = point["folder"] / "config.json"
+    dtype = read_json(config, "the checkpoint's model config").get("dtype") if config.exists() else None
+    return dtype == "bfloat16" and point["state"].get("counters", {}).get("optimizer_steps", 0) > 0
+
+
 def accepted_changes(run: Path) -> list[dict]:
     from rundir import phases
     return [dict(cycle=p["cycle"], **a) for p in phases.phases(run) if p["phase"] == "B" for a in p["accepted"]]
@@ -115,7 +135,7 @@ def readme(agent: dict) -> str:
     lines = [f"# {agent['method']} on {agent['domain']}: an exported agent", "",
              f"Exported from `{agent['run']}` ({agent['checkpoint']} point) at commit {agent['commit']}.",
              *([f"**Warning: {agent['warning']}**", ""] if agent.get("warning") else [""]),
-             f"- base model: `{agent['base_model']}`; weights: `model/` ({agent['weights']})",
+             f"- base model: `{agent['base_model']}`; weights: `model/` ({agent['weights']}, {agent['dtype']})",
              f"- harness: `harness.py`; scored at {score}",
              f"- sampling: temperature {agent['sampling']['temperature']}, top-k {agent['sampling']['top_k']}, "
              f"top-p {agent['sampling']['top_p']}, at most {agent['sampling']['max_tokens']} new tokens a call, "
@@ -138,6 +158,8 @@ def export(run_dir: str, out: str, checkpoint: str = "final", unfinished: bool =
     if why:
         raise ExportError(f"the {checkpoint} harness of {run} is not a harness: {why}")
     model, tokenizer = merged_model(point["folder"])
+    model = narrowest_exact(model)
+    model.config._name_or_path = tokenizer.name_or_path = "model"  # (not the exporting machine's path)
     config, summary, score = point["config"], point["summary"], point["score"]
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp"))
@@ -146,8 +168,9 @@ def export(run_dir: str, out: str, checkpoint: str = "final", unfinished: bool =
         tokenizer.save_pretrained(tmp / "model")
         (tmp / "harness.py").write_text(point["harness"])
         agent = dict(
-            run=str(run.resolve()), checkpoint=checkpoint, commit=commit_of(run), method=config.get("method"),
+            run=run.resolve().name, checkpoint=checkpoint, commit=commit_of(run), method=config.get("method"),
             domain=config.get("domain"), seed=config.get("seed"), base_model=config.get("model"),
+            dtype=str(next(model.parameters()).dtype).removeprefix("torch."),
             weights="whole model" if (point["folder"] / "model.safetensors").exists() else
             f"the top {config.get('train_layers')} blocks merged into the base",
             budget=config.get("budget"), rollouts=point["state"].get("rollouts"), chat_format=config.get("chat_format"),
@@ -160,6 +183,10 @@ def export(run_dir: str, out: str, checkpoint: str = "final", unfinished: bool =
         if summary is None:
             agent["warning"] = ("the run had not finished: this is its last checkpoint, at "
                                 f"{point['state'].get('rollouts')} of {config.get('budget')} rollouts")
+        elif halved_after_scoring(point):
+            agent["warning"] = ("the run kept its trained weights in bfloat16 after scoring them in fp32 (a run "
+                                "from before that was fixed): this agent may answer some questions otherwise than "
+                                "the run's test score says")
         (tmp / "agent.json").write_text(json.dumps(agent, indent=1) + "\n")
         (tmp / "README.md").write_text(readme(agent))
         tmp.rename(out)
@@ -182,7 +209,7 @@ def main(argv=None) -> int:
     out = Path(a.out)
     try:
         if a.to_tracker and (out / "agent.json").exists() and \
-                read_json(out / "agent.json", "the export").get("run") == str(Path(a.run).resolve()):
+                read_json(out / "agent.json", "the export").get("run") == Path(a.run).resolve().name:
             print(f"{out} already holds this run's export: logging it only")
         else:
             out = export(a.run, a.out, a.checkpoint, a.unfinished)

@@ -53,6 +53,7 @@ from harness_search.harness_source import hypothesis
 from harness_search.harness_archive import unpacked_archive, unpacked_run
 from jail import received  # everything read from the run: someone else's files
 from meta_harness import sign_test
+from rundir.phases import PHASE_FILL, SPLIT_COLOUR, joined  # the colours curve.png uses too
 
 HERE = Path(__file__).resolve().parents[1]  # the repository root
 PASS = 0.5  # a rollout "succeeds" when its verifier score is above this (rs_sft.py keeps the same ones)
@@ -449,7 +450,7 @@ def render_curve(run, sections):
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" viewBox="0 0 {W} {H}" '
            f'role="img" aria-label="score against target rollouts">']
     for kind, cycle, a, b, running in spans:
-        fill = "#dbe9f8" if kind == "A" else "#fde7cf"
+        fill = PHASE_FILL[kind]
         out.append(f'<rect x="{X(a):.1f}" y="{T}" width="{max(1.0, X(b) - X(a)):.1f}" height="{H - T - B}" '
                    f'fill="{fill}"><title>phase {esc(kind)}{esc(cycle)}: rollouts {esc(a)}–{esc(b)}'
                    f'{" (in progress)" if running else ""}</title></rect>')
@@ -466,13 +467,14 @@ def render_curve(run, sections):
                f'<text x="{(L + W - R) / 2}" y="{H - 6}" class="tick" text-anchor="middle">target rollouts</text>'
                f'<text x="14" y="{(T + H - B) / 2}" class="tick" text-anchor="middle" '
                f'transform="rotate(-90 14 {(T + H - B) / 2})">mean@k</text>')
-    colors = {"val": "#1f77b4", "test_subset": "#2ca02c", "test": "#d62728"}
+    colors = SPLIT_COLOUR
     legend_y = T + 10
     for split in sorted({r.get("split") for r in evals}, key=lambda s: list(colors).index(s) if s in colors else 9):
         pts = [r for r in evals if r.get("split") == split]
         color = colors.get(split, "#555")
         path = " ".join(f"{X(int(r.get('rollouts') or 0)):.1f},{Y(r['mean']):.1f}" for r in pts)
-        out.append(f'<polyline points="{path}" fill="none" stroke="{color}" stroke-width="1.5"/>')
+        if joined(split):  # (the full test only at the start and the end: points, no line across)
+            out.append(f'<polyline points="{path}" fill="none" stroke="{color}" stroke-width="1.5"/>')
         for r in pts:
             x, se = X(int(r.get("rollouts") or 0)), r.get("se") or 0
             out.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{Y(max(0, r["mean"] - se)):.1f}" '
@@ -483,15 +485,16 @@ def render_curve(run, sections):
         n = pts[0].get("n")
         out.append(f'<line x1="{W - R + 12}" x2="{W - R + 30}" y1="{legend_y}" y2="{legend_y}" stroke="{color}" '
                    f'stroke-width="3"/><text x="{W - R + 34}" y="{legend_y + 4}" class="tick">{esc(split)} '
-                   f'mean@{esc(n)}</text>')
+                   f'mean@{esc(n)}{"" if joined(split) else " (ends)"}</text>')
         legend_y += 18
-    for kind, fill in (("A", "#dbe9f8"), ("B", "#fde7cf")):
+    for kind, fill in PHASE_FILL.items():
         out.append(f'<rect x="{W - R + 12}" y="{legend_y - 6}" width="18" height="10" fill="{fill}"/>'
                    f'<text x="{W - R + 34}" y="{legend_y + 4}" class="tick">phase {kind}</text>')
         legend_y += 18
     out.append("</svg>")
     return ('<h2 id="curve">Curve</h2><p class=dim>Each point: mean ± SE after a phase (hover for details); '
-            'phase A (weights) shaded blue, phase B (harness search) orange.</p>' + "".join(out))
+            'phase A (weights) shaded blue, phase B (harness search) orange; the full test split is scored at '
+            'the start and the end only, so its points are not joined.</p>' + "".join(out))
 
 
 def nice_step(span, ticks=5):
@@ -558,10 +561,11 @@ A_COLUMNS = [("step", "step", 0), ("rollouts", "rollouts", 0), ("train_reward", 
              ("loss", "loss", 4), ("grad_norm", "grad norm", 3),
              ("opt_steps", "optimizer steps", 0), ("errors", "errors", 0),
              ("capped_frac", "capped share", 3), ("kept_nll_before", "kept NLL before", 3),
-             ("kept_nll_after", "kept NLL after", 3)]
-A_KNOWN = {c for c, _, _ in A_COLUMNS} | {"t", "event", "cycle", "prompts", "skipped_update", "sft_tokens_per_s",
-                                          "sft_seconds", "rollout_seconds", "epoch", "prompt_tokens",
-                                          "completion_tokens", "step_rollouts", "health_seconds", "replay_sequences"}
+             ("kept_nll_after", "kept NLL after", 3), ("peak_rss_mb", "peak RSS so far (MB)", 0)]
+MACHINE_FIELDS = {"t", "rss_mb", "peak_rss_mb"}  # on every line: the machine's clock and memory (run_dir.log)
+A_KNOWN = {c for c, _, _ in A_COLUMNS} | MACHINE_FIELDS | {
+    "event", "cycle", "prompts", "skipped_update", "sft_tokens_per_s", "sft_seconds", "rollout_seconds", "epoch",
+    "prompt_tokens", "completion_tokens", "step_rollouts", "health_seconds", "replay_sequences"}
 
 
 def render_phase_a(section):
@@ -600,7 +604,9 @@ def render_phase_b(section, phase, run):
     cfg, rules = run["config"], phase["rules"]
     axes = rules.get("allowed_axes")
     front = phase["frontier"].get("success_vs_turns") or []
-    intro = (f"<p>archive <code>{esc(Path(phase['dir']).name)}</code>: {len(phase['candidates'])} candidates, "
+    proposed = sum(c["name"] != "cand_000" for c in phase["candidates"])  # (cand_000: the incoming harness)
+    intro = (f"<p>archive <code>{esc(Path(phase['dir']).name)}</code>: the incoming harness cand_000 and "
+             f"{proposed} candidate{'' if proposed == 1 else 's'}, "
              f"{esc(rules.get('k', cfg.get('candidates', '?')))} per iteration, search set "
              f"{esc(cfg.get('harness_examples', '?'))} examples × {esc(cfg.get('harness_n', '?'))}; "
              + (f"prompt-only search: only {esc(', '.join(axes))} may change; " if axes else "")
@@ -633,7 +639,7 @@ def render_phase_b(section, phase, run):
 
 ITER_KNOWN = {"iteration", "cands", "iteration_best", "archive_best", "paper_choice", "paper_success",
               "paper_mean_turns", "test", "accepted", "incumbent", "incumbent_success", "proposer_errors", "cost",
-              "t", "event", "cycle", "rollouts", "integrity", "confirm_rollouts"}
+              "event", "cycle", "rollouts", "integrity", "confirm_rollouts"} | MACHINE_FIELDS
 
 
 def second_look(confirm, rollouts):
