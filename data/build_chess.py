@@ -51,8 +51,12 @@ def find_sdist(src):
         if path and os.path.exists(path):
             return path
     os.makedirs("/tmp/dl", exist_ok=True)
-    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-                    "-d", "/tmp/dl", "bigbench==1.0.0"], check=True)
+    r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+                        "-d", "/tmp/dl", "bigbench==1.0.0"], capture_output=True, text=True)
+    if r.returncode:
+        sys.exit(f"build_chess: {SDIST} sdist not found: the package index no longer serves bigbench==1.0.0 "
+                 "(it answers 'from versions: 0.0.1', 2026-12-06); data/chess/ stands as committed "
+                 "(data/README.md); with a copy of the sdist (its sha256 is there), pass --src PATH")
     return f"/tmp/dl/{SDIST}"
 
 

@@ -45,8 +45,12 @@ def fetch_sdist(path):
     if not os.path.exists(path):
         folder = os.path.dirname(os.path.abspath(path))
         print(f"{path} missing: downloading bigbench==1.0.0 sdist (358 MB) into {folder}")
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-                        "bigbench==1.0.0", "-d", folder], check=True)
+        r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+                            "bigbench==1.0.0", "-d", folder], capture_output=True, text=True)
+        if r.returncode:
+            sys.exit(f"build_searchqa: bigbench-1.0.0 sdist not found: the package index no longer serves bigbench==1.0.0 "
+                     "(it answers 'from versions: 0.0.1', 2026-12-06); data/searchqa/ stands as committed "
+                     "(data/README.md); with a copy of the sdist (its sha256 is there), pass --src PATH")
         path = os.path.join(folder, "bigbench-1.0.0.tar.gz")
     h = hashlib.sha256()
     with open(path, "rb") as f:

@@ -678,9 +678,10 @@ def memory(model_name, n_questions):
         for k in ("peak_gb", "model_gb", "seconds", "mean"):
             print(f"memory_candidate_{name}_{k}: {cand[name][k]:.3f}")
     print(f"memory_candidate_same_tokens: {cand['one_forward']['tokens'] == cand['sliced']['tokens']}")
-    print(f"memory_candidate_prefill_ratio: {(cand['one_forward']['peak_gb'] - cand['one_forward']['model_gb']) / "
-          f"(cand['sliced']['peak_gb'] - cand['sliced']['model_gb']):.2f} (one forward / row slices, peak above the "
-          f"model); time {cand['sliced']['seconds'] / cand['one_forward']['seconds']:.2f}x")
+    above = {k: r["peak_gb"] - r["model_gb"] for k, r in cand.items()}
+    slower = cand["sliced"]["seconds"] / cand["one_forward"]["seconds"]
+    print(f"memory_candidate_prefill_ratio: {above['one_forward'] / above['sliced']:.2f} (one forward / row slices, "
+          f"peak above the model; time {slower:.2f}x)")
 
 
 def fresh_pair(section, model_name, n_questions, harness, temperature, settings):
