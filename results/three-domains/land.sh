@@ -10,5 +10,6 @@ land() {
   done
   python tools/results.py "$2" --pack
   python tools/report.py "$2"
-  echo "landed: $2 (commit it: git add $2 && git commit -m '...' -- $2)"
+  python tools/report.py "$(dirname "$2")"  # the grid's index.html links it
+  echo "landed: $2 (commit it and its grid's index: git add $2 $(dirname "$2")/index.html && git commit -m '...')"
 }
