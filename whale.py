@@ -96,6 +96,9 @@ class Args:
     rollout_precision: str = arg("fp32", "fp32 | int8: sample rollouts from an int8 copy of the model (CPU, hf "
                                          "engine; training stays fp32; README: Speed)")
     tp: int = arg(1, "vLLM tensor parallelism: GPUs per sampling engine (--engine vllm)")
+    max_memory: float = arg(0.0, "GB of RAM this run's process may use (0 = no limit: the sampler's fixed caps); "
+                                 "sizes the hf sampler's batches to fit beside the weights and optimizer state "
+                                 "(lm/engine.fit_to_memory): slower on a small machine, the same tokens")
     harness: str = arg("", "start from this harness file instead of the domain's h0")
     # phase A
     prompts_per_step: int = arg(16, "B: prompts per rollout step")
@@ -252,6 +255,8 @@ def main(args: Args):
               # what a checkpoint holds: the trained blocks and a pointer to the base, the whole model
               # (full fine-tuning), or no weights at all (--method eval trains nothing)
               weights="none" if ctx.method is None else "trained" if args.train_layers > 0 else "all")
+    if args.max_memory:  # (plumbing: the sampler's batch caps from the RAM left beside the model and optimizer)
+        fit_memory(run, engine, args.max_memory)
 
     # ---- the algorithm: initial evaluation; phase A / phase B until the budget is spent; final test
     if run.state["pending_eval"] and run.rank == 0:
@@ -359,6 +364,22 @@ def harness_phase(run, ctx: Context):
 
 # -----------------------------------------------------------------------------
 # Plumbing (skip on a first read): what search_phase calls back into the run for
+
+def fit_memory(run, engine, gb):
+    """--max-memory: what the process holds now, the optimizer state still to come (AdamW: two fp32
+    tensors a trainable parameter, and its gradient) and ~0.5 GB for the rest (data, index, freed
+    memory glibc keeps) are reserved; the sampler's caps take what is left (engine.fit_to_memory)."""
+    from lm.engine import fit_to_memory
+    from rundir.run_dir import rss_now_and_peak_mb
+    trainable = sum(p.numel() * p.element_size() for p in engine.model.parameters() if p.requires_grad)
+    reserved = rss_now_and_peak_mb().get("rss_mb", 0) * 2**20 + 3 * trainable + 2**29
+    caps = fit_to_memory(engine, gb, reserved)
+    run.log({"event": "memory_fit", "max_memory_gb": gb, **caps},
+            console=f"--max-memory {gb:g} GB: sampler batches of at most {caps['max_cache_positions']} cache positions, "
+                    f"prefill forwards of at most {caps['max_prefill_tokens']}" + (
+                        f"; warning: the weights, optimizer state and process take about {caps['reserved_gb']} GB, so "
+                        f"these are the smallest caps and the run will use more than {gb:g} GB" if caps["too_small"] else ""))
+
 
 def search_hooks(run, ctx: Context, archive):
     """The callbacks one harness phase gives meta_harness.search_phase: run_candidate (rollouts of a

@@ -217,6 +217,9 @@ class HFEngine:
         # long multi-turn prompts from filling the RAM (2^17 positions = 6 GB for the 135M
         # model in fp32; 512 rows of a ~1000-token chess retry prompt were killed at 24 GB)
         self.max_batch_rows, self.max_batch_tokens = max_batch_rows, max_batch_tokens
+        # a memory cap of its own (fit_to_memory, --max-memory; None: none): the positions a chunk's
+        # cache really holds (with shared_prefix, each prompt's once and each row's new tokens)
+        self.max_cache_positions = None
         # distinct prompts sharing a head of at least this many tokens prefill it once
         self.min_shared_head = 64
         # one prefill forward runs at most this many positions (rows x width): its activations and
@@ -242,6 +245,18 @@ class HFEngine:
         # transformers renamed forward's `past_key_values` to `cache` (5.2x); older versions
         # silently ignore an unknown `cache=` kwarg, so ask the signature which one it takes
         self.cache_kw = cache_arg(model)
+
+    def _over_memory(self, chunk, requests) -> bool:
+        """Whether a chunk's cache would hold more than max_cache_positions (--max-memory): with
+        shared_prefix, every prompt padded to the longest once plus each row's new tokens; without,
+        every row padded to the longest prompt plus the most new tokens."""
+        if self.max_cache_positions is None:
+            return False
+        width = max(len(p) for p, _ in chunk)
+        rows = sum(len(m) for _, m in chunk)
+        new = max(int(requests[i]["max_tokens"]) for _, m in chunk for i in m)
+        held = len(chunk) * width + rows * new if self.shared_prefix else rows * (width + new)
+        return held > self.max_cache_positions
 
     def _tail_buckets(self, tail_lens):
         """[(r0, r1)]: runs of rows (tails sorted by length) prefilled by one forward each. The
@@ -294,7 +309,8 @@ class HFEngine:
         for prompt, members in sorted(groups.items()):
             need = len(prompt) + max(int(requests[i]["max_tokens"]) for i in members)  # cache positions per row
             if chunk and (rows + len(members) > self.max_batch_rows
-                          or (rows + len(members)) * max(width, need) > self.max_batch_tokens):
+                          or (rows + len(members)) * max(width, need) > self.max_batch_tokens
+                          or self._over_memory(chunk + [(prompt, members)], requests)):
                 self._sample_chunk(requests, chunk, results)
                 chunk, rows, width = [], 0, 0
             chunk.append((prompt, members))
@@ -391,6 +407,8 @@ class HFEngine:
         order = [i for _, members in chunk for i in members]
         src = torch.tensor([row_of[j] for j, (_, members) in enumerate(chunk) for _ in members], dtype=torch.long)
         logits = last_logits.float()[src.to(dev)]
+        del out, part, layer  # (the prefill's last forward and cache views: nothing may keep the prompts' cache alive
+        #               but the cache itself, or SharedPrefix.keep_rows could not free it as it compacts)
         if shared:
             prefix = shared_prefix.SharedPrefix(cache, mask.to(dev), src.to(dev))
             cache = preallocated_cache(model, max_new_all)
@@ -477,6 +495,32 @@ class HFEngine:
                 text = text[:cut]
             results[i] = {"completion_ids": generated[k], "text": text, "finish": finish[k]}
         model.train(was_training)
+
+
+def fit_to_memory(engine, gb: float, reserved_bytes: int) -> dict:
+    """--max-memory: size the HF sampler so that the process stays near `gb` GiB. What is left after
+    reserved_bytes (the weights, the optimizer state to come, the rest of the process) goes half to
+    one chunk's KV cache (max_cache_positions: the positions the cache really holds, a prompt's
+    once under shared_prefix, at the bytes a position takes, read off a one-token forward) and half
+    to one prefill forward's activations (max_prefill_tokens at an estimate per position: fp32
+    attention scores of a ~1,000-token prompt, the MLP and the residual stream; 100 KB for the 135M
+    model, 70 KB measured). Smaller batches are slower, not different: the same tokens
+    (tests/test_sampler.py). Below the smallest caps (256 MB left) it keeps those and says so."""
+    free = gb * 2**30 - reserved_bytes
+    model = engine.sampling_model
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor([[engine.pad_id]], device=engine.device), use_cache=True)
+    cache = out.past_key_values
+    layers = getattr(cache, "layers", None) or []
+    per_position = sum(t.nbytes for layer in layers for t in (layer.keys, layer.values) if t is not None) or \
+        sum(k.nbytes + v.nbytes for k, v in cache)  # (an older transformers' tuple of (keys, values))
+    c = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    activations = 4 * (2 * c.num_attention_heads * 1024 + 3 * c.intermediate_size + 4 * c.hidden_size)
+    engine.max_cache_positions = max(4096, int(max(free, 2**28) / 2 / per_position))
+    engine.max_prefill_tokens = max(1024, int(max(free, 2**28) / 2 / activations))
+    return {"max_cache_positions": engine.max_cache_positions, "max_prefill_tokens": engine.max_prefill_tokens,
+            "kv_bytes_per_position": per_position, "reserved_gb": round(reserved_bytes / 2**30, 2),
+            "too_small": free < 2**28}
 
 
 def load_engine(model: str = EMBEDDED, engine: str = "hf", device: str = "cpu", dtype=None, tp: int = 1, seed: int = 0,

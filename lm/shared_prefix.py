@@ -77,12 +77,14 @@ class SharedPrefix:
 
     def keep_rows(self, rows):
         """After rows finished: keep `rows` (ascending), and drop the prompts none of them samples
-        from any more (a copy of the surviving prompts' cache, smaller than what it frees)."""
+        from any more (a copy of the surviving prompts' cache, smaller than what it frees). Layer by
+        layer, each old one freed before the next is copied: copying all layers first held both
+        caches at once (a long harness's 64 prompts: 2.5 GB more at the first compaction)."""
         row_prompt = self.row_prompt[rows]
         live = torch.unique(row_prompt)
         if len(live) < self.pad.shape[0]:
-            self.keys = [k[live] for k in self.keys]
-            self.values = [v[live] for v in self.values]
+            for i in range(len(self.keys)):
+                self.keys[i], self.values[i] = self.keys[i][live], self.values[i][live]
             self.pad = self.pad[live]
             row_prompt = torch.searchsorted(live, row_prompt)
         self.set_rows(row_prompt)

@@ -114,6 +114,8 @@ def check_args(a, methods, check_schedule):
     if a.rollout_precision == "int8" and (a.device != "cpu" or a.engine != "hf"):  # int8.Int8Linear: CPU, HF model
         raise UserError(f"--rollout-precision int8 samples with the hf engine on the CPU only, not --device "
                         f"{a.device} --engine {a.engine} (use fp32 there)")
+    if a.max_memory < 0 or (a.max_memory and a.engine != "hf"):  # (vLLM sizes its own cache)
+        raise UserError(f"--max-memory {a.max_memory:g}: give a number of GB > 0 (0: no limit), with --engine hf")
     if a.engine == "vllm" and importlib.util.find_spec("vllm") is None:  # optional: not in requirements.txt
         raise UserError("--engine vllm needs the vllm package, which this Python lacks: install "
                         "requirements-vllm.txt in its own environment (README, 'On GPUs'), or vllm on a CUDA machine")
@@ -365,7 +367,7 @@ def open_run(a, methods, check_schedule):
             if getattr(a, k) != getattr(Args(), k) and getattr(a, k) != saved.get(k):
                 raise UserError(f"--resume {run}: that is a {k}={saved.get(k)} run, not {k}={getattr(a, k)}")
         default = {**vars(Args()), **domains.defaults(a.domain)}  # what parse_args gave the flags not given
-        hardware = {k: getattr(a, k) for k in ("device", "engine", "tp", "tracker")  # (and where it reports to)
+        hardware = {k: getattr(a, k) for k in ("device", "engine", "tp", "tracker", "max_memory")  # (and its reporting)
                     if getattr(a, k) != default[k]}
         for k, v in vars(a).items():  # a resumed run keeps its settings (the hardware it runs on may change)
             if k not in ("resume", "out", "domain", "method", "seed", *hardware) and v != default[k] \

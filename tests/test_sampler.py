@@ -240,6 +240,34 @@ def test_chunks_respect_the_token_cap(hf, monkeypatch):
     assert [o["completion_ids"] for o in cut] == [o["completion_ids"] for o in whole]
 
 
+def test_max_memory_caps_the_cache_a_chunk_really_holds_and_keeps_the_tokens(hf, monkeypatch):
+    """fit_to_memory (--max-memory): the bytes of a cache position are read off the model (2 x layers
+    x KV heads x head size x 4 for the embedded model), more memory gives larger caps; under
+    max_cache_positions each chunk's cache, a prompt's positions once plus each row's new tokens
+    (shared_prefix), stays under the cap, and the tokens are those of one chunk."""
+    c = hf.model.config
+    small = engine.fit_to_memory(types.SimpleNamespace(sampling_model=hf.model, pad_id=hf.pad_id, device=hf.device),
+                                 2.0, 2**30)
+    large = engine.fit_to_memory(types.SimpleNamespace(sampling_model=hf.model, pad_id=hf.pad_id, device=hf.device),
+                                 4.0, 2**30)
+    assert small["kv_bytes_per_position"] == 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * 4
+    assert large["max_cache_positions"] > 2 * small["max_cache_positions"] and not large["too_small"]
+    prompts = [chat(hf, f"Say the number {i} in words.") for i in range(6)]
+    reqs = [{"prompt_ids": p, "max_tokens": 8, "temperature": 0.7, "top_k": 20, "seed": j} for p in prompts
+            for j in range(4)]
+    whole = hf.sample(reqs)
+    width = max(map(len, prompts))
+    cap = 2 * width + 8 * 8  # two prompts and their 8 rows' new tokens
+    held, real = [], hf._sample_chunk
+    monkeypatch.setattr(hf, "max_cache_positions", cap)
+    monkeypatch.setattr(hf, "_sample_chunk", lambda r, chunk, res: (
+        held.append(len(chunk) * max(len(p) for p, _ in chunk) + 8 * sum(len(m) for _, m in chunk)),
+        real(r, chunk, res)))
+    cut = hf.sample(reqs)
+    assert len(held) == 3 and max(held) <= cap
+    assert [o["completion_ids"] for o in cut] == [o["completion_ids"] for o in whole]
+
+
 @pytest.mark.slow
 def test_seeded_sampling_is_reproducible_and_batch_independent(hf):
     p = chat(hf, "Tell me a fact about the ocean.")

@@ -2,8 +2,9 @@
 # End-to-end timing of one whale.py command at two commits (issue #31, item 4), one after the other,
 # on a machine with nothing else running. Each commit gets its own worktree and a fresh WHALE_CACHE
 # that holds only the converted model (so no evaluation is a cache hit), and /usr/bin/time.
-# Prints both wall clocks, then each run's events with their times, so that the same work can be
-# compared: two commits' searches may try other candidates, so the whole runs need not match.
+# Prints both wall clocks and peak RSS (the whale.py process), then each run's events with their times,
+# so that the same work can be compared: two commits' searches may try other candidates, so the whole
+# runs need not match.
 #   bash tools/e2e.sh 5485bb5 HEAD                              # the default run, before / after
 #   bash tools/e2e.sh 5485bb5 HEAD --method weight-only --budget 512
 #   E2E_TOGETHER=1 bash tools/e2e.sh 5485bb5 HEAD FLAGS   # both at once, one thread each, as the grids
@@ -18,7 +19,7 @@ root=${E2E_DIR:-/tmp/whale-e2e}
 model=$(python -c "from lm import models; print(models.embedded_model_dir())")  # converted once, shared
 time_one() {  # COMMIT: its worktree, its fresh cache, its timed run
   local c=$1 d="$root/$1"
-  (cd "$d/src" && WHALE_CACHE="$d/cache" /usr/bin/time -f "$c: %e s wall, %U s user" -o "$d/time.txt" \
+  (cd "$d/src" && WHALE_CACHE="$d/cache" /usr/bin/time -f "$c: %e s wall, %U s user, %M KB peak RSS" -o "$d/time.txt" \
      python whale.py "${flags[@]}" --out "$d/run" > "$d/run.log" 2>&1) || { tail -5 "$d/run.log"; return 1; }
 }
 for c in "$a" "$b"; do
