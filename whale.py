@@ -290,7 +290,8 @@ def weight_phase(run, ctx: Context):
             step = rs_sft.rollout_step(ctx.engine, ctx.domain, state["harness"], ctx.pool, state["loader"],
                                        ctx.optimizer, ctx.sft, seed=(args.seed, "A", state["steps"]),
                                        sampling=ctx.sampling, progress=bar, ddp_model=ctx.ddp_model,
-                                       shard=(run.rank, run.world), replay=state.setdefault("replay", []))
+                                       shard=(run.rank, run.world),
+                                       replay=state.setdefault("replay", []))  # --replay-steps: saved with the state
         run.spend(step["rollouts"], prompt_tokens=step["prompt_tokens"], completion_tokens=step["completion_tokens"],
                   optimizer_steps=step["opt_steps"])
         state["steps"] += 1
@@ -374,11 +375,11 @@ def fit_memory(run, engine, gb):
     trainable = sum(p.numel() * p.element_size() for p in engine.model.parameters() if p.requires_grad)
     reserved = rss_now_and_peak_mb().get("rss_mb", 0) * 2**20 + 3 * trainable + 2**29
     caps = fit_to_memory(engine, gb, reserved)
+    warning = (f"; warning: the weights, optimizer state and process take about {caps['reserved_gb']} GB, so these "
+               f"are the smallest caps and the run will use more than {gb:g} GB") if caps["too_small"] else ""
     run.log({"event": "memory_fit", "max_memory_gb": gb, **caps},
-            console=f"--max-memory {gb:g} GB: sampler batches of at most {caps['max_cache_positions']} cache positions, "
-                    f"prefill forwards of at most {caps['max_prefill_tokens']}" + (
-                        f"; warning: the weights, optimizer state and process take about {caps['reserved_gb']} GB, so "
-                        f"these are the smallest caps and the run will use more than {gb:g} GB" if caps["too_small"] else ""))
+            console=f"--max-memory {gb:g} GB: sampler batches of at most {caps['max_cache_positions']} cache "
+                    f"positions, prefill forwards of at most {caps['max_prefill_tokens']}{warning}")
 
 
 def search_hooks(run, ctx: Context, archive):

@@ -407,8 +407,9 @@ class HFEngine:
         order = [i for _, members in chunk for i in members]
         src = torch.tensor([row_of[j] for j, (_, members) in enumerate(chunk) for _ in members], dtype=torch.long)
         logits = last_logits.float()[src.to(dev)]
-        del out, part, layer  # (the prefill's last forward and cache views: nothing may keep the prompts' cache alive
-        #               but the cache itself, or SharedPrefix.keep_rows could not free it as it compacts)
+        # the prefill's last output and cache views go: only the cache may hold the prompts' keys and
+        # values, or SharedPrefix.keep_rows could not free them as it compacts
+        del out, part, layer
         if shared:
             prefix = shared_prefix.SharedPrefix(cache, mask.to(dev), src.to(dev))
             cache = preallocated_cache(model, max_new_all)
