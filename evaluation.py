@@ -20,10 +20,11 @@ import rollout
 from rundir import run_dir as rd
 
 
-def measure(ctx, harness, examples, n, split, desc) -> dict:
-    """rollout.evaluate of (the engine's weights, harness) at the split's seeds, with a bar, and its
-    per-question means (for paired gains) in place of the records."""
-    with rollout.bar(ctx.engine, len(examples) * n, desc) as bar:
+def measure(ctx, harness, examples, n, split, desc, also=None) -> dict:
+    """rollout.evaluate of (the engine's weights, harness) at the split's seeds, with a bar (`also`:
+    the run's bar, for the evaluations it counts), and its per-question means (for paired gains) in
+    place of the records."""
+    with rollout.bar(ctx.engine, len(examples) * n, desc, also) as bar:
         res = rollout.evaluate(ctx.engine, ctx.domain, harness, examples, n, seed=(ctx.args.seed, split),
                                sampling=ctx.sampling, max_tokens=ctx.args.max_tokens, progress=bar)
     res["per_example"] = rollout.per_example_means(res.pop("records"))
@@ -38,7 +39,8 @@ def evaluate_and_log(run, ctx, split, examples, n, tag, harness=None):
     key = rd.eval_key(vars(args), ctx.domain, harness, examples, n, split) if tag == "initial" else None
     res = rd.load_cached_eval(key)
     if res is None:
-        res = measure(ctx, harness, examples, n, split, f"eval {split} mean@{n}")
+        res = measure(ctx, harness, examples, n, split, f"eval {split} mean@{n}",
+                      also=run.bar if tag in ("final", "best_val") else None)  # (the run's bar ends with these)
         rd.store_cached_eval(key, res)
     rd.crash_point("eval")  # (a testing aid: a kill after an evaluation, before its line and checkpoint)
     point = {"split": split, "tag": tag, "cycle": state["cycle"], "rollouts": state["rollouts"],
@@ -75,8 +77,9 @@ def after_phase(run, ctx):
 def finish(run, ctx):
     """The final test mean@k, the best-on-validation checkpoint scored on test, summary.json."""
     args, state = ctx.args, run.state
-    run.bar.close()
     tests = {e["tag"]: e for e in state["evals"] if e["split"] == "test"}
+    run.bar.total = run.bar.n + len(ctx.test) * args.test_n * len(tests_ahead(run, ctx, tests))  # (all that is left)
+    run.bar.refresh()
     if ctx.method is not None and "final" not in tests:
         tests["final"] = evaluate_and_log(run, ctx, "test", ctx.test, args.test_n, "final")
         run.checkpoint(ctx.engine, ctx.optimizer, model_changed=False)
@@ -94,11 +97,27 @@ def finish(run, ctx):
         best_val_test = tests["best_val"] = evaluate_and_log(run, ctx, "test", ctx.test, args.test_n, "best_val",
                                                              harness=best["harness"])
     cells = two_by_two(run, ctx, initial, final) if ctx.method is not None and args.two_by_two == "on" else None
+    run.bar.close()
     rd.plot_curve(run.dir, state["evals"], f"{args.method} on {args.domain} (seed {args.seed})")
     gain = rollout.paired_gain(initial["per_example"], final["per_example"])  # final - initial, paired
     run.print_summary(run.write_summary(tests, best_val_test, gain, cells))
     run.finish_tracker(write_report(run.dir))
     run.drop_optimizer()  # nothing trains after this: the run directory keeps only weights, state and records
+
+
+def tests_ahead(run, ctx, tests) -> list[str]:
+    """The full-test evaluations finish() still has to score (the run's bar counts them): the final
+    test, the best-on-validation point when it is an earlier one, and the 2 x 2's two new cells."""
+    if ctx.method is None:
+        return []
+    state, best = run.state, run.state["best_val"]
+    ahead = [] if "final" in tests else ["final"]
+    if best is not None and best["tag"] != "initial" and "best_val" not in tests and not (
+            best["rollouts"] == state["rollouts"] and best["harness"] == state["harness"]):
+        ahead.append("best_val")
+    if ctx.args.two_by_two == "on" and both_moved(run, ctx):
+        ahead += [c for c in ("final_weights_h0", "base_weights_final_harness") if c not in state.get("two_by_two", {})]
+    return ahead
 
 
 def write_report(run_dir):
@@ -124,7 +143,7 @@ def test_cell(run, ctx, tag, harness):
     state's two_by_two (a resumed run does not score it again) and logged as a `two_by_two` event."""
     cells = run.state.setdefault("two_by_two", {})
     if tag not in cells:
-        res = measure(ctx, harness, ctx.test, ctx.args.test_n, "test", f"2x2 {tag}")
+        res = measure(ctx, harness, ctx.test, ctx.args.test_n, "test", f"2x2 {tag}", also=run.bar)
         cells[tag] = {k: res[k] for k in ("mean", "se", "per_example")}
         run.log({"event": "two_by_two", "cell": tag, "mean": res["mean"], "se": res["se"],
                  "seconds": round(res["seconds"], 1)}, console=f"2x2: {tag.replace('_', ' ')} {res['mean']:.3f}")

@@ -257,6 +257,8 @@ def main(args: Args):
               weights="none" if ctx.method is None else "trained" if args.train_layers > 0 else "all")
     if args.max_memory:  # (plumbing: the sampler's batch caps from the RAM left beside the model and optimizer)
         fit_memory(run, engine, args.max_memory)
+    if ctx.method is not None:  # the run's bar ends with the run: final test and 2 x 2 too (finish() makes it exact)
+        run.bar.total = args.budget + len(ctx.test) * args.test_n * (3 if args.two_by_two == "on" else 1)
 
     # ---- the algorithm: initial evaluation; phase A / phase B until the budget is spent; final test
     if run.state["pending_eval"] and run.rank == 0:
