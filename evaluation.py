@@ -48,7 +48,9 @@ def evaluate_and_log(run, ctx, split, examples, n, tag, harness=None):
     if split == "test":
         point["per_example"] = res["per_example"]
     state["evals"].append(point)
-    run.log({"event": "eval", **point, "seconds": round(res["seconds"], 1)})
+    run.log({"event": "eval", **point, "seconds": round(res["seconds"], 1)},
+            console=f"eval {split} ({tag}): mean@{n} {res['mean']:.3f} ± {res['se']:.3f} on {res['examples']} "
+                    f"questions, {res['seconds']:.0f} s")
     return point
 
 

@@ -334,6 +334,10 @@ def console_line(event, cycle):
                 f"{event.get('paper_choice')} {100 * (event.get('archive_best') or 0):.1f} %; {verdict}")
     if e == "harness_phase_end":
         return f"{where} ends after iteration {event.get('iterations', 1) - 1}: {str(event.get('reason'))[:80]}"
+    if e in ("proposer_error", "archive_integrity"):
+        return f"{where} {e.replace('_', ' ')}: {str(event.get('reason'))[:90]}"
+    if e == "proposer_backoff":
+        return f"{where} the proposer failed {event.get('failed_calls')} calls: waiting {event.get('seconds')} s"
     return None
 
 

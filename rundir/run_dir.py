@@ -459,8 +459,11 @@ class Run:
             from rundir import tracking
             self.tracker = tracking.open_tracker(self.dir, vars(a))
         self.gflops = matmul_gflop_per_s() if self.rank == 0 else None
-        self.log({"event": "start", "commit": code_version(), "argv": sys.argv[1:],  # which code made this run
-                  "matmul_gflop_per_s": self.gflops})  # and on what machine (its speed)
+        commit = code_version()
+        self.log({"event": "start", "commit": commit, "argv": sys.argv[1:],  # which code made this run
+                  "matmul_gflop_per_s": self.gflops},  # and on what machine (its speed)
+                 console=f"start at commit {commit[:12]}{'+dirty' if commit.endswith('+dirty') else ''}, on a "
+                         f"machine of {self.gflops or 0:.0f} fp32 matmul GFLOP/s (times scale with its inverse)")
         if self.rank == 0:
             self.bar.write(f"run directory {self.dir}: stop it any time, "
                            f"`python whale.py --resume {self.dir}` continues")
