@@ -82,7 +82,8 @@ class Args:
                                            "(I counts the incoming harness: 3 = two proposer iterations)")
     budget: int = arg(1408, "total target rollouts (phase A + phase B), the same for every method (the default "
                             "buys 3 + 1 RSFT steps of 128 and one harness phase of 1 + 2 x 3 candidates x 128; "
-                            "about 13 min here: results/first-run/)")
+                            "run 9: 13.4 min alone on 2 cores at ~180 fp32 matmul GFLOP/s, peak RSS 12 GB, before "
+                            "racing and issue 68's cuts: results/first-run/; times scale with 1/GFLOP/s)")
     seed: int = arg(0, "seed for data order, sampling and proposals")
     out: str = arg("", "run directory (default runs/<domain>-<method>-s<seed>)")
     resume: str = arg("", "continue the run in this directory from its last checkpoint")
