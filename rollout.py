@@ -15,6 +15,7 @@ its rollouts are done) and rollouts on several machines.
 import contextlib
 import hashlib
 import time
+import types
 
 import numpy as np
 
@@ -99,7 +100,9 @@ def bar(engine, total: int, desc: str, also=None, quiet: bool = False):
             also.update(k)
     engine.on_tokens = on_tokens
     try:
-        yield type("Progress", (), {"update": staticmethod(update)})
+        # (a namespace, not a class: a class is freed only by the cycle collector, and would keep the
+        # run's bar alive past a Ctrl-C, to be redrawn after the "interrupted" line)
+        yield types.SimpleNamespace(update=update)
     finally:
         engine.on_tokens = None
         shown.close()
