@@ -257,7 +257,7 @@ def main(args: Args):
               # (full fine-tuning), or no weights at all (--method eval trains nothing)
               weights="none" if ctx.method is None else "trained" if args.train_layers > 0 else "all")
     if args.max_memory:  # (plumbing: the sampler's batch caps from the RAM left beside the model and optimizer)
-        fit_memory(run, engine, args.max_memory)
+        run.fit_memory(engine, args.max_memory)
     if ctx.method is not None:  # the run's bar ends with the run: final test and 2 x 2 too (finish() makes it exact)
         run.bar.total = args.budget + len(ctx.test) * args.test_n * (3 if args.two_by_two == "on" else 1)
 
@@ -368,22 +368,6 @@ def harness_phase(run, ctx: Context):
 
 # -----------------------------------------------------------------------------
 # Plumbing (skip on a first read): what search_phase calls back into the run for
-
-def fit_memory(run, engine, gb):
-    """--max-memory: what the process holds now, the optimizer state still to come (AdamW: two fp32
-    tensors a trainable parameter, and its gradient) and ~0.5 GB for the rest (data, index, freed
-    memory glibc keeps) are reserved; the sampler's caps take what is left (engine.fit_to_memory)."""
-    from lm.engine import fit_to_memory
-    from rundir.run_dir import rss_now_and_peak_mb
-    trainable = sum(p.numel() * p.element_size() for p in engine.model.parameters() if p.requires_grad)
-    reserved = rss_now_and_peak_mb().get("rss_mb", 0) * 2**20 + 3 * trainable + 2**29
-    caps = fit_to_memory(engine, gb, reserved)
-    warning = (f"; warning: the weights, optimizer state and process take about {caps['reserved_gb']} GB, so these "
-               f"are the smallest caps and the run will use more than {gb:g} GB") if caps["too_small"] else ""
-    run.log({"event": "memory_fit", "max_memory_gb": gb, **caps},
-            console=f"--max-memory {gb:g} GB: sampler batches of at most {caps['max_cache_positions']} cache "
-                    f"positions, prefill forwards of at most {caps['max_prefill_tokens']}{warning}")
-
 
 def search_hooks(run, ctx: Context, archive):
     """The callbacks one harness phase gives meta_harness.search_phase: run_candidate (rollouts of a

@@ -601,6 +601,20 @@ class Run:
             engine.model.load_state_dict(weights, strict=False)
         engine.sync_weights()
 
+    def fit_memory(self, engine, gb):
+        """--max-memory: what the process holds now, the optimizer state still to come (AdamW: two fp32
+        tensors a trainable parameter, and its gradient) and ~0.5 GB for the rest (data, index, freed
+        memory glibc keeps) are reserved; the sampler's caps take what is left (engine.fit_to_memory)."""
+        from lm.engine import fit_to_memory
+        trainable = sum(p.numel() * p.element_size() for p in engine.model.parameters() if p.requires_grad)
+        reserved = rss_now_and_peak_mb().get("rss_mb", 0) * 2**20 + 3 * trainable + 2**29
+        caps = fit_to_memory(engine, gb, reserved)
+        warning = (f"; warning: the weights, optimizer state and process take about {caps['reserved_gb']} GB, so these "
+                   f"are the smallest caps and the run will use more than {gb:g} GB") if caps["too_small"] else ""
+        self.log({"event": "memory_fit", "max_memory_gb": gb, **caps},
+                 console=f"--max-memory {gb:g} GB: sampler batches of at most {caps['max_cache_positions']} cache "
+                         f"positions, prefill forwards of at most {caps['max_prefill_tokens']}{warning}")
+
     def drop_optimizer(self):
         """A finished run trains no more: its optimizer state (2x the trained weights) goes, and a
         whole model is kept in bfloat16 only where that changes no value (halve_weights)."""
