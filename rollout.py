@@ -76,6 +76,22 @@ def run(engine, domain, source: str, examples: list[dict], n: int, *, seed, samp
     return records
 
 
+def runs_at_all(engine, domain, source: str, example: dict, *, seed, sampling: dict, max_tokens: int,
+                timeout: float = 60.0) -> str | None:
+    """Does a proposed harness run at all? One rollout of one example: None, or why not. Only what
+    the harness answers for makes it invalid: it raised, crashed, broke the protocol, or its own code
+    and tool calls took over `timeout` seconds. Its model time does not: a lone rollout's share of
+    each batch is the whole batch, so the machine's speed and load would decide (under load, a valid
+    4-turn chess harness took 45 s of model time alone, and two were dropped at 60 s). A rollout the
+    model ran past the deadline goes on to be scored, where real batches share the model and the
+    sandbox's deadline holds each rollout to its share (jail/sandbox.py)."""
+    rec = run(engine, domain, source, [example], 1, seed=seed, sampling=sampling, max_tokens=max_tokens,
+              rollout_timeout=timeout)[0]
+    if rec["status"] == "ok" or (rec["status"] == "timeout" and rec["charged_s"] - rec["model_s"] <= timeout):
+        return None
+    return f"{rec['status']}: {rec['error']}"
+
+
 @contextlib.contextmanager
 def bar(engine, total: int, desc: str, also=None, quiet: bool = False):
     """A progress bar of one evaluation or candidate (total rollouts; `also`: another bar the same

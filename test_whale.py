@@ -905,6 +905,29 @@ def test_invalid_candidates_are_archived_and_search_continues(tmp_path):
     assert res["iterations"] == 4 and res["counters"]["invalid"] == 6
 
 
+@pytest.mark.slow
+def test_whether_a_harness_runs_at_all_does_not_depend_on_the_models_speed(hf):
+    """rollout.runs_at_all, phase B's validation: on a machine so loaded that every model batch takes
+    longer than the whole deadline, chess h0 (two llm() calls) is still valid, while a harness whose own
+    code loops past the deadline, or that raises, is not."""
+    from domains import chess
+
+    class Loaded:  # the real engine on a slow machine: each batch is late by more than the deadline
+        def __getattr__(self, name):
+            return getattr(hf, name)
+
+        def sample(self, reqs):
+            time.sleep(1.5)
+            return hf.sample(reqs)
+
+    example = chess.load_split("harness")[0]
+    check = lambda src: rollout.runs_at_all(Loaded(), chess, src, example, seed=0, max_tokens=8, timeout=1.0,
+                                            sampling={"temperature": 0.7, "top_k": 0, "top_p": 1.0})
+    assert check(Path(chess.H0).read_text()) is None
+    assert check("def run(task, llm, tools):\n    while True:\n        pass\n").startswith("timeout")
+    assert check("def run(task, llm, tools):\n    raise ValueError('no')\n").startswith("error")
+
+
 def test_prompt_only_search_rejects_other_changes(tmp_path):
     d = str(tmp_path / "fst")
     prim = proposers.make_proposer("primitives", DOMAIN)

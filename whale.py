@@ -412,10 +412,9 @@ def search_hooks(run, ctx: Context, archive):
         crash_point("harness_eval")
         return records
 
-    def validate_run(source):  # one rollout of one example: does it run at all?
-        rec = rollout.run(ctx.engine, ctx.domain, source, ctx.search_set[:1], 1, seed=(args.seed, "validate"),
-                          sampling=ctx.sampling, max_tokens=args.max_tokens, rollout_timeout=60)[0]
-        return None if rec["status"] == "ok" else f"{rec['status']}: {rec['error']}"
+    def validate_run(source):  # one rollout of one example: does it run at all? (its model time never decides)
+        return rollout.runs_at_all(ctx.engine, ctx.domain, source, ctx.search_set[0], seed=(args.seed, "validate"),
+                                   sampling=ctx.sampling, max_tokens=args.max_tokens)
 
     logged = {"rollouts": state["rollouts"]}  # the run's count at the last logged event of this phase
 

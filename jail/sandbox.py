@@ -360,7 +360,7 @@ def run_rollouts(source, jobs, llm_batch, make_tools_for, *, rollout_timeout=60.
     the child and of each rollout process (None: batch_timeout + 10). mem_mb: the address space of
     each rollout process, and the memory all of them may hold together beyond the router
     (watch_memory). Returns one record per job, in order; "charged_s" is
-    what the rollout was charged against rollout_timeout.
+    what the rollout was charged against rollout_timeout, "model_s" the model shares in it.
 
     What counts against rollout_timeout: the harness's own time, the tools it called, and its
     share of every llm batch it was in (the batch's seconds / its rows). Shares, not whole
@@ -381,7 +381,7 @@ def run_rollouts(source, jobs, llm_batch, make_tools_for, *, rollout_timeout=60.
     """
     n = len(jobs)
     recs = [{"rid": j["rid"], "answer": None, "status": None, "error": None, "calls": [],
-             "tool_calls": [], "stdout": "", "wall_s": 0.0, "charged_s": 0.0} for j in jobs]
+             "tool_calls": [], "stdout": "", "wall_s": 0.0, "charged_s": 0.0, "model_s": 0.0} for j in jobs]
     if n == 0:
         return recs
     try:  # (the child would die writing it to its harness.py)
@@ -401,7 +401,7 @@ def run_rollouts(source, jobs, llm_batch, make_tools_for, *, rollout_timeout=60.
     clock = lambda: time.monotonic() - t_start - busy
     # Per rollout: used = seconds charged so far (own time, its tools, its model shares);
     # run_since = clock when it last started running (None while it waits for a reply).
-    st = [{"used": 0.0, "run_since": None, "t0": None, "n_llm": 0, "n_tool": 0, "call": None,
+    st = [{"used": 0.0, "model": 0.0, "run_since": None, "t0": None, "n_llm": 0, "n_tool": 0, "call": None,
            "freed": False} for _ in range(n)]
     live, waiting, queued = set(), {}, list(range(n))[::-1]  # waiting: i -> clock at request
     last_llm = [0.0]  # clock of the newest llm() call
@@ -423,6 +423,7 @@ def run_rollouts(source, jobs, llm_batch, make_tools_for, *, rollout_timeout=60.
                                                                        for x in (error, answer, stdout)))
         r["wall_s"] = time.monotonic() - st[i]["t0"] if st[i]["t0"] else 0.0
         r["charged_s"] = st[i]["used"] + (clock() - st[i]["run_since"] if st[i]["run_since"] is not None else 0.0)
+        r["model_s"] = st[i]["model"]
         unfinished -= 1
 
     def finish_all(status, error):
@@ -514,7 +515,9 @@ def run_rollouts(source, jobs, llm_batch, make_tools_for, *, rollout_timeout=60.
         assert len(outs) == len(calls), "llm_batch must answer every call"
         for i, a, b in zip(order, first, first[1:] + [len(calls)]):
             del waiting[i]
-            st[i]["used"] += t * (b - a) / len(calls)  # its share of the batch (see the docstring)
+            share = t * (b - a) / len(calls)  # its share of the batch (see the docstring)
+            st[i]["used"] += share
+            st[i]["model"] += share
             refused = [out["error"] for out in outs[a:b] if "error" in out]
             if refused:  # by the engine side, e.g. over the context: nothing sampled
                 reply(i, False, f"llm: {refused[0]}"[:ERROR_CHARS])

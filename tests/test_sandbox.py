@@ -448,7 +448,7 @@ def test_concurrent_rollouts_share_one_llm_batch_and_are_recorded_exactly():
     assert first[0]["max_tokens"] == CAP  # the harness's default 256, capped by the parent
     # per-call seeds are a function of (job seed, call index) only: same again on a rerun
     again = run_sandboxed(TWO_CALLS, n=n)
-    strip = lambda rs: [{k: v for k, v in x.items() if k not in ("wall_s", "charged_s")} for x in rs]
+    strip = lambda rs: [{k: v for k, v in x.items() if k not in ("wall_s", "charged_s", "model_s")} for x in rs]
     assert strip(again) == strip(recs)
     assert len({c["seed"] for _, calls in log for c in calls}) == 2 * n
 
@@ -711,6 +711,7 @@ def test_model_time_is_charged_by_share_of_each_batch():
                          batch_timeout=2.0)
     assert [r["status"] for r in recs] == ["ok"] * 3  # 2 batches of 1.2 s shared by 3 rollouts: 0.8 s each
     assert all(0.8 <= r["charged_s"] < 1.0 for r in recs), [r["charged_s"] for r in recs]
+    assert all(0.8 <= r["model_s"] <= r["charged_s"] for r in recs), recs  # and said apart from the rest
 
 
 @pytest.mark.slow
@@ -731,6 +732,7 @@ def test_tool_time_is_charged_to_the_rollout_that_called():
                                       rollout_timeout=1.0, max_llm_tokens=CAP)
     assert rec0["status"] == "timeout" and 1.0 < rec0["charged_s"] <= 1.5 and len(rec0["tool_calls"]) <= 4
     assert rec1["status"] == "ok" and rec1["charged_s"] < 0.5  # the other rollout does not pay for them
+    assert rec0["model_s"] == 0.0  # tool time is the harness's own, never the model's
 
 
 @pytest.mark.slow
