@@ -2,8 +2,8 @@
 Phase A: online rejection-sampling fine-tuning (RSFT), in plain PyTorch.
 
 One rollout step, as in the paper (rollout_step, at the bottom):
-  1. take the next B prompts of the weight pool (a persistent loader: no prompt
-     is seen twice within an epoch);
+  1. take the next B prompts of the weight pool (draw_prompts, a persistent loader:
+     no prompt is seen twice within an epoch);
   2. roll each out G times under the CURRENT harness (rollout.py, the sandbox);
   3. weigh each rollout (weight: 1 if the verifier says it succeeded, else 0) and
      keep those of weight > 0 (keep);
@@ -199,9 +199,11 @@ def make_optimizer(params, lr: float, weight_decay: float = 0.0):
 class Config:
     """Phase A's settings, one object. whale.phase_a_config builds it from the command line: the
     defaults and their help live in whale.Args alone, and each field here has its Args name."""
-    prompts_per_step: int   # B: prompts per rollout step
     group: int              # G: rollouts per prompt
     max_tokens: int         # cap on new tokens per llm() call
+    temperature: float      # the rollouts' sampling (the run's, as in every other rollout)
+    top_k: int
+    top_p: float
     max_kept_per_prompt: int  # kept rollouts per prompt (0 = all), see keep()
     minibatch: int          # sequences per optimizer step
     micro_batch: int        # sequences per forward/backward (gradient accumulation)
@@ -334,19 +336,25 @@ def step_line(m: dict, step: int, cycle: int) -> str:
 # -----------------------------------------------------------------------------
 # one rollout step = rollouts + filter + update + sync
 
-def rollout_step(engine, domain, harness: str, pool: list[dict], loader: dict, optimizer, cfg: Config, *, seed,
-                 sampling: dict, ddp_model=None, shard=(0, 1), progress=None, replay: list | None = None) -> dict:
-    """Phase A's unit of work: cfg.prompts_per_step prompts x cfg.group rollouts, then the update. Returns
-    the step's metrics (and nothing else: the model and optimizer are updated in place, the
-    loader advances).
+def draw_prompts(pool: list[dict], loader: dict, n: int) -> list[dict]:
+    """The next n prompts of the weight pool (next_batch's order; the loader advances)."""
+    return [pool[i] for i in next_batch(loader, n)]
+
+
+def rollout_step(engine, optimizer, cfg: Config, domain, harness: str, prompts: list[dict], *, seed, replay: list,
+                 progress=None, ddp=None) -> dict:
+    """Phase A's unit of work: cfg.group rollouts of each of `prompts` (the step's, draw_prompts),
+    then the update. Returns the step's metrics (and nothing else: the model and optimizer are
+    updated in place).
     replay: the kept sequences of the earlier steps that cfg.replay_steps still trains on, one
     list per step, oldest first; this step's are appended and the oldest dropped, in place
     (the caller saves it with the run, so a resumed run trains on the same buffer).
-    shard=(rank, world): under torchrun each rank rolls out its slice of the batch
-    and passes ddp_model; the metrics returned are global, the same on every rank."""
-    idx = next_batch(loader, cfg.prompts_per_step)
-    rank, world = shard
-    examples = [pool[i] for i in idx][rank::world]
+    ddp=(rank, world, ddp_model) under torchrun: each rank rolls out its slice of the prompts
+    and trains through ddp_model; the metrics returned are global, the same on every rank."""
+    rank, world, ddp_model = ddp or (0, 1, None)
+    shard = (rank, world)
+    examples = prompts[rank::world]
+    sampling = {"temperature": cfg.temperature, "top_k": cfg.top_k, "top_p": cfg.top_p}
     t0 = time.time()
     records = rollout.run(engine, domain, harness, examples, cfg.group, seed=seed, sampling=sampling,
                           max_tokens=cfg.max_tokens, progress=progress)
@@ -357,7 +365,6 @@ def rollout_step(engine, domain, harness: str, pool: list[dict], loader: dict, o
     t_roll = time.time() - t0
     kept = keep(records, cfg.max_kept_per_prompt)
     seqs = [s for r in kept for s in sequences(r)]
-    replay = [] if replay is None else replay
     train = [s for earlier in replay for s in earlier] + seqs  # the buffer: R-1 earlier steps' and this one's
     probe = seqs[::max(1, math.ceil(len(seqs) / HEALTH_SEQS))]  # the health figure's sample: <= HEALTH_SEQS
     t_health = time.time()
@@ -374,7 +381,7 @@ def rollout_step(engine, domain, harness: str, pool: list[dict], loader: dict, o
     del replay[:max(len(replay) - (cfg.replay_steps - 1), 0)]  # keep what the next step still trains on
     calls = [c for r in records for c in r["calls"]]
     reward = sum(r["score"] for r in records) / max(len(records), 1)
-    return {"prompts": len(idx), "rollouts": len(records), "train_reward": reward,
+    return {"prompts": len(prompts), "rollouts": len(records), "train_reward": reward,
             "kept": len(kept), "kept_frac": len(kept) / max(len(records), 1), "sequences": len(seqs),
             "replay_sequences": len(train),
             "capped_frac": sum(c.get("finish") == "length" for c in calls) / max(len(calls), 1),
@@ -384,7 +391,7 @@ def rollout_step(engine, domain, harness: str, pool: list[dict], loader: dict, o
             "sft_tokens": upd["tokens"], "sft_forward_tokens": upd.get("forward_tokens", 0),
             "trained_tokens": upd["trained_tokens"],
             "sft_tokens_per_s": upd.get("tokens_per_s"),
-            "sft_seconds": upd["seconds"], "rollout_seconds": t_roll, "epoch": loader["epoch"],
+            "sft_seconds": upd["seconds"], "rollout_seconds": t_roll,
             **{k: v for k, v in rollout.totals(records).items() if k != "rollouts"}}
 
 

@@ -123,9 +123,8 @@ def test_all_rejected_step_skips_the_optimizer(hf):
     params = rs_sft.set_trainable(hf.model, 1)
     opt = rs_sft.make_optimizer(params, 1e-3)
     loader = rs_sft.new_loader(8, 0)
-    m = rs_sft.rollout_step(hf, searchqa, never, searchqa.load_split("weight")[:8], loader, opt,
-                            sft_cfg(prompts_per_step=2, group=2), seed=0,
-                            sampling={"temperature": 1.0, "top_k": 20, "top_p": 1.0})
+    m = rs_sft.rollout_step(hf, opt, sft_cfg(group=2, temperature=1.0, top_k=20, top_p=1.0), searchqa, never,
+                            rs_sft.draw_prompts(searchqa.load_split("weight")[:8], loader, 2), seed=0, replay=[])
     assert m["rollouts"] == 4 and m["kept"] == 0
     assert m["skipped_update"] is True and m["opt_steps"] == 0 and m["loss"] is None
     assert torch.equal(w0, hf.model.model.layers[-1].mlp.down_proj.weight)
@@ -408,10 +407,10 @@ def phase_a_step(hf, lr, cfg=None, replay=None):
     from domains import template
     eng = engine.HFEngine(copy.deepcopy(hf.model), hf.tokenizer)
     opt = rs_sft.make_optimizer(rs_sft.set_trainable(eng.model, 1), lr)
-    cfg = cfg or sft_cfg(prompts_per_step=2, group=2, max_kept_per_prompt=2, minibatch=4, micro_batch=2)
-    m = rs_sft.rollout_step(eng, template, SUM_HARNESS, template.load_split("weight")[:8], rs_sft.new_loader(8, 0),
-                            opt, cfg, seed=0, sampling={"temperature": 1.0, "top_k": 20, "top_p": 1.0},
-                            replay=replay)
+    cfg = cfg or sft_cfg(group=2, max_kept_per_prompt=2, minibatch=4, micro_batch=2)
+    cfg = dataclasses.replace(cfg, temperature=1.0, top_k=20, top_p=1.0)
+    prompts = rs_sft.draw_prompts(template.load_split("weight")[:8], rs_sft.new_loader(8, 0), 2)
+    m = rs_sft.rollout_step(eng, opt, cfg, template, SUM_HARNESS, prompts, seed=0, replay=[] if replay is None else replay)
     return m, eng
 
 
@@ -436,7 +435,7 @@ def test_phase_a_health_figure_flags_an_absurd_lr_and_not_a_sane_one(hf):
 def test_phase_a_replay_buffer_keeps_the_last_steps_and_trains_on_them(hf):
     """--replay-steps 3 --sft-epochs 2: the buffer passed in is trained on with this step's kept
     sequences (2 epochs over 4 + 4), then holds the last 2 steps' kept sequences."""
-    cfg = sft_cfg(prompts_per_step=2, group=2, max_kept_per_prompt=2, minibatch=4, micro_batch=2, replay_steps=3,
+    cfg = sft_cfg(group=2, max_kept_per_prompt=2, minibatch=4, micro_batch=2, replay_steps=3,
                         sft_epochs=2)
     earlier = [[(list(ids), list(lab)) for ids, lab in [([1, 2, 3, 4], [rs_sft.IGNORE, rs_sft.IGNORE, 3, 4])] * 4]]
     replay = copy.deepcopy(earlier)
@@ -444,7 +443,7 @@ def test_phase_a_replay_buffer_keeps_the_last_steps_and_trains_on_them(hf):
     assert m["sequences"] == 4 and m["replay_sequences"] == 8 and m["opt_steps"] == 4  # 2 epochs x 2 minibatches
     assert len(replay) == 2 and replay[0] == earlier[0] and len(replay[1]) == 4
     assert m["trained_tokens"] == 2 * (4 * 2 + sum(sum(l != rs_sft.IGNORE for l in s.labels[1:]) for s in replay[1]))
-    m1, _ = phase_a_step(hf, 1e-4, sft_cfg(prompts_per_step=2, group=2, max_kept_per_prompt=2, minibatch=4,
+    m1, _ = phase_a_step(hf, 1e-4, sft_cfg(group=2, max_kept_per_prompt=2, minibatch=4,
                                                  micro_batch=2), replay=[])
     assert m1["replay_sequences"] == 4 and m1["opt_steps"] == 1  # the defaults: this step's kept set, once
 

@@ -20,34 +20,9 @@ the DDP plumbing) is rundir/; how it is scored (initial test, validation after e
 best-on-val, final test) is evaluation.py; the sampler and model loading are lm/. Left out on
 purpose: multi-node training and asynchronous rollouts. Data-parallel phase A runs under torchrun (see README).
 """
-import os
+from lm.process_tuning import tune_process
 
-# OpenMP threads wait for the next parallel region by spinning briefly, then sleeping: 20,000 spins.
-# Sleeping at once (OMP_WAIT_POLICY=PASSIVE) costs a futex wake-up per region, and a decode step has
-# hundreds: 1.3x the time of an evaluation; spinning long (libgomp's default) would take the cores from
-# the sandbox child and from a second run (tools/bench.py --only omp measures it).
-if "OMP_WAIT_POLICY" not in os.environ:  # (a policy the user sets is theirs)
-    os.environ.setdefault("GOMP_SPINCOUNT", "20000")
-
-
-def keep_freed_memory():
-    """glibc returns every freed block over 32 MB (a prefill's activations, the update's logits) to
-    the kernel, and the next one comes back as fresh pages the kernel must fault in and zero: 2 of
-    the first run's 15 minutes. Keeping blocks under 1 GB in the heap reuses them (the same peak RSS;
-    tools/bench.py --only malloc measures it: 1.09x on long prompts). Not glibc, or a GLIBC_TUNABLES
-    or MALLOC_* in the environment (even empty: the user's own malloc settings): nothing changes."""
-    if "GLIBC_TUNABLES" in os.environ or any(k.startswith("MALLOC_") for k in os.environ):
-        return
-    try:
-        import ctypes
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:
-        return
-    libc.mallopt(-3, 1 << 30)  # M_MMAP_THRESHOLD: only blocks over 1 GB are mapped apart
-    libc.mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD: keep up to 1 GB of free heap top
-
-
-keep_freed_memory()
+tune_process()  # (plumbing: OpenMP's wait and glibc's freed memory, set before torch loads)
 import importlib
 import sys
 import types
@@ -210,7 +185,7 @@ class Context:
     sft: object                # rs_sft.Config (phase_a_config)
     budget: Budget             # what the rollout budget buys
     optimizer: object          # AdamW over the trained parameters
-    ddp_model: object | None   # the DDP wrapper under torchrun, else None
+    ddp: tuple | None          # (rank, world, the DDP-wrapped model) under torchrun, else None
 
 
 def phase_a_config(args: Args, **changes):
@@ -250,7 +225,7 @@ def main(args: Args):
         sft=phase_a_config(args),
         budget=Budget(total=args.budget, step_cost=args.prompts_per_step * args.group,
                       candidate_cost=len(search_set) * args.harness_n, candidates=args.candidates),
-        optimizer=optimizer, ddp_model=ddp.ddp_wrap(engine.model))  # (ddp_model: None in one process)
+        optimizer=optimizer, ddp=ddp.data_parallel(engine.model))  # (None in one process)
     run.start(rd.new_state(phase=ctx.method.first if ctx.method else "A", done=ctx.method is None, harness=ctx.h0,
                            loader=rs_sft.new_loader(len(ctx.pool), args.seed)), optimizer=optimizer, engine=engine,
               # what a checkpoint holds: the trained blocks and a pointer to the base, the whole model
@@ -290,11 +265,11 @@ def weight_phase(run, ctx: Context):
     while state["phase"] == "A":
         with rollout.bar(ctx.engine, args.prompts_per_step * args.group // run.world,
                          f"A{state['cycle']} step {state['steps'] + 1}", run.bar, quiet=run.rank > 0) as bar:
-            step = rs_sft.rollout_step(ctx.engine, ctx.domain, state["harness"], ctx.pool, state["loader"],
-                                       ctx.optimizer, ctx.sft, seed=(args.seed, "A", state["steps"]),
-                                       sampling=ctx.sampling, progress=bar, ddp_model=ctx.ddp_model,
-                                       shard=(run.rank, run.world),
+            prompts = rs_sft.draw_prompts(ctx.pool, state["loader"], args.prompts_per_step)
+            step = rs_sft.rollout_step(ctx.engine, ctx.optimizer, ctx.sft, ctx.domain, state["harness"], prompts,
+                                       seed=(args.seed, "A", state["steps"]), progress=bar, ddp=ctx.ddp,
                                        replay=state.setdefault("replay", []))  # --replay-steps: saved with the state
+        step["epoch"] = state["loader"]["epoch"]
         run.spend(step["rollouts"], prompt_tokens=step["prompt_tokens"], completion_tokens=step["completion_tokens"],
                   optimizer_steps=step["opt_steps"])
         state["steps"] += 1

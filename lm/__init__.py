@@ -6,7 +6,8 @@
 - engine.py: the HF sampler (batched, temperature/top-k/top-p, stop strings) and its save/load;
   shared_prefix.py (one prompt's cache for its G samples) and int8.py (int8 rollouts) make it
   faster; vllm_engine.py is the same interface over vLLM, imported only when asked for;
-- prefix_tree.py: phase A's shared prompt tokens run once in the SFT forward (--sft-prompts shared).
+- prefix_tree.py: phase A's shared prompt tokens run once in the SFT forward (--sft-prompts shared);
+- process_tuning.py: OpenMP's wait and glibc's freed memory, set before torch loads (whale.py's first call).
 
 What it promises the method: `engine.load_engine(model, engine=, device=, ...)` returns an
 object whose `.sample(requests)` gives each request's text, token ids and finish reason, with

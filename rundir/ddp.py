@@ -62,6 +62,13 @@ def ddp_wrap(model, find_unused: bool = False):
     return DDP(model, device_ids=[dev.index] if dev.type == "cuda" else None, find_unused_parameters=find_unused)
 
 
+def data_parallel(model):
+    """What rs_sft.rollout_step's ddp= takes: (rank, world, the DDP-wrapped model) under torchrun,
+    None in one process."""
+    wrapped = ddp_wrap(model)
+    return None if wrapped is None else (*rank_world(wrapped), wrapped)
+
+
 def rank_world(ddp_model) -> tuple[int, int]:
     """(rank, world) of an sft_update: (0, 1) without a DDP wrapper."""
     if ddp_model is None:

@@ -711,7 +711,7 @@ def broken_model(tiny_models, tmp_path, case):
 
 
 def test_a_run_keeps_freed_blocks_in_the_heap_unless_the_user_tunes_malloc():
-    """whale.keep_freed_memory (run at import): a 100 MB block freed and taken again 40 times has its
+    """lm.process_tuning.keep_freed_memory (whale.py runs it at import): a 100 MB block freed and taken again 40 times has its
     pages faulted in a few times, not 40 (glibc's own settings give it back to the kernel at every
     free); a GLIBC_TUNABLES of the user's, even empty, leaves glibc's settings alone."""
     import subprocess

@@ -75,12 +75,11 @@ DDP_SCRIPT = textwrap.dedent(r"""
     dom = types.SimpleNamespace(make_tools=searchqa.make_tools,
                                 verify=lambda ex, answer, state=None: float(len(answer or "") % 2 == 0))
     harness = "def run(task, llm, tools):\n    return llm('Answer briefly: ' + str(task)[:200], max_tokens=6)\n"
-    m = rs_sft.rollout_step(engine.HFEngine(model, tok), dom, harness, searchqa.load_split("weight")[:8],
-                            rs_sft.new_loader(8, 0), opt,
-                            sft_cfg(prompts_per_step=3, group=2, minibatch=2, micro_batch=1, max_tokens=6,
-                                    replay_steps=2, sft_epochs=2), seed=0,
-                            sampling={"temperature": 1.0, "top_k": 20, "top_p": 1.0}, ddp_model=ddp_model,
-                            shard=(rank, world), replay=[seqs[:3]])
+    m = rs_sft.rollout_step(engine.HFEngine(model, tok), opt,
+                            sft_cfg(group=2, minibatch=2, micro_batch=1, max_tokens=6, replay_steps=2, sft_epochs=2,
+                                    temperature=1.0, top_k=20, top_p=1.0), dom, harness,
+                            rs_sft.draw_prompts(searchqa.load_split("weight")[:8], rs_sft.new_loader(8, 0), 3), seed=0,
+                            ddp=(rank, world, ddp_model), replay=[seqs[:3]])
     step = {k: m[k] for k in ("prompts", "rollouts", "kept", "sequences", "loss", "grad_norm", "completion_tokens",
                               "replay_sequences", "trained_tokens", "opt_steps", "capped_frac", "kept_nll_before",
                               "kept_nll_after")}

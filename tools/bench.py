@@ -542,10 +542,10 @@ def eval_workload(model, tok, n_questions, n_phase_a, harnesses=("h0", "long"), 
         records = []  # the step's rollouts, kept as rs_sft.rollout_step makes them (it returns only metrics)
         rollout.run = lambda *a, **k: records.extend(real_run(*a, **k)) or records
         t = time.time()
-        cfg = sft_config(prompts_per_step=n_phase_a, group=8, minibatch=16, micro_batch=8, max_tokens=max_tokens,
-                         max_kept_per_prompt=phase_a["kept"], sft_prompts="whole" if s == "landed" else "shared")
-        m = rs_sft.rollout_step(engines[s], searchqa, step_harness, pool, rs_sft.new_loader(len(pool), 0),
-                                opt, cfg, seed=(0, "A", 0), sampling={**sampling, "temperature": phase_a["temperature"]})
+        cfg = sft_config(group=8, minibatch=16, micro_batch=8, max_tokens=max_tokens, max_kept_per_prompt=phase_a["kept"],
+                         sft_prompts="whole" if s == "landed" else "shared", **{**sampling, "temperature": phase_a["temperature"]})
+        prompts = rs_sft.draw_prompts(pool, rs_sft.new_loader(len(pool), 0), n_phase_a)
+        m = rs_sft.rollout_step(engines[s], opt, cfg, searchqa, step_harness, prompts, seed=(0, "A", 0), replay=[])
         seconds[s], sft_seconds[s] = time.time() - t, m["sft_seconds"] + m["health_seconds"]
         rollout.run = real_run
         kept[s] = [q for r in rs_sft.keep(records, cfg.max_kept_per_prompt) for q in rs_sft.sequences(r)]
@@ -717,7 +717,7 @@ def omp(model_name, n_questions):
 def malloc(model_name, n_questions):
     """Where freed memory goes: the long-context harness (`long_context_harness`) on n_questions
     test questions x 8, with glibc's own malloc settings (an empty GLIBC_TUNABLES, which
-    whale.keep_freed_memory leaves alone) vs whale.py's (freed blocks under 1 GB stay in the heap),
+    lm.process_tuning leaves alone) vs whale.py's (freed blocks under 1 GB stay in the heap),
     `fresh_pair`. Prints malloc_<glibc|keep>_rollouts_per_s, _system_s and _minor_faults (kernel
     time and page faults during the evaluation), _peak_gb, _mean, then malloc_speedup."""
     env = {key: v for key, v in os.environ.items() if key != "GLIBC_TUNABLES" and not key.startswith("MALLOC_")}
