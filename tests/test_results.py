@@ -266,3 +266,21 @@ def test_race_replay_reads_every_committed_search_and_ends_with_its_totals():
         a, b, x, y = map(int, m.groups())
         assert b > 0 and a <= b and x <= y
     assert a == b  # the SPRT at theta1 0.75, beta 0.05 changes no decision of this grid
+
+
+@pytest.mark.slow
+def test_race_replay_scores_each_disagreement_on_validation():
+    """--validate N: the search's and racing's harnesses of a disagreement, both scored on N validation
+    questions x 8 with the base model, and a tally of the side validation takes before the last line."""
+    import re
+    run = ROOT / "results" / "runs" / "cpu-claim" / "searchqa-harness-only-s1"  # one disagreement, iteration 2
+    r = subprocess.run([sys.executable, str(ROOT / "tools" / "race_replay.py"), str(run), "--validate", "2"],
+                       capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = r.stdout.strip().splitlines()
+    i = next(k for k, x in enumerate(lines) if "the search kept cand_005, racing cand_003" in x)
+    assert re.fullmatch(r"  validation \(2 questions x 8\): cand_005 \d+\.\d%, cand_003 \d+\.\d%, racing - search "
+                        r"[+-]\d+\.\d% \+- \d+\.\d%: sides with (racing|search|neither)", lines[i + 1]), lines[i + 1]
+    assert re.fullmatch(r"validation sides with racing \d, with the search \d, with neither .* \d", lines[-2])
+    assert sum(map(int, re.findall(r" (\d)(?:,|$)", lines[-2]))) == 1  # the one disagreement, counted once
+    assert lines[-1].startswith("decisions agree ")

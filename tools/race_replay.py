@@ -17,8 +17,16 @@ at the same candidate, its recorded outcome stands. Rollouts: each candidate's e
 times the run's --harness-n; the full evaluation is every candidate on every example.
 
 The last line reads exactly `decisions agree A of B, rollouts X of Y`. Nothing here reads a test
-split: search sets only. Left out: what validation later said of the disagreements (the runs'
-validation points follow whole phases, not single decisions).
+split: search sets only.
+
+    python tools/race_replay.py results/runs --validate 100   # and which rule validation sides with
+
+--validate N scores, for each disagreement, the harness the search kept and the one racing would
+have kept on the first N questions of the domain's validation split x 8 samples, with the base
+model and the run's sampling, the same draws on both sides (a run's own validation points follow
+whole phases, so they never compare two candidates of one decision). Only a search run on the base
+weights is re-scored (harness-only: its weights never change); one identical pair of sources met in
+several committed grids is scored once. This runs the model; the replay alone does not.
 """
 import argparse
 import sys
@@ -83,6 +91,39 @@ def replay(phase, config, rule):
     return out
 
 
+def validation_side(run, phase, config, kept, raced, n_questions, scored):
+    """(search's mean, racing's mean, racing - search, its standard error) on validation, or a reason
+    it is not scored. `scored` caches evaluations by (sources, sampling) across disagreements."""
+    import importlib
+    import rollout
+    from lm.engine import load_engine
+    from lm.models import embedded_model_dir
+    if config.get("method") != "harness-only":
+        return "its weights were trained before this search: not re-scored"
+    if config.get("model", "embedded") != "embedded":
+        return f"model {config.get('model')!r}: only the embedded model is re-scored here"
+    try:  # someone else's files: no links, bounded (jail/received.py); the code runs only in the sandbox
+        sources = {name: received.read_text(Path(phase) / name / "harness.py") for name in (kept, raced)}
+    except (OSError, ValueError) as e:
+        return f"a harness.py could not be read ({e})"
+    domain = importlib.import_module(f"domains.{config['domain']}")
+    sampling = {k: config[k] for k in ("temperature", "top_k", "top_p")}
+    questions = domain.load_split("val")[:n_questions]
+    if "engine" not in scored:
+        scored["engine"] = load_engine(str(embedded_model_dir()), engine="hf", device="cpu", seed=0)
+    means = {}
+    for name, source in sources.items():
+        key = (config["domain"], source, tuple(sorted(sampling.items())), config["max_tokens"], n_questions)
+        if key not in scored:
+            res = rollout.evaluate(scored["engine"], domain, source, questions, 8, seed=("race-validate", 0),
+                                   sampling=sampling, max_tokens=config["max_tokens"])
+            scored[key] = rollout.per_example_means(res["records"])
+        means[name] = scored[key]
+    mean = lambda m: sum(m.values()) / len(m)
+    gain, se = rollout.paired_gain(means[kept], means[raced])
+    return mean(means[kept]), mean(means[raced]), gain, se
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description="Replay the archived harness searches under DIR with racing.")
     ap.add_argument("dir", help="a folder of runs (results/runs), a grid or one run")
@@ -97,6 +138,8 @@ def main(argv=None):
     ap.add_argument("--theta1", type=float, default=0.75, help="sprt: the share of discordant examples a clearly "
                     "better candidate wins")
     ap.add_argument("--quiet", action="store_true", help="only the totals")
+    ap.add_argument("--validate", type=int, default=0, metavar="N", help="score each disagreement's two harnesses on "
+                    "the first N validation questions x 8 (runs the model; 0: off)")
     a = ap.parse_args(argv)
     if not Path(a.dir).is_dir():
         print(f"race_replay: error: {a.dir} is not a directory", file=sys.stderr)
@@ -113,15 +156,32 @@ def main(argv=None):
               f"not {a.stages!r}", file=sys.stderr)
         return 2
     rule = dict(rule=a.rule, block=a.block, gamma=a.gamma, beta=a.beta, theta1=a.theta1, stages=stages or None)
+    if a.validate < 0:
+        print("race_replay: error: --validate takes a number of validation questions (0: off)", file=sys.stderr)
+        return 2
     agree = total = raced = full = 0
+    sides, scored = {"search": 0, "racing": 0, "neither": 0}, {}
     for run, phase, config in searches(a.dir):
         for it, recorded, decided, r, f in replay(phase, config, rule):
             agree, total, raced, full = agree + (recorded == decided), total + 1, raced + r, full + f
-            if recorded != decided and not a.quiet:
+            if recorded != decided and (a.validate or not a.quiet):
                 print(f"{run}/{phase.name} iteration {it}: the search kept {recorded}, racing {decided}")
+            if recorded != decided and a.validate:
+                side = validation_side(run, phase, config, recorded, decided, a.validate, scored)
+                if isinstance(side, str):
+                    print(f"  validation: {side}")
+                    continue
+                m_kept, m_raced, gain, se = side
+                verdict = "racing" if gain - 1.96 * se > 0 else "search" if gain + 1.96 * se < 0 else "neither"
+                sides[verdict] += 1
+                print(f"  validation ({a.validate} questions x 8): {recorded} {m_kept:.1%}, {decided} {m_raced:.1%}, "
+                      f"racing - search {gain:+.1%} +- {1.96 * se:.1%}: sides with {verdict}")
     what = f"gamma {a.gamma}" if a.rule == "futility" else f"beta {a.beta}, theta1 {a.theta1}"
     where = f"stages {a.stages}" if stages else f"block {a.block}"
     print(f"racing ({a.rule}): {where}, {what}; {total} decisions in the searches under {a.dir}")
+    if a.validate:
+        print(f"validation sides with racing {sides['racing']}, with the search {sides['search']}, "
+              f"with neither (the 95 % interval holds 0) {sides['neither']}")
     print(f"decisions agree {agree} of {total}, rollouts {raced} of {full}")
     return 0
 
