@@ -123,10 +123,10 @@ def tests_ahead(run, ctx, tests) -> list[str]:
 
 
 def write_report(run_dir):
-    """report.html beside the run's files (tools/report.py); its path, or None. The page is a view of
+    """report.html beside the run's files (rundir/report.py); its path, or None. The page is a view of
     the files: if it breaks, the run is still whole, and the warning says how to write it again."""
     try:
-        from tools import report
+        from rundir import report
         page = report.write_report(run_dir)
         print(f"  report: {page}")
         return page

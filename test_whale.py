@@ -62,7 +62,7 @@ from lm import prefix_tree
 from rundir import run_dir
 from rundir import run_setup
 from switch import Fixed, Patience, epochs_to_steps, parse_schedule, smoothed
-from tools import report
+from rundir import report
 from tools import results
 from tests.helpers import (
     DOMAIN, EXAMPLES, H0, ROOT, TINY, U, chat, check_run, constant, copy_run, make_evaluate,

@@ -6,6 +6,7 @@
   the archive) and the atomic checkpoint a resume continues from, the eval cache;
 - tracking.py: the optional TensorBoard / MLflow / W&B mirror of metrics.jsonl;
 - phases.py: what each phase did, read back from metrics.jsonl (the closing table, the curve);
+- report.py: report.html, one self-contained page of what the run did, from its files alone;
 - ddp.py: torchrun data parallelism for phase A (one process: a no-op).
 
 What it promises the method: `run_dir.Run(args, open_run)` is the run (new, or resumed from its

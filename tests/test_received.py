@@ -22,7 +22,7 @@ from harness_search import harness_archive
 from jail import received
 from lm import chat_format
 from tests.helpers import ROOT, copy_run
-from tools import report
+from rundir import report
 
 SECRET = "whale-test-secret-4711"
 

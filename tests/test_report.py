@@ -18,7 +18,7 @@ import switch
 import whale
 from harness_search import harness_source as hsrc
 from rundir import run_setup
-from tools import report
+from rundir import report
 from tools import results
 from tests.helpers import ROOT, copy_run
 

@@ -14,7 +14,7 @@ import pytest
 import rollout
 from domains import searchqa
 from harness_search import harness_archive
-from tools import report
+from rundir import report
 from tools import results
 from tests.helpers import ROOT, copy_run
 
@@ -246,7 +246,7 @@ def test_results_verdicts_curves_and_coverage_use_the_same_questions(tmp_path):
 def test_whale_and_the_results_tools_import_without_torch():
     # results.py and report.py read run directories (on a laptop, in CI) without the training stack:
     # whale.py imports torch only in main(), so importing it for Args and METHODS stays light
-    code = "import sys, whale; from tools import results, report; print(sorted({'torch', 'transformers'} & set(sys.modules)))"
+    code = "import sys, whale; from tools import results; from rundir import report; print(sorted({'torch', 'transformers'} & set(sys.modules)))"
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.strip() == "[]", (r.stdout, r.stderr[-2000:])
 
