@@ -41,10 +41,19 @@ class Budget:
         """Does it buy a harness iteration and a weight step after it (else a weight phase runs to the end)?"""
         return self.total - spent >= self.iteration_cost() + self.step_cost
 
-    def candidates_affordable(self, spent: int, weights_follow: bool) -> int:
-        """Candidates the next harness iteration may propose: up to `candidates`, fewer at the end."""
+    def candidates_affordable(self, spent: int, weights_follow: bool, phase_left: int | None = None) -> int:
+        """Candidates the next harness iteration may propose: up to `candidates`, fewer at the end
+        (of the budget, or of the phase's own allowance when it has one: phase_left rollouts)."""
         left = self.total - spent - self.reserve(weights_follow)
+        if phase_left is not None:
+            left = min(left, phase_left)
         return max(0, min(self.candidates, left // self.candidate_cost))
+
+    def phase_allowance(self, iterations: int) -> int:
+        """--harness-phase rollouts: a harness phase of `iterations` iterations (the incoming harness's
+        included) at full evaluation. A candidate racing drops early, or one the evaluation cache
+        already scored, leaves its unspent rollouts to further candidates of the same phase."""
+        return self.candidate_cost + (iterations - 1) * self.iteration_cost()
 
     def weight_share(self, policy, steps_per_epoch: int) -> float:
         """The share one fixed WHALE cycle spends on weights (weight steps against the incoming

@@ -55,6 +55,9 @@ class Args:
     method: str = arg("whale", "whale | fst | weight-only | harness-only | stagewise | eval")
     schedule: str = arg("fixed-steps:3,3", "switch policy: fixed:E,I (epochs) | fixed-steps:S,I | adaptive[:w=..] "
                                            "(I counts the incoming harness: 3 = two proposer iterations)")
+    harness_phase: str = arg("iterations", "a fixed schedule's harness phase lasts I iterations, or, with rollouts, "
+                                           "the rollouts I iterations cost at full evaluation (1 + (I-1) x "
+                                           "--candidates candidates): what racing saves buys more candidates")
     budget: int = arg(1408, "total target rollouts (phase A + phase B), the same for every method (the default "
                             "buys 3 + 1 RSFT steps of 128 and one harness phase of 1 + 2 x 3 candidates x 128; "
                             "run 9: 13.4 min alone on 2 cores at ~180 fp32 matmul GFLOP/s, peak RSS 12 GB, before "
@@ -361,18 +364,25 @@ def search_hooks(run, ctx: Context, archive):
     def spent():  # the run's rollouts so far: those booked before this phase + this archive's candidates
         return state["rollouts"] + meta_harness.spent_rollouts(str(archive))
 
-    def affordable():  # candidates the budget still pays for: the last iteration may be smaller
-        return budget.candidates_affordable(spent(), weights_follow)
+    # --harness-phase rollouts: a fixed schedule's phase may spend what its I iterations cost at full evaluation
+    allowance = budget.phase_allowance(ctx.policy.I) if (
+        args.harness_phase == "rollouts" and method.harness_until == "switch") else None
+
+    def affordable():  # candidates the budget (and the phase's allowance) still pay for: the last iteration may be smaller
+        phase_left = None if allowance is None else allowance - meta_harness.spent_rollouts(str(archive))
+        return budget.candidates_affordable(spent(), weights_follow, phase_left)
 
     def should_stop(paper_scores):  # -> why the phase ends (a sentence), or False
+        if affordable() == 0 and allowance is not None and budget.candidates_affordable(spent(), weights_follow):
+            return f"harness phase: its {allowance} rollouts spent, a candidate costs {budget.candidate_cost}"
         if affordable() == 0:
             return (f"budget: {budget.total - budget.reserve(weights_follow)} rollouts spent or reserved, a "
                     f"candidate costs {budget.candidate_cost}")
         usd = state["counters"].get("proposer_cost_usd", 0) + meta_harness.spent_usd(str(archive))  # earlier + this
         if args.proposer_budget_usd and usd >= args.proposer_budget_usd:
             return f"proposer budget: ${usd:.4f} of --proposer-budget-usd {args.proposer_budget_usd:g} spent"
-        return (method.harness_until == "switch" and ctx.policy.harness_done(paper_scores, val_means(state))
-                and "switch policy: harness phase done")
+        return (method.harness_until == "switch" and allowance is None
+                and ctx.policy.harness_done(paper_scores, val_means(state)) and "switch policy: harness phase done")
 
     # The draws of phase B: seeded by example, not by the candidate's name, so every candidate gets the same
     # draws (a sharper sign test); and by the weights they sample from: the cycle that first searched under
