@@ -342,16 +342,17 @@ def draw_prompts(pool: list[dict], loader: dict, n: int) -> list[dict]:
 
 
 def rollout_step(engine, optimizer, cfg: Config, domain, harness: str, prompts: list[dict], *, seed, replay: list,
-                 progress=None, ddp=None) -> dict:
+                 progress=None, data_parallel=None) -> dict:
     """Phase A's unit of work: cfg.group rollouts of each of `prompts` (the step's, draw_prompts),
     then the update. Returns the step's metrics (and nothing else: the model and optimizer are
     updated in place).
     replay: the kept sequences of the earlier steps that cfg.replay_steps still trains on, one
     list per step, oldest first; this step's are appended and the oldest dropped, in place
     (the caller saves it with the run, so a resumed run trains on the same buffer).
-    ddp=(rank, world, ddp_model) under torchrun: each rank rolls out its slice of the prompts
-    and trains through ddp_model; the metrics returned are global, the same on every rank."""
-    rank, world, ddp_model = ddp or (0, 1, None)
+    data_parallel=(rank, world, ddp_model) under torchrun (rundir/ddp.py): each rank rolls out its
+    slice of the prompts and trains through ddp_model; the metrics returned are global, the same
+    on every rank."""
+    rank, world, ddp_model = data_parallel or (0, 1, None)
     shard = (rank, world)
     examples = prompts[rank::world]
     sampling = {"temperature": cfg.temperature, "top_k": cfg.top_k, "top_p": cfg.top_p}

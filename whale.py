@@ -188,7 +188,7 @@ class Context:
     sft: object                # rs_sft.Config (phase_a_config)
     budget: Budget             # what the rollout budget buys
     optimizer: object          # AdamW over the trained parameters
-    ddp: tuple | None          # (rank, world, the DDP-wrapped model) under torchrun, else None
+    data_parallel: tuple | None  # (rank, world, the DDP-wrapped model) under torchrun, else None
 
 
 def phase_a_config(args: Args, **changes):
@@ -228,7 +228,7 @@ def main(args: Args):
         sft=phase_a_config(args),
         budget=Budget(total=args.budget, step_cost=args.prompts_per_step * args.group,
                       candidate_cost=len(search_set) * args.harness_n, candidates=args.candidates),
-        optimizer=optimizer, ddp=ddp.data_parallel(engine.model))  # (None in one process)
+        optimizer=optimizer, data_parallel=ddp.data_parallel(engine.model))  # (None in one process)
     run.start(rd.new_state(phase=ctx.method.first if ctx.method else "A", done=ctx.method is None, harness=ctx.h0,
                            loader=rs_sft.new_loader(len(ctx.pool), args.seed)), optimizer=optimizer, engine=engine,
               # what a checkpoint holds: the trained blocks and a pointer to the base, the whole model
@@ -270,7 +270,7 @@ def weight_phase(run, ctx: Context):
                          f"A{state['cycle']} step {state['steps'] + 1}", run.bar, quiet=run.rank > 0) as bar:
             prompts = rs_sft.draw_prompts(ctx.pool, state["loader"], args.prompts_per_step)
             step = rs_sft.rollout_step(ctx.engine, ctx.optimizer, ctx.sft, ctx.domain, state["harness"], prompts,
-                                       seed=(args.seed, "A", state["steps"]), progress=bar, ddp=ctx.ddp,
+                                       seed=(args.seed, "A", state["steps"]), progress=bar, data_parallel=ctx.data_parallel,
                                        replay=state.setdefault("replay", []))  # --replay-steps: saved with the state
         step["epoch"] = state["loader"]["epoch"]
         run.spend(step["rollouts"], prompt_tokens=step["prompt_tokens"], completion_tokens=step["completion_tokens"],

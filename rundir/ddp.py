@@ -63,7 +63,7 @@ def ddp_wrap(model, find_unused: bool = False):
 
 
 def data_parallel(model):
-    """What rs_sft.rollout_step's ddp= takes: (rank, world, the DDP-wrapped model) under torchrun,
+    """What rs_sft.rollout_step's data_parallel= takes: (rank, world, the DDP-wrapped model) under torchrun,
     None in one process."""
     wrapped = ddp_wrap(model)
     return None if wrapped is None else (*rank_world(wrapped), wrapped)

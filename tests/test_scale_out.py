@@ -79,7 +79,7 @@ DDP_SCRIPT = textwrap.dedent(r"""
                             sft_cfg(group=2, minibatch=2, micro_batch=1, max_tokens=6, replay_steps=2, sft_epochs=2,
                                     temperature=1.0, top_k=20, top_p=1.0), dom, harness,
                             rs_sft.draw_prompts(searchqa.load_split("weight")[:8], rs_sft.new_loader(8, 0), 3), seed=0,
-                            ddp=(rank, world, ddp_model), replay=[seqs[:3]])
+                            data_parallel=(rank, world, ddp_model), replay=[seqs[:3]])
     step = {k: m[k] for k in ("prompts", "rollouts", "kept", "sequences", "loss", "grad_norm", "completion_tokens",
                               "replay_sequences", "trained_tokens", "opt_steps", "capped_frac", "kept_nll_before",
                               "kept_nll_after")}
