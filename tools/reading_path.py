@@ -1,0 +1,104 @@
+"""
+reading_path.py: what a reader follows through one RSFT step and one harness iteration, measured
+rather than guessed. It runs two tiny runs with the default flags (the `tiny` preset: a weight-only
+run of one RSFT step, and a harness-only run of the incoming harness and one iteration), traces
+every function of the repository that runs inside whale.py's weight_phase and harness_phase (in
+this process: the sandbox's child and the rollout processes are not traced), and prints, per
+phase, the files and the lines of those functions (each counted whole, from its `def` to its
+last line, once).
+
+    python tools/reading_path.py                 # this checkout
+    python tools/reading_path.py --repo ../old   # another checkout (before/after a refactor)
+
+Left out: what a reader skips on purpose (a function marked as plumbing still counts: it runs),
+code run by import (module top levels), and the sandbox's child.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+# Run inside the traced checkout: trace whale.<phase> during a tiny run, print what ran as JSON.
+PROBE = r"""
+import json, os, sys
+sys.path.insert(0, os.getcwd())
+import whale
+root, phase = os.getcwd() + os.sep, sys.argv[1]
+seen = {}
+
+def tracer(frame, event, arg):
+    code = frame.f_code
+    f = code.co_filename
+    if event == "call" and f.startswith(root) and "site-packages" not in f and os.sep + "tests" + os.sep not in f:
+        lines = [l for _, _, l in code.co_lines() if l is not None]
+        seen[(f[len(root):], code.co_qualname, code.co_firstlineno)] = max(lines, default=code.co_firstlineno)
+    return None
+
+if any(x.startswith("--harness=") for x in sys.argv):  # the tests' tiny harness (conftest.py): h0 with six primitives, so the step keeps rollouts
+    from pathlib import Path
+    from domains import searchqa
+    from harness_search import harness_source as hsrc
+    src = Path(searchqa.H0).read_text()
+    for axis, i in [("SYSTEM_PROMPT", 0), ("USER_TEMPLATE", 0), ("EXAMPLES", 0), ("RETRIEVAL", 0),
+                    ("format_passages", 0), ("extract_answer", 1)]:
+        src = hsrc.splice(src, axis, searchqa.PRIMITIVES[axis][i])
+    Path(next(x for x in sys.argv if x.startswith("--harness="))[len("--harness="):]).write_text(src)
+real = getattr(whale, phase)
+def traced(*a, **k):
+    sys.setprofile(None); sys.settrace(tracer)
+    try:
+        return real(*a, **k)
+    finally:
+        sys.settrace(None)
+setattr(whale, phase, traced)
+try:
+    whale.main(whale.parse_args(whale.Args, argv=sys.argv[2:], presets=whale.PRESETS))
+except SystemExit:
+    pass
+print("READING_PATH " + json.dumps([[f, q, a, b] for (f, q, a), b in seen.items()]))
+"""
+
+RUNS = {  # phase -> the tiny run that goes through it once
+    "weight_phase": ["--method", "weight-only", "--budget", "8", "--harness"],  # one RSFT step of 2 x 4 that trains
+    "harness_phase": ["--method", "harness-only", "--budget", "12"],            # the incoming harness + 2 candidates
+}
+
+
+def trace(repo: Path, phase: str) -> list:
+    with tempfile.TemporaryDirectory() as out:
+        flags = [x if x != "--harness" else f"--harness={os.path.join(out, 'harness.py')}" for x in RUNS[phase]]
+        cmd = [sys.executable, "-c", PROBE, phase, "--domain", "searchqa", "--preset", "tiny", *flags,
+               "--out", os.path.join(out, "run")]
+        r = subprocess.run(cmd, cwd=repo, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    line = next((x for x in r.stdout.splitlines() if x.startswith("READING_PATH ")), None)
+    if line is None:
+        sys.exit(f"reading_path: the traced run failed in {repo}:\n{r.stderr[-2000:]}")
+    return json.loads(line[len("READING_PATH "):])
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description="Files and lines one RSFT step and one harness iteration run through.")
+    ap.add_argument("--repo", default=str(Path(__file__).resolve().parents[1]), help="the checkout to trace")
+    a = ap.parse_args(argv)
+    repo = Path(a.repo).resolve()
+    if not (repo / "whale.py").is_file():
+        print(f"reading_path: error: {repo} has no whale.py", file=sys.stderr)
+        return 2
+    for phase in RUNS:
+        funcs = trace(repo, phase)
+        files = {}
+        for f, qual, first, last in funcs:
+            files.setdefault(f, []).append((first, last, qual))
+        total = sum(last - first + 1 for _, _, first, last in funcs)
+        print(f"{phase}: {len(files)} files, {len(funcs)} functions, {total} lines")
+        for f in sorted(files, key=lambda f: -sum(b - a + 1 for a, b, _ in files[f])):
+            n = sum(b - a + 1 for a, b, _ in files[f])
+            print(f"  {f}: {len(files[f])} functions, {n} lines")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
