@@ -269,14 +269,19 @@ def test_race_replay_reads_every_committed_search_and_ends_with_its_totals():
 
 
 @pytest.mark.slow
-def test_race_replay_scores_each_disagreement_on_validation():
+def test_race_replay_scores_each_disagreement_on_validation(tmp_path):
     """--validate N: the search's and racing's harnesses of a disagreement, both scored on N validation
-    questions x 8 with the base model, and a tally of the side validation takes before the last line."""
+    questions x 8 with the base model, and a tally of the side validation takes before the last line;
+    the scores are kept, so a second invocation says the same without running the model."""
     import re
     run = ROOT / "results" / "runs" / "cpu-claim" / "searchqa-harness-only-s1"  # one disagreement, iteration 2
-    r = subprocess.run([sys.executable, str(ROOT / "tools" / "race_replay.py"), str(run), "--validate", "2"],
-                       capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    cmd = [sys.executable, str(ROOT / "tools" / "race_replay.py"), str(run), "--validate", "2",
+           "--validate-cache", str(tmp_path / "cache")]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert r.returncode == 0, r.stderr[-2000:]
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert again.stdout == r.stdout and len(list((tmp_path / "cache").iterdir())) == 2  # two harnesses, kept
+    assert "Loading weights" in r.stderr and "Loading weights" not in again.stderr  # the model was not needed
     lines = r.stdout.strip().splitlines()
     i = next(k for k, x in enumerate(lines) if "the search kept cand_005, racing cand_003" in x)
     assert re.fullmatch(r"  validation \(2 questions x 8\): cand_005 \d+\.\d%, cand_003 \d+\.\d%, racing - search "

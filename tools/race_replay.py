@@ -26,16 +26,21 @@ have kept on the first N questions of the domain's validation split x 8 samples,
 model and the run's sampling, the same draws on both sides (a run's own validation points follow
 whole phases, so they never compare two candidates of one decision). Only a search run on the base
 weights is re-scored (harness-only: its weights never change); one identical pair of sources met in
-several committed grids is scored once. This runs the model; the replay alone does not.
+several committed grids is scored once; the scores are kept in $WHALE_CACHE/race-validate, so an
+interrupted --validate goes on where it stopped. This runs the model; the replay alone does not.
 """
 import argparse
+import os
 import sys
 from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python tools/x.py` imports the repository's modules
 
 import meta_harness
-from harness_search import harness_archive
+from harness_search import eval_cache, harness_archive
 from jail import received
+
+# --validate's scores, kept between invocations (keyed by source, sampling and domain: eval_cache.py)
+VALIDATE_CACHE = os.path.join(os.environ.get("WHALE_CACHE") or os.path.expanduser("~/.cache/whale"), "race-validate")
 
 
 def searches(root):
@@ -91,10 +96,13 @@ def replay(phase, config, rule):
     return out
 
 
-def validation_side(run, phase, config, kept, raced, n_questions, scored):
+def validation_side(run, phase, config, kept, raced, n_questions, scored, cache_dir=None):
     """(search's mean, racing's mean, racing - search, its standard error) on validation, or a reason
     it is not scored. `scored` caches evaluations by (sources, sampling) across disagreements."""
     import importlib
+
+    from tqdm import tqdm
+
     import rollout
     from lm.engine import load_engine
     from lm.models import embedded_model_dir
@@ -109,16 +117,22 @@ def validation_side(run, phase, config, kept, raced, n_questions, scored):
     domain = importlib.import_module(f"domains.{config['domain']}")
     sampling = {k: config[k] for k in ("temperature", "top_k", "top_p")}
     questions = domain.load_split("val")[:n_questions]
-    if "engine" not in scored:
-        scored["engine"] = load_engine(str(embedded_model_dir()), engine="hf", device="cpu", seed=0)
+    def engine():  # loaded once, and only when a score is not on disk yet
+        if "engine" not in scored:
+            scored["engine"] = load_engine(str(embedded_model_dir()), engine="hf", device="cpu", seed=0)
+        return scored["engine"]
+    # on disk, 10 questions at a time (the draws are seeded by question and sample, so chunks change
+    # nothing): an interrupted --validate goes on where it stopped, and a pair met twice is scored once
+    run = lambda source, exs, name: rollout.run(engine(), domain, source, exs, 8, seed=("race-validate", 0),
+                                                sampling=sampling, max_tokens=config["max_tokens"])
+    draws = dict(sampling, max_tokens=config["max_tokens"], domain=config["domain"], model="embedded")
+    score = eval_cache.cached(run, cache_dir or VALIDATE_CACHE, "base", ("race-validate", 0), draws, 8, "validate")
     means = {}
     for name, source in sources.items():
-        key = (config["domain"], source, tuple(sorted(sampling.items())), config["max_tokens"], n_questions)
-        if key not in scored:
-            res = rollout.evaluate(scored["engine"], domain, source, questions, 8, seed=("race-validate", 0),
-                                   sampling=sampling, max_tokens=config["max_tokens"])
-            scored[key] = rollout.per_example_means(res["records"])
-        means[name] = scored[key]
+        records = []
+        for i in tqdm(range(0, len(questions), 10), desc=f"validation {name}", unit="10 questions", leave=False):
+            records += score(source, questions[i:i + 10], name)
+        means[name] = rollout.per_example_means(records)
     mean = lambda m: sum(m.values()) / len(m)
     gain, se = rollout.paired_gain(means[kept], means[raced])
     return mean(means[kept]), mean(means[raced]), gain, se
@@ -140,6 +154,7 @@ def main(argv=None):
     ap.add_argument("--quiet", action="store_true", help="only the totals")
     ap.add_argument("--validate", type=int, default=0, metavar="N", help="score each disagreement's two harnesses on "
                     "the first N validation questions x 8 (runs the model; 0: off)")
+    ap.add_argument("--validate-cache", default=VALIDATE_CACHE, help="where --validate keeps its scores")
     a = ap.parse_args(argv)
     if not Path(a.dir).is_dir():
         print(f"race_replay: error: {a.dir} is not a directory", file=sys.stderr)
@@ -167,7 +182,7 @@ def main(argv=None):
             if recorded != decided and (a.validate or not a.quiet):
                 print(f"{run}/{phase.name} iteration {it}: the search kept {recorded}, racing {decided}")
             if recorded != decided and a.validate:
-                side = validation_side(run, phase, config, recorded, decided, a.validate, scored)
+                side = validation_side(run, phase, config, recorded, decided, a.validate, scored, a.validate_cache)
                 if isinstance(side, str):
                     print(f"  validation: {side}")
                     continue
