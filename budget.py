@@ -50,7 +50,7 @@ class Budget:
         return max(0, min(self.candidates, left // self.candidate_cost))
 
     def phase_allowance(self, iterations: int) -> int:
-        """--harness-phase rollouts: a harness phase of `iterations` iterations (the incoming harness's
+        """--harness-length rollouts: a harness phase of `iterations` iterations (the incoming harness's
         included) at full evaluation. A candidate racing drops early, or one the evaluation cache
         already scored, leaves its unspent rollouts to further candidates of the same phase."""
         return self.candidate_cost + (iterations - 1) * self.iteration_cost()

@@ -81,8 +81,8 @@ def runs_at_all(engine, domain, source: str, example: dict, *, seed, sampling: d
     """Does a proposed harness run at all? One rollout of one example: None, or why not. Only what
     the harness answers for makes it invalid: it raised, crashed, broke the protocol, or its own code
     and tool calls took over `timeout` seconds. Its model time does not: a lone rollout's share of
-    each batch is the whole batch, so the machine's speed and load would decide (under load, a valid
-    4-turn chess harness took 45 s of model time alone, and two were dropped at 60 s). A rollout the
+    each batch is the whole batch, so the machine's speed and load would decide (on a loaded machine
+    a valid 4-call chess harness took 45 s of model time, and two were dropped at 60 s). A rollout the
     model ran past the deadline goes on to be scored, where real batches share the model and the
     sandbox's deadline holds each rollout to its share (jail/sandbox.py)."""
     rec = run(engine, domain, source, [example], 1, seed=seed, sampling=sampling, max_tokens=max_tokens,

@@ -143,8 +143,8 @@ def check(args, method, weight_pool_size: int | None) -> str | None:
         policy = parse_schedule(args.schedule)
     except ValueError as e:
         return str(e)
-    if getattr(args, "harness_phase", "iterations") == "rollouts" and not isinstance(policy, Fixed):
-        return (f"--harness-phase rollouts sizes a fixed schedule's harness phase (its I iterations' rollouts); "
+    if getattr(args, "harness_length", "iterations") == "rollouts" and not isinstance(policy, Fixed):
+        return (f"--harness-length rollouts sizes a fixed schedule's harness phase (its I iterations' rollouts); "
                 f"--schedule {args.schedule} counts iterations: drop one of the two")
     if weight_pool_size is None or not (method and method.weights_until == "switch" and isinstance(policy, Patience)):
         return None

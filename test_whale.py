@@ -1802,7 +1802,7 @@ def test_budget_says_what_a_step_and_a_candidate_cost_and_what_is_reserved():
     assert b.candidates_affordable(20, weights_follow=True) == 1      # 12 left, 8 kept for the next weight step
     assert b.candidates_affordable(20, weights_follow=False) == 2
     assert b.candidates_affordable(29, weights_follow=False) == 0     # 3 left: no candidate fits
-    # --harness-phase rollouts: a phase of I = 2 iterations may spend 4 + 1 x 8 rollouts, however they fall
+    # --harness-length rollouts: a phase of I = 2 iterations may spend 4 + 1 x 8 rollouts, however they fall
     assert b.phase_allowance(2) == 12 and b.phase_allowance(1) == 4
     assert b.candidates_affordable(0, weights_follow=True, phase_left=12 - 4 - 1) == 1  # a raced candidate's 1 unspent
     assert b.candidates_affordable(0, weights_follow=True, phase_left=3) == 0
@@ -1818,12 +1818,12 @@ def test_budget_stagewise_weight_share_matches_one_fixed_cycle():
 
 @pytest.mark.slow
 def test_a_harness_phase_in_rollouts_spends_what_racing_saves_on_more_candidates(tmp_path, tiny_harness):
-    """--harness-phase rollouts: the first harness phase (I = 2: the incoming harness and one iteration of
+    """--harness-length rollouts: the first harness phase (I = 2: the incoming harness and one iteration of
     2 candidates at full evaluation, 16 + 2 x 16 = 48 rollouts on 16 examples x 1) goes on proposing while
     its allowance buys a whole candidate, so what racing saves on a loser is spent on further candidates;
     it never spends past the allowance, and ends saying so."""
     out = tmp_path / "run"
-    r = run_whale("--domain", "searchqa", *TINY, "--harness-examples", "16", "--budget", "72", "--harness-phase",
+    r = run_whale("--domain", "searchqa", *TINY, "--harness-examples", "16", "--budget", "72", "--harness-length",
                   "rollouts", "--harness", tiny_harness, "--out", str(out))
     assert r.returncode == 0, r.stderr[-3000:]
     its = [json.loads(x) for x in (out / "archive" / "phase00" / "iterations.jsonl").read_text().splitlines()]

@@ -55,7 +55,7 @@ class Args:
     method: str = arg("whale", "whale | fst | weight-only | harness-only | stagewise | eval")
     schedule: str = arg("fixed-steps:3,3", "switch policy: fixed:E,I (epochs) | fixed-steps:S,I | adaptive[:w=..] "
                                            "(I counts the incoming harness: 3 = two proposer iterations)")
-    harness_phase: str = arg("iterations", "a fixed schedule's harness phase lasts I iterations, or, with rollouts, "
+    harness_length: str = arg("iterations", "a fixed schedule's harness phase lasts I iterations, or, with rollouts, "
                                            "the rollouts I iterations cost at full evaluation (1 + (I-1) x "
                                            "--candidates candidates): what racing saves buys more candidates")
     budget: int = arg(1408, "total target rollouts (phase A + phase B), the same for every method (the default "
@@ -270,7 +270,8 @@ def weight_phase(run, ctx: Context):
                          f"A{state['cycle']} step {state['steps'] + 1}", run.bar, quiet=run.rank > 0) as bar:
             prompts = rs_sft.draw_prompts(ctx.pool, state["loader"], args.prompts_per_step)
             step = rs_sft.rollout_step(ctx.engine, ctx.optimizer, ctx.sft, ctx.domain, state["harness"], prompts,
-                                       seed=(args.seed, "A", state["steps"]), progress=bar, data_parallel=ctx.data_parallel,
+                                       seed=(args.seed, "A", state["steps"]), progress=bar,
+                                       data_parallel=ctx.data_parallel,  # (torchrun: this rank's slice; else None)
                                        replay=state.setdefault("replay", []))  # --replay-steps: saved with the state
         step["epoch"] = state["loader"]["epoch"]
         run.spend(step["rollouts"], prompt_tokens=step["prompt_tokens"], completion_tokens=step["completion_tokens"],
@@ -364,11 +365,11 @@ def search_hooks(run, ctx: Context, archive):
     def spent():  # the run's rollouts so far: those booked before this phase + this archive's candidates
         return state["rollouts"] + meta_harness.spent_rollouts(str(archive))
 
-    # --harness-phase rollouts: a fixed schedule's phase may spend what its I iterations cost at full evaluation
+    # --harness-length rollouts: a fixed schedule's phase may spend what its I iterations cost at full evaluation
     allowance = budget.phase_allowance(ctx.policy.I) if (
-        args.harness_phase == "rollouts" and method.harness_until == "switch") else None
+        args.harness_length == "rollouts" and method.harness_until == "switch") else None
 
-    def affordable():  # candidates the budget (and the phase's allowance) still pay for: the last iteration may be smaller
+    def affordable():  # candidates the budget (and the phase's allowance) still pay for: the last may be fewer
         phase_left = None if allowance is None else allowance - meta_harness.spent_rollouts(str(archive))
         return budget.candidates_affordable(spent(), weights_follow, phase_left)
 

@@ -78,7 +78,7 @@ def parse_args(args_class, argv=None, description="", presets=None):
 # the flags that take one of a few words (--method and --domain: from METHODS and domains/)
 CHOICES = {"test_split": ("test", "val"), "engine": ("hf", "vllm"), "chat_format": ("auto", "template", "plain"),
            "proposer": ("primitives", "self", "openai", "command"), "proposer_format": ("any", "file", "edit"),
-           "proposer_ties": ("older", "newer"), "race": ("futility", "off"), "harness_phase": ("iterations", "rollouts"),
+           "proposer_ties": ("older", "newer"), "race": ("futility", "off"), "harness_length": ("iterations", "rollouts"),
            "proposer_merge": ("on", "off"), "two_by_two": ("on", "off"),
            "rollout_precision": ("fp32", "int8"), "sft_prompts": ("shared", "whole")}
 

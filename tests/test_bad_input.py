@@ -59,8 +59,8 @@ from tests.helpers import ROOT, openai_server, run_whale
      "that environment variable is not set"),
     (["--budget", "100"], "buys no rollout step"),
     (["--schedule", "adaptive"], "no harness phase would run"),  # 0.2 epoch = 25 steps > 13 in the budget
-    (["--schedule", "adaptive:min_w=1", "--harness-phase", "rollouts"], "counts iterations: drop one of the two"),
-    (["--harness-phase", "candidates"], "unknown --harness-phase"),
+    (["--schedule", "adaptive:min_w=1", "--harness-length", "rollouts"], "counts iterations: drop one of the two"),
+    (["--harness-length", "candidates"], "unknown --harness-length"),
     (["--top-p", "0"], "--top-p in (0, 1]"),
     (["--test-limit", "-1"], "--test-limit must be >= 0, not -1"),  # [:-1] would drop one question silently
     (["--harness-n", "0"], "--harness-n must be > 0"),

@@ -37,7 +37,8 @@ def tracer(frame, event, arg):
         seen[(f[len(root):], code.co_qualname, code.co_firstlineno)] = max(lines, default=code.co_firstlineno)
     return None
 
-if any(x.startswith("--harness=") for x in sys.argv):  # the tests' tiny harness (conftest.py): h0 with six primitives, so the step keeps rollouts
+# the tests' tiny harness (conftest.py): h0 with six primitives, so that the step keeps rollouts and trains
+if any(x.startswith("--harness=") for x in sys.argv):
     from pathlib import Path
     from domains import searchqa
     from harness_search import harness_source as hsrc
