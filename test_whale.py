@@ -1824,7 +1824,7 @@ def test_a_harness_phase_in_rollouts_spends_what_racing_saves_on_more_candidates
     it never spends past the allowance, and ends saying so."""
     out = tmp_path / "run"
     r = run_whale("--domain", "searchqa", *TINY, "--harness-examples", "16", "--budget", "72", "--harness-length",
-                  "rollouts", "--harness", tiny_harness, "--out", str(out))
+                  "rollouts", "--harness", tiny_harness, "--test-limit", "1", "--two-by-two", "off", "--out", str(out))
     assert r.returncode == 0, r.stderr[-3000:]
     its = [json.loads(x) for x in (out / "archive" / "phase00" / "iterations.jsonl").read_text().splitlines()]
     costs = [json.loads(x)["cost"]["rollouts"] for x in (out / "archive" / "phase00" / "summary.jsonl").read_text().splitlines()]

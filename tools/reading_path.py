@@ -72,6 +72,7 @@ def trace(repo: Path, phase: str) -> list:
     with tempfile.TemporaryDirectory() as out:
         flags = [x if x != "--harness" else f"--harness={os.path.join(out, 'harness.py')}" for x in RUNS[phase]]
         cmd = [sys.executable, "-c", PROBE, phase, "--domain", "searchqa", "--preset", "tiny", *flags,
+               "--test-limit", "1", "--val-limit", "1", "--two-by-two", "off",  # (what runs outside the phase: least)
                "--out", os.path.join(out, "run")]
         r = subprocess.run(cmd, cwd=repo, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     line = next((x for x in r.stdout.splitlines() if x.startswith("READING_PATH ")), None)
