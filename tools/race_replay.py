@@ -96,10 +96,12 @@ def replay(phase, config, rule):
     return out
 
 
-def validation_side(run, phase, config, kept, raced, n_questions, scored, cache_dir=None):
+def validation_side(phase, config, kept, raced, n_questions, loaded, cache_dir=None):
     """(search's mean, racing's mean, racing - search, its standard error) on validation, or a reason
-    it is not scored. `scored` caches evaluations by (sources, sampling) across disagreements."""
+    it is not scored. `loaded` keeps the model across disagreements; the scores are on disk."""
     import importlib
+
+    import domains
 
     from tqdm import tqdm
 
@@ -108,6 +110,8 @@ def validation_side(run, phase, config, kept, raced, n_questions, scored, cache_
     from lm.models import embedded_model_dir
     if config.get("method") != "harness-only":
         return "its weights were trained before this search: not re-scored"
+    if config.get("domain") not in domains.names():  # (a name from someone else's config.json: never imported blind)
+        return f"unknown domain {str(config.get('domain'))[:40]!r}"
     if config.get("model", "embedded") != "embedded":
         return f"model {config.get('model')!r}: only the embedded model is re-scored here"
     try:  # someone else's files: no links, bounded (jail/received.py); the code runs only in the sandbox
@@ -117,16 +121,17 @@ def validation_side(run, phase, config, kept, raced, n_questions, scored, cache_
     domain = importlib.import_module(f"domains.{config['domain']}")
     sampling = {k: config[k] for k in ("temperature", "top_k", "top_p")}
     questions = domain.load_split("val")[:n_questions]
+
     def engine():  # loaded once, and only when a score is not on disk yet
-        if "engine" not in scored:
-            scored["engine"] = load_engine(str(embedded_model_dir()), engine="hf", device="cpu", seed=0)
-        return scored["engine"]
+        if "engine" not in loaded:
+            loaded["engine"] = load_engine(str(embedded_model_dir()), engine="hf", device="cpu", seed=0)
+        return loaded["engine"]
     # on disk, 10 questions at a time (the draws are seeded by question and sample, so chunks change
     # nothing): an interrupted --validate goes on where it stopped, and a pair met twice is scored once
-    run = lambda source, exs, name: rollout.run(engine(), domain, source, exs, 8, seed=("race-validate", 0),
-                                                sampling=sampling, max_tokens=config["max_tokens"])
+    roll = lambda source, exs, name: rollout.run(engine(), domain, source, exs, 8, seed=("race-validate", 0),
+                                                 sampling=sampling, max_tokens=config["max_tokens"])
     draws = dict(sampling, max_tokens=config["max_tokens"], domain=config["domain"], model="embedded")
-    score = eval_cache.cached(run, cache_dir or VALIDATE_CACHE, "base", ("race-validate", 0), draws, 8, "validate")
+    score = eval_cache.cached(roll, cache_dir or VALIDATE_CACHE, "base", ("race-validate", 0), draws, 8, "validate")
     means = {}
     for name, source in sources.items():
         records = []
@@ -175,14 +180,14 @@ def main(argv=None):
         print("race_replay: error: --validate takes a number of validation questions (0: off)", file=sys.stderr)
         return 2
     agree = total = raced = full = 0
-    sides, scored = {"search": 0, "racing": 0, "neither": 0}, {}
+    sides, loaded = {"search": 0, "racing": 0, "neither": 0}, {}
     for run, phase, config in searches(a.dir):
         for it, recorded, decided, r, f in replay(phase, config, rule):
             agree, total, raced, full = agree + (recorded == decided), total + 1, raced + r, full + f
             if recorded != decided and (a.validate or not a.quiet):
                 print(f"{run}/{phase.name} iteration {it}: the search kept {recorded}, racing {decided}")
             if recorded != decided and a.validate:
-                side = validation_side(run, phase, config, recorded, decided, a.validate, scored, a.validate_cache)
+                side = validation_side(phase, config, recorded, decided, a.validate, loaded, a.validate_cache)
                 if isinstance(side, str):
                     print(f"  validation: {side}")
                     continue
