@@ -12,11 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from domains import searchqa
-from harness_search import harness_source as hsrc
 from lm import engine
 from lm import models
-from tests.helpers import TINY, run_whale, tiny_model, tiny_tokenizer, write_qwen2_gguf
+from tests.helpers import TINY, run_whale, tiny_harness_source, tiny_model, tiny_tokenizer, write_qwen2_gguf
 
 
 # pytest-xdist (.ci/run: -n 2 --dist loadgroup): a test that takes a session fixture which is a whole
@@ -49,14 +47,9 @@ def hf():
 
 @pytest.fixture(scope="session")
 def tiny_harness(tmp_path_factory):
-    """A searchqa harness that the 135M model solves ~20% of the time at temperature 0.3 (h0 with
-    six primitives spliced in), so that a tiny run keeps rollouts and really trains."""
-    src = Path(searchqa.H0).read_text()
-    for axis, i in [("SYSTEM_PROMPT", 0), ("USER_TEMPLATE", 0), ("EXAMPLES", 0), ("RETRIEVAL", 0),
-                    ("format_passages", 0), ("extract_answer", 1)]:
-        src = hsrc.splice(src, axis, searchqa.PRIMITIVES[axis][i])
+    """tests/helpers.tiny_harness_source() in a file: a harness a tiny run keeps rollouts with."""
     path = tmp_path_factory.mktemp("harness") / "searchqa_good.py"
-    path.write_text(src)
+    path.write_text(tiny_harness_source())
     return str(path)
 
 

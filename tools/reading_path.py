@@ -20,6 +20,9 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python tools/x.py` imports the repository's modules
+
+from tests.helpers import tiny_harness_source  # noqa: E402  (the tests' tiny harness: one definition)
 
 # Run inside the traced checkout: trace whale.<phase> during a tiny run, print what ran as JSON.
 PROBE = r"""
@@ -37,16 +40,6 @@ def tracer(frame, event, arg):
         seen[(f[len(root):], code.co_qualname, code.co_firstlineno)] = max(lines, default=code.co_firstlineno)
     return None
 
-# the tests' tiny harness (conftest.py): h0 with six primitives, so that the step keeps rollouts and trains
-if any(x.startswith("--harness=") for x in sys.argv):
-    from pathlib import Path
-    from domains import searchqa
-    from harness_search import harness_source as hsrc
-    src = Path(searchqa.H0).read_text()
-    for axis, i in [("SYSTEM_PROMPT", 0), ("USER_TEMPLATE", 0), ("EXAMPLES", 0), ("RETRIEVAL", 0),
-                    ("format_passages", 0), ("extract_answer", 1)]:
-        src = hsrc.splice(src, axis, searchqa.PRIMITIVES[axis][i])
-    Path(next(x for x in sys.argv if x.startswith("--harness="))[len("--harness="):]).write_text(src)
 real = getattr(whale, phase)
 def traced(*a, **k):
     sys.setprofile(None); sys.settrace(tracer)
@@ -70,7 +63,9 @@ RUNS = {  # phase -> the tiny run that goes through it once
 
 def trace(repo: Path, phase: str) -> list:
     with tempfile.TemporaryDirectory() as out:
-        flags = [x if x != "--harness" else f"--harness={os.path.join(out, 'harness.py')}" for x in RUNS[phase]]
+        harness = os.path.join(out, "harness.py")  # the tests' tiny harness, this checkout's, for any --repo
+        Path(harness).write_text(tiny_harness_source())
+        flags = [x if x != "--harness" else f"--harness={harness}" for x in RUNS[phase]]
         cmd = [sys.executable, "-c", PROBE, phase, "--domain", "searchqa", "--preset", "tiny", *flags,
                "--test-limit", "1", "--val-limit", "1", "--two-by-two", "off",  # (what runs outside the phase: least)
                "--out", os.path.join(out, "run")]

@@ -8,18 +8,9 @@ cd "$(dirname "$0")/.."
 before=$(git rev-parse "${1:?usage: same_behaviour.sh BEFORE AFTER}") after=$(git rev-parse "${2:?}")
 work=${WORK:-/tmp/whale-same}
 mkdir -p "$work"
-# the tiny harness of the tests: h0 with six primitives spliced in, so that a tiny run keeps rollouts
-python3 - "$work/harness.py" <<'PY'
-import sys
-from pathlib import Path
-from domains import searchqa
-from harness_search import harness_source as hsrc
-src = Path(searchqa.H0).read_text()
-for axis, i in [("SYSTEM_PROMPT", 0), ("USER_TEMPLATE", 0), ("EXAMPLES", 0), ("RETRIEVAL", 0),
-                ("format_passages", 0), ("extract_answer", 1)]:
-    src = hsrc.splice(src, axis, searchqa.PRIMITIVES[axis][i])
-Path(sys.argv[1]).write_text(src)
-PY
+# the tiny harness of the tests (tests/helpers.tiny_harness_source), written by this checkout for both commits
+python3 -c "import sys; from tests.helpers import tiny_harness_source; open(sys.argv[1], 'w').write(tiny_harness_source())" \
+    "$work/harness.py"
 tiny=(--budget 32 --prompts-per-step 2 --group 4 --candidates 2 --harness-examples 4 --harness-n 1 --test-limit 4
       --test-n 2 --val-limit 2 --val-n 1 --max-tokens 32 --temperature 0.3 --schedule fixed-steps:1,2
       --train-layers 1 --lr 3e-4 --micro-batch 8 --minibatch 16 --max-kept-per-prompt 2 --top-k 20 --top-p 1.0
