@@ -85,6 +85,9 @@ def finish(run, ctx):
     if ctx.method is not None and "final" not in tests:
         tests["final"] = evaluate_and_log(run, ctx, "test", ctx.test, args.test_n, "final")
         run.checkpoint(ctx.engine, ctx.optimizer, model_changed=False)
+    # nothing trains after the final test: AdamW's state (2x the trained weights) leaves memory before the
+    # 2 x 2 loads the base weights beside the final ones (the checkpoint keeps its file until drop_optimizer)
+    ctx.optimizer.state.clear()
     if ctx.method is not None and args.two_by_two == "on" and both_moved(run, ctx):  # the final weights: in the engine now
         test_cell(run, ctx, "final_weights_h0", ctx.h0)
     initial = tests["initial"]

@@ -23,9 +23,9 @@ One harness phase = one search = one archive directory on disk:
                 (the primitives menu is exhausted on the paper's choice) -> the phase ends at once;
                 EMPTY_ITERATIONS_TO_STOP iterations in a row without a valid candidate (the
                 proposer returned nothing, only invalid candidates, or failed) -> it ends; or
-                should_stop(paper_scores) (the budget, the switch policy); paper_scores[i] = the
-                success of the paper's choice (the archive's top scorer) after iteration i (the
-                `archive_best` field of iterations.jsonl; switch.py's harness_done takes exactly that).
+                should_stop(paper_successes) (the budget, the switch policy); paper_successes[i] =
+                the success of the paper's choice (the archive's top scorer) after iteration i (the
+                `paper_success` field of iterations.jsonl; switch.py's harness_done takes exactly that).
                 The reason is logged and written into the last iterations.jsonl line and the
                 phase result. An empty iteration spends no rollouts, so without the first two
                 rules a proposer that never produces a valid candidate would loop forever.
@@ -331,7 +331,7 @@ def console_line(event, cycle):
         verdict = (f"accepted {event['incumbent']}" if event.get("accepted") else f"incumbent {event.get('incumbent')}"
                    f"{' (' + test['cand'] + ' not accepted, p ' + format(test['p'], '.2f') + ')' if test else ''}")
         return (f"{where} iteration {event.get('iteration')}: {event.get('valid', 0)} scored, best "
-                f"{event.get('paper_choice')} {100 * (event.get('archive_best') or 0):.1f} %; {verdict}")
+                f"{event.get('paper_choice')} {100 * (event.get('paper_success') or 0):.1f} %; {verdict}")
     if e == "harness_phase_end":
         return f"{where} ends after iteration {event.get('iterations', 1) - 1}: {str(event.get('reason'))[:80]}"
     if e in ("proposer_error", "archive_integrity"):
@@ -395,7 +395,7 @@ def stop_reason(iters, should_stop, max_empty=EMPTY_ITERATIONS_TO_STOP):
     empty = _trailing(iters, lambda line: _valid_count(line) == 0)
     if empty >= max_empty:
         return f"{empty} iterations in a row without a valid candidate"
-    verdict = should_stop([line["archive_best"] for line in iters])
+    verdict = should_stop([line["paper_success"] for line in iters])
     if verdict:
         return verdict if isinstance(verdict, str) else "should_stop said so (budget or switch policy)"
     return None
@@ -431,8 +431,7 @@ def select_incumbent(it, members, archive, incumbent, proposal, integrity, *, ac
     it_scores = [c["scores"]["success"] for c in members if c["scores"]]
     line = dict(iteration=it, cands=[c["name"] for c in members], valid=len(it_scores),
                 iteration_best=max(it_scores) if it_scores else None,
-                archive_best=paper["scores"]["success"],  # (the paper's score: switch.py's paper_scores)
-                paper_choice=paper["name"], paper_success=paper["scores"]["success"],
+                paper_choice=paper["name"], paper_success=paper["scores"]["success"],  # (switch.py reads it)
                 paper_mean_turns=paper["scores"]["mean_turns"],
                 test=test, accepted=accepted, incumbent=new_inc,
                 incumbent_success=by_name[new_inc]["scores"]["success"],
@@ -450,17 +449,17 @@ def search_phase(incumbent_src, domain, examples, run_candidate, validate_run, p
                  max_empty=EMPTY_ITERATIONS_TO_STOP, backoff=BACKOFF, ledger_path=None, confirm_examples=(),
                  race=None):
     """Run (or resume) one Meta-Harness search. Returns dict(incumbent_source, incumbent_scores,
-    iterations, counters, paper_scores, incumbent, paper_choice, stop_reason).
+    iterations, counters, paper_successes, incumbent, paper_choice, stop_reason).
 
     Three candidates have names here: the incumbent (what the sign test kept; the phase returns
     it), the paper's choice (the archive's top scorer, paper_choice(); its success after each
-    iteration is `paper_scores`, logged as archive_best) and a candidate's parent (what its proposer
+    iteration is `paper_successes`, logged as paper_success) and a candidate's parent (what its proposer
     edited: the paper's choice when it proposed).
 
     run_candidate(source, examples, name) -> rollout records (name = the candidate's;
     seeding by example rather than by name gives every candidate the same random numbers,
     which makes the paired test sharper). validate_run(source) -> reason or None.
-    should_stop(paper_scores) is asked after every iteration, iteration 0 included; it may return
+    should_stop(paper_successes) is asked after every iteration, iteration 0 included; it may return
     a string, which becomes the recorded stop reason. affordable() -> how many candidates the
     budget still pays for (None: always k): an iteration proposes min(k, affordable()), so the
     last one of a phase can be smaller and a run spends its whole budget. log(event dict) gets
@@ -532,6 +531,6 @@ def search_phase(incumbent_src, domain, examples, run_candidate, validate_run, p
     log(dict(event="harness_phase_end", reason=reason, iterations=len(iters), incumbent=inc["name"],
              incumbent_success=inc["scores"]["success"]))
     return dict(incumbent_source=inc["source"], incumbent_scores=inc["scores"], iterations=len(iters),
-                counters=sum_costs(archive_dir), paper_scores=[line["archive_best"] for line in iters],
+                counters=sum_costs(archive_dir), paper_successes=[line["paper_success"] for line in iters],
                 incumbent=inc["name"],
                 paper_choice=iters[-1]["paper_choice"], stop_reason=reason)

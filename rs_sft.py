@@ -27,9 +27,11 @@ samples that were already likely under the current model. The price is that
 failures teach nothing (an all-rejected step does no update) — which is exactly
 why a better harness, which turns more rollouts into successes, helps it.
 
-Where to fork it: the objective is Config.loss_fn (token_nll's signature); how much
-a rollout teaches is weight() (a GRPO-style fork returns an advantage, and the
-loss scales each sequence's tokens by it); the step itself is rollout_step.
+Where to fork it: the objective is Config.loss_fn (token_nll's signature; it may
+ask for the frozen starting model, `reference()`, e.g. for a KL term); how much
+each rollout teaches is weights(records) (a GRPO-style fork returns advantages over
+each example's group, and the loss scales each sequence's tokens by them); the step
+itself is rollout_step.
 
 The reference path is what this file reads as: every sequence whole, one
 `model(ids).logits`. Two things make it faster and are machinery, opt-in by
@@ -42,6 +44,7 @@ CPU affordance: `train_layers=K` trains only the top K transformer blocks and
 the final norm; the blocks below run without autograd, so a step costs about
 one forward plus K/L of a backward.
 """
+import functools
 import math
 import random
 import time
@@ -89,40 +92,45 @@ def next_batch(loader: dict, batch: int) -> list[int]:
 
 class Sequence(NamedTuple):
     """One training sequence: the token ids, the labels (the id where the model wrote the token,
-    IGNORE elsewhere) and the weight its tokens' loss is scaled by (keep/drop: 1; see weight)."""
+    IGNORE elsewhere) and the weight its tokens' loss is scaled by (keep/drop: 1; see weights)."""
     ids: list[int]
     labels: list[int]
     weight: float = 1.0
 
 
-def weight(record) -> float:
-    """How much one rollout teaches. Rejection sampling: a verified success 1, anything else 0
-    (dropped). A fork may return any number (e.g. a group-normalised advantage): keep() keeps
-    every rollout whose weight is not 0 and token_nll scales its tokens by it."""
-    return 1.0 if record["score"] > 0.5 else 0.0
+def weights(records) -> list[float]:
+    """How much each rollout of a step teaches, one number per record, given all of the step's
+    records at once (a fork can use an example's whole group: a GRPO-style advantage is a record's
+    score minus the mean of its example_id's scores, over their std). Rejection sampling: a
+    verified success 1, anything else 0 (dropped). keep() keeps every rollout whose weight is not
+    0, and token_nll scales its tokens by it. Flags that meet a fork here: --max-kept-per-prompt
+    (default 4) cuts an example's kept rollouts after weighting (a group fork sets it to 0, so no
+    group is cut); a step's "kept" count and its health figure (kept_nll_*) are then over the
+    rollouts of weight != 0, negative ones too."""
+    return [1.0 if r["score"] > 0.5 else 0.0 for r in records]
 
 
-def keep(records, max_per_prompt: int = 0):
-    """The rollouts phase A trains on: weight != 0 and at least one llm() call; at most
-    max_per_prompt per example (0 = all), so that easy prompts solved 8/8 do not dominate the
-    update with near-duplicates."""
+def keep(records, max_per_prompt: int = 0) -> list[tuple[dict, float]]:
+    """The rollouts phase A trains on, each with its weight (weights()): weight != 0 and at least
+    one llm() call; at most max_per_prompt per example (0 = all), so that easy prompts solved 8/8
+    do not dominate the update with near-duplicates."""
     kept, per = [], {}
-    for r in records:
-        if weight(r) != 0 and r["calls"]:
+    for r, w in zip(records, weights(records)):
+        if w != 0 and r["calls"]:
             n = per.get(r["example_id"], 0)
             if max_per_prompt <= 0 or n < max_per_prompt:
-                kept.append(r)
+                kept.append((r, w))
                 per[r["example_id"]] = n + 1
     return kept
 
 
-def sequences(record) -> list[Sequence]:
+def sequences(record, weight: float = 1.0) -> list[Sequence]:
     """The training sequences of one trajectory, each with the record's weight. When a call's
     prompt extends the previous call's prompt + completion token for token (a multi-turn chat),
     the two become one sequence: the completion of turn 1 is trained in place and the tool output
     between the turns is masked, which is the paper's formulation and costs one forward instead of
     two. Otherwise each call is its own sequence."""
-    out, ids, labels, w = [], [], [], weight(record)
+    out, ids, labels, w = [], [], [], weight
     for c in record["calls"]:
         p, comp = list(c["prompt_ids"]), list(c["completion_ids"])
         if ids and p[:len(ids)] == ids:
@@ -154,21 +162,23 @@ def logits_and_targets(model, seqs, pad_id: int = 0):
     return model(input_ids=ids.to(dev), attention_mask=mask.to(dev)).logits, targets
 
 
-def token_nll(model, seqs, *, pad_id: int = 0, shared: bool = False):
+def token_nll(model, seqs, *, pad_id: int = 0, shared: bool = False, reference=None):
     """THE LOSS of phase A, on one micro-batch of Sequences: the summed negative log-likelihood of
     the labelled tokens (those the model itself wrote), each sequence's scaled by its weight; the
     prompt, tool output and padding are IGNORE. A sum, not a mean: sft_update divides by the
     label count of the whole minibatch, so that micro-batches and ranks add up to one mean.
     shared=True takes the logits from the prefix tree (lm/prefix_tree.py: the same numbers up to
     round-off, fewer positions run). `model` may be the DDP wrapper. To try another objective,
-    write a function with this signature and set Config.loss_fn."""
+    write a function with this signature and set Config.loss_fn: `reference()` returns the frozen
+    starting model (reference_model; loaded on the first call, never if no loss asks), e.g. for a
+    KL term; this loss does not ask."""
     logits, targets = (prefix_tree.logits_and_targets if shared else logits_and_targets)(model, seqs, pad_id)
     flat, goal = logits.flatten(0, 1).float(), targets.flatten().to(logits.device)
-    weights = [float(s[2]) if len(s) > 2 else 1.0 for s in seqs]
-    if all(w == 1.0 for w in weights):  # keep/drop: every kept token counts once
+    scale = [float(s[2]) if len(s) > 2 else 1.0 for s in seqs]  # each sequence's weight
+    if all(w == 1.0 for w in scale):  # keep/drop: every kept token counts once
         return F.cross_entropy(flat, goal, ignore_index=IGNORE, reduction="sum")
     nll = F.cross_entropy(flat, goal, ignore_index=IGNORE, reduction="none").view(targets.shape)
-    return (nll.sum(1) * torch.tensor(weights, dtype=nll.dtype, device=nll.device)).sum()
+    return (nll.sum(1) * torch.tensor(scale, dtype=nll.dtype, device=nll.device)).sum()
 
 
 # -----------------------------------------------------------------------------
@@ -211,7 +221,20 @@ class Config:
     replay_steps: int       # R: train on the kept sequences of the last R steps (1 = this step's only)
     sft_epochs: int         # E: passes over those sequences per step
     sft_prompts: str        # "shared": the prefix-tree forward (lm/prefix_tree.py); "whole": the reference
-    loss_fn: Callable = token_nll  # the objective: (model, seqs, pad_id=, shared=) -> summed loss
+    loss_fn: Callable = token_nll  # the objective: (model, seqs, pad_id=, shared=, reference=) -> summed loss
+    base_model: str = ""    # the starting model as --model names it (whale.py sets it): what reference() loads
+
+
+@functools.lru_cache(maxsize=1)
+def reference_model(path: str, device: str = "cpu"):
+    """The starting weights, frozen, loaded once per process: what a loss that keeps the model near
+    where it began (a KL term) compares with. From the run's --model (Config.base_model), never the
+    sampler's model: that one has trained, and on --resume it starts from the trained weights."""
+    from lm.models import load_model
+    if not path:
+        raise ValueError("reference_model: Config.base_model is empty (whale.phase_a_config sets it from --model)")
+    model, _ = load_model(path, device=device)
+    return model.requires_grad_(False).eval()
 
 
 def sft_update(model, optimizer, seqs, cfg: Config, *, pad_id: int = 0, seed: int = 0, ddp_model=None) -> dict:
@@ -257,7 +280,8 @@ def sft_update(model, optimizer, seqs, cfg: Config, *, pad_id: int = 0, seed: in
         optimizer.zero_grad(set_to_none=True)
         for c, chunk in enumerate(chunks):
             with ddp.accumulating(ddp_model, last=c == len(chunks) - 1):
-                loss = cfg.loss_fn(fwd, chunk, pad_id=pad_id, shared=shared)
+                loss = cfg.loss_fn(fwd, chunk, pad_id=pad_id, shared=shared,
+                                   reference=functools.partial(reference_model, cfg.base_model, str(dev)))
                 # DDP AVERAGES gradients over ranks; scaling by world turns that average into
                 # the sum over the whole minibatch, so the step's gradient is exactly one
                 # process's sum(loss) / n_lab on the same minibatch (and so is the clip below)
@@ -273,6 +297,7 @@ def sft_update(model, optimizer, seqs, cfg: Config, *, pad_id: int = 0, seed: in
         total_lab += n_lab
         steps += 1
     total_nll, tokens, run_tokens = ddp.sum_over_ranks([total_nll, tokens, run_tokens], world, dev)
+    optimizer.zero_grad(set_to_none=True)  # the gradients (the trained weights' size) are not kept through the rollouts
     model.eval()
     secs = time.time() - t0
     return {"loss": total_nll / max(total_lab, 1), "opt_steps": steps, "tokens": tokens, "forward_tokens": run_tokens,
@@ -364,8 +389,8 @@ def rollout_step(engine, optimizer, cfg: Config, domain, harness: str, prompts: 
         if progress is not None:  # the bar has counted this rank's rollouts; add the others'
             progress.update(len(records) - len(examples) * cfg.group)
     t_roll = time.time() - t0
-    kept = keep(records, cfg.max_kept_per_prompt)
-    seqs = [s for r in kept for s in sequences(r)]
+    kept = keep(records, cfg.max_kept_per_prompt)  # [(record, weight)]
+    seqs = [s for r, w in kept for s in sequences(r, w)]
     train = [s for earlier in replay for s in earlier] + seqs  # the buffer: R-1 earlier steps' and this one's
     probe = seqs[::max(1, math.ceil(len(seqs) / HEALTH_SEQS))]  # the health figure's sample: <= HEALTH_SEQS
     t_health = time.time()

@@ -6,13 +6,16 @@ Meta-Harness iterations). A switch policy answers two questions, and nothing els
   policy.weight_done(rewards, steps_per_epoch, val_means) -> bool
       asked after each phase-A rollout step; `rewards` is this phase's per-step
       mean training reward so far (one float per step, oldest first).
-  policy.harness_done(paper_scores, val_means) -> bool
-      asked after each phase-B iteration; `paper_scores` is the success of the
+  policy.harness_done(paper_successes, val_means) -> bool
+      asked after each phase-B iteration; `paper_successes` is the success of the
       paper's choice (the archive's top scorer) after each iteration so far. The
-      incoming harness's evaluation is iteration 1, so paper_scores[0] is its score.
+      incoming harness's evaluation is iteration 1, so paper_successes[0] is its score.
   val_means: the run's validation mean@k so far, one per evaluation (the initial one
       and one after each phase, oldest first). A policy of your own may read it (e.g.
       switch on a validation plateau); any object with these two methods will do.
+  policy.val_every (optional, default 0): a policy that reads val_means inside a
+      weight phase asks for a validation every val_every RSFT steps (0: only between
+      phases); the run evaluates at the shorter of this and --val-every.
 
 Two policies, as in the paper (parse_schedule reads the --schedule spelling):
   Fixed(E, I)  --schedule fixed:E,I or fixed-steps:E_steps,I.
@@ -91,8 +94,8 @@ class Fixed:
     def weight_done(self, rewards: list[float], steps_per_epoch: int, val_means: list[float] = ()) -> bool:
         return len(rewards) >= self.weight_steps(steps_per_epoch)
 
-    def harness_done(self, paper_scores: list[float], val_means: list[float] = ()) -> bool:
-        return len(paper_scores) >= self.I
+    def harness_done(self, paper_successes: list[float], val_means: list[float] = ()) -> bool:
+        return len(paper_successes) >= self.I
 
 
 @dataclass(frozen=True)
@@ -121,9 +124,9 @@ class Patience:  # --schedule adaptive
         # luck, so it rarely resets patience unless the trend is really rising.
         return len(rewards) >= min_w and stale(smoothed(rewards, w), pw)
 
-    def harness_done(self, paper_scores: list[float], val_means: list[float] = ()) -> bool:
-        n = len(paper_scores)
-        return n >= self.max_h or (n >= self.min_h and stale(paper_scores, self.ph))
+    def harness_done(self, paper_successes: list[float], val_means: list[float] = ()) -> bool:
+        n = len(paper_successes)
+        return n >= self.max_h or (n >= self.min_h and stale(paper_successes, self.ph))
 
 
 def _pos_int(v) -> bool:
@@ -157,7 +160,19 @@ def check(args, method, weight_pool_size: int | None) -> str | None:
             f"would run; scale it, e.g. adaptive:w=2,pw=2,min_w=2")
 
 
-def parse_schedule(text: str) -> Fixed | Patience:
+# --schedule NAME[:key=value,...]: a policy whose options are its dataclass fields (ints), by name. A policy of
+# your own (a frozen dataclass with weight_done and harness_done, fields with defaults) is one line here.
+BY_NAME = {"adaptive": Patience}
+
+
+def val_every(policy, flag: int) -> int:
+    """RSFT steps between validations inside a weight phase (0: none): the shorter of --val-every
+    (`flag`) and what the policy asks for (its optional val_every), so that a policy that reads
+    val_means within a phase gets fresh ones without the user's flag."""
+    return min((n for n in (flag, getattr(policy, "val_every", 0)) if n), default=0)
+
+
+def parse_schedule(text: str):
     """CLI string -> policy, e.g. "fixed:0.6,6", "fixed-steps:3,4", "adaptive:ph=3"."""
     kind, _, args = text.strip().partition(":")
     kind, args = kind.strip().lower(), args.strip()
@@ -171,14 +186,14 @@ def parse_schedule(text: str) -> Fixed | Patience:
             if kind == "fixed":
                 return Fixed(E=float(parts[0]), I=int(parts[1]))
             return Fixed(E_steps=int(parts[0]), I=int(parts[1]))
-        if kind == "adaptive":
+        if kind in BY_NAME:
             kwargs = {}
             for item in filter(None, (p.strip() for p in args.split(","))):
                 key, eq, val = (s.strip() for s in item.partition("="))
-                if not eq or key not in {f.name for f in fields(Patience)} or key in kwargs:
+                if not eq or key not in {f.name for f in fields(BY_NAME[kind])} or key in kwargs:
                     raise ValueError(f"bad or repeated option {item!r}")
                 kwargs[key] = int(val)
-            return Patience(**kwargs)
+            return BY_NAME[kind](**kwargs)
         raise ValueError(f"unknown schedule kind {kind!r}")
     except ValueError as e:  # int("6.5") etc. land here too: say what was wrong and what works
         raise ValueError(f"bad schedule {text!r}: {e}; {USAGE}") from None

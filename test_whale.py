@@ -42,6 +42,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 import evaluation
 import meta_harness as mh
@@ -255,7 +256,6 @@ def test_phase_a_reference_path_is_model_ids_logits_one_sequence_at_a_time():
     would write: each sequence alone through model(ids).logits, cross-entropy on its labelled
     tokens. The fast path (shared=True) is held to it in the test below."""
     import random
-    import torch.nn.functional as F
     seqs = shared_prompt_seqs([[random.Random(k).randrange(5, 60) for _ in range(8 + k)] for k in range(3)],
                               random.Random(2))
     model = tiny_lm()
@@ -271,8 +271,9 @@ def test_phase_a_reference_path_is_model_ids_logits_one_sequence_at_a_time():
 
 def test_phase_a_a_sequence_weight_scales_its_loss_and_weight_0_trains_nothing(monkeypatch):
     """Fork point: a sequence is (ids, labels, weight). Its tokens' loss is scaled by the weight
-    (keep/drop is 1/0), the default rule is the verifier's (rs_sft.weight), and a replaced rule
-    reaches keep() and sequences(); an update on sequences of weight 0 leaves every weight as it was."""
+    (keep/drop is 1/0), the default rule is the verifier's (rs_sft.weights), and a replaced rule
+    sees a step's records together (a group baseline) and reaches keep() and sequences(); an
+    update on sequences of weight 0 leaves every weight as it was."""
     g = torch.Generator().manual_seed(3)
     ids = torch.randint(0, 64, (3, 9), generator=g).tolist()
     seqs = [rs_sft.Sequence(x, [rs_sft.IGNORE] * 3 + x[3:]) for x in ids]
@@ -289,17 +290,56 @@ def test_phase_a_a_sequence_weight_scales_its_loss_and_weight_0_trains_nothing(m
                       [s._replace(weight=0.0) for s in seqs], sft_cfg(minibatch=3, micro_batch=2))
     assert all(torch.equal(p, q) for p, q in zip(model.parameters(), before))
     call = {"prompt_ids": [1, 2, 3], "completion_ids": [4, 5]}
-    records = [{"example_id": "a", "score": 1.0, "calls": [call]}, {"example_id": "b", "score": 0.0, "calls": [call]}]
-    assert [r["example_id"] for r in rs_sft.keep(records)] == ["a"]
+    records = [{"example_id": e, "score": x, "calls": [call]} for e, x in (("a", 1.0), ("a", 0.0), ("a", 1.0),
+                                                                            ("b", 0.0), ("b", 0.0))]
+    assert [(r["example_id"], w) for r, w in rs_sft.keep(records)] == [("a", 1.0), ("a", 1.0)]
     assert rs_sft.sequences(records[0]) == [rs_sft.Sequence([1, 2, 3, 4, 5], [rs_sft.IGNORE] * 3 + [4, 5], 1.0)]
-    monkeypatch.setattr(rs_sft, "weight", lambda r: r["score"] - 0.5)  # e.g. a baseline-subtracted reward
-    assert [r["example_id"] for r in rs_sft.keep(records)] == ["a", "b"]
-    assert [s.weight for r in records for s in rs_sft.sequences(r)] == [0.5, -0.5]
+
+    def advantages(records):  # e.g. GRPO's: a score minus its example's mean (group "b" all equal: 0)
+        mean = {e: np.mean([r["score"] for r in records if r["example_id"] == e]) for e in {"a", "b"}}
+        return [r["score"] - mean[r["example_id"]] for r in records]
+    monkeypatch.setattr(rs_sft, "weights", advantages)
+    kept = rs_sft.keep(records)
+    assert [(r["example_id"], round(w, 3)) for r, w in kept] == [("a", 0.333), ("a", -0.667), ("a", 0.333)]
+    assert [round(s.weight, 3) for r, w in kept for s in rs_sft.sequences(r, w)] == [0.333, -0.667, 0.333]
+    assert len(rs_sft.keep(records, max_per_prompt=2)) == 2  # --max-kept-per-prompt cuts a group after weighting
 
 
-def test_a_switch_policy_of_your_own_reads_the_validation_means():
+def test_phase_a_a_loss_can_ask_for_the_starting_model(tmp_path):
+    """Fork point: Config.loss_fn gets reference(), the frozen starting model that --model names
+    (Config.base_model), loaded on the first call and once: a KL-to-start term reads it, and it
+    still gives the starting weights after the trained model has moved."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+    tiny_lm(seed=5).save_pretrained(tmp_path)
+    PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel({"[UNK]": 0}, unk_token="[UNK]")),
+                            unk_token="[UNK]").save_pretrained(tmp_path)
+    model, start = tiny_lm(seed=5), [p.detach().clone() for p in tiny_lm(seed=5).parameters()]
+    seen = []
+
+    def kl_to_start(model, seqs, *, pad_id=0, shared=False, reference=None):
+        ref = reference()
+        seen.append(ref)
+        logits, targets = rs_sft.logits_and_targets(model, seqs, pad_id)
+        with torch.no_grad():
+            ref_logits, _ = rs_sft.logits_and_targets(ref, seqs, pad_id)
+        kl = (F.softmax(logits, -1) * (F.log_softmax(logits, -1) - F.log_softmax(ref_logits, -1))).sum(-1)
+        return rs_sft.token_nll(model, seqs, pad_id=pad_id) + kl[targets != rs_sft.IGNORE].sum()
+    g = torch.Generator().manual_seed(1)
+    seqs = [(x, [rs_sft.IGNORE] * 4 + x[4:]) for x in torch.randint(0, 64, (4, 10), generator=g).tolist()]
+    cfg = sft_cfg(minibatch=4, micro_batch=2, loss_fn=kl_to_start, base_model=str(tmp_path))
+    opt = rs_sft.make_optimizer(rs_sft.set_trainable(model, 0), 1e-2)
+    for _ in range(2):
+        rs_sft.sft_update(model, opt, seqs, cfg)
+    assert len(seen) == 4 and all(r is seen[0] for r in seen)  # loaded once
+    assert not any(torch.equal(p, q) for p, q in zip(model.parameters(), start))  # the model moved
+    assert all(torch.equal(p, q) and not p.requires_grad for p, q in zip(seen[0].parameters(), start))
+
+
+def test_a_switch_policy_of_your_own_reads_the_validation_means(monkeypatch):
     """Fork point: whale.py asks the policy with the run's validation means so far, so a policy that
-    switches on a validation plateau needs only its own class (and parse_schedule to name it)."""
+    switches on a validation plateau needs only its own class (and a line in switch.BY_NAME to name
+    it); it may ask for validations inside a weight phase."""
     seen = []
 
     class Plateau:
@@ -307,7 +347,7 @@ def test_a_switch_policy_of_your_own_reads_the_validation_means():
             seen.append(list(val_means))
             return len(val_means) >= 2 and val_means[-1] <= val_means[-2]
 
-        def harness_done(self, paper_scores, val_means=()):
+        def harness_done(self, paper_successes, val_means=()):
             return True
     evals = [{"split": "test", "mean": 0.1}, {"split": "val", "mean": 0.2}, {"split": "val", "mean": 0.2}]
     run = types.SimpleNamespace(state={"rollouts": 0, "phase_rewards": [0.1], "evals": evals, "done": False})
@@ -316,6 +356,14 @@ def test_a_switch_policy_of_your_own_reads_the_validation_means():
     assert whale.weight_phase_over(run, ctx) is True and seen == [[0.2, 0.2]]
     evals[-1]["mean"] = 0.3
     assert whale.weight_phase_over(run, ctx) is False
+    # it may ask for validations inside a weight phase (val_every), the shorter of its own and --val-every
+    assert switch.val_every(Plateau(), 0) == 0
+    Plateau.val_every = 2
+    assert (switch.val_every(Plateau(), 0), switch.val_every(Plateau(), 1), switch.val_every(Plateau(), 5)) == (2, 1, 2)
+    # and a name on the command line: one line in switch.BY_NAME, its options its dataclass fields
+    monkeypatch.setitem(switch.BY_NAME, "plateau", dataclasses.make_dataclass(
+        "P", [("patience", int, 2)], bases=(Plateau,), frozen=True))
+    assert switch.parse_schedule("plateau:patience=3").patience == 3
 
 
 def test_phase_a_a_changed_loss_reaches_the_update():
@@ -570,7 +618,7 @@ def test_search_archives_everything_and_primitives_never_repeats(tmp_path):
     # past the single swaps it combines, retries and pairs; when even those are spent the phase
     # ends at once, with the reason recorded
     assert {c["meta"]["kind"] for c in arch[1:]} >= {"swap", "combine", "pair"}
-    assert "exhausted" in res["stop_reason"] and res["iterations"] == len(res["paper_scores"])
+    assert "exhausted" in res["stop_reason"] and res["iterations"] == len(res["paper_successes"])
     assert constant(res["incumbent_source"], "QUALITY") == 0.8
     s = json.load(open(os.path.join(d, "cand_000", "scores.json")))
     assert s["example_ids"] == [e["id"] for e in EXAMPLES] and len(s["per_example"]) == 40
@@ -984,7 +1032,7 @@ def test_resume_after_crash_reuses_archive(tmp_path, fail_at):
     assert len(second_calls) == len(ref_calls) - len(first_calls)   # nothing evaluated twice
     assert not {t for t, _ in first_calls} & {t for t, _ in second_calls}
     assert len(proposer_calls) == 2        # iteration 2 was already proposed: only 3 and 4 ask
-    assert res["incumbent_source"] == ref["incumbent_source"] and res["paper_scores"] == ref["paper_scores"]
+    assert res["incumbent_source"] == ref["incumbent_source"] and res["paper_successes"] == ref["paper_successes"]
     no_time = {k: v for k, v in res["counters"].items() if not k.endswith("seconds")}
     assert no_time == {k: v for k, v in ref["counters"].items() if not k.endswith("seconds")}
     summary = [json.loads(x)["cand"] for x in open(os.path.join(d, "summary.jsonl"))]
@@ -1316,7 +1364,7 @@ def test_command_agent_cannot_edit_the_archive_into_a_win(tmp_path, attack, jail
             assert p.read_bytes() == data, p
     true0 = harness_archive.score_records(make_evaluate()(H0, EXAMPLES, "x"), [e["id"] for e in EXAMPLES])["success"]
     its = [json.loads(x) for x in open(d / "iterations.jsonl")]
-    assert its[-1]["archive_best"] == max(true0, arch[1]["scores"]["success"]) < 1.0
+    assert its[-1]["paper_success"] == max(true0, arch[1]["scores"]["success"]) < 1.0
     assert res["incumbent_scores"]["success"] < 1.0 and "PWNED" not in res["incumbent_source"]
     errors = " | ".join(its[-1]["proposer_errors"])
     # refused by the kernel (nothing to undo; the agent's own error says so): Landlock refuses the
@@ -1453,7 +1501,7 @@ def test_search_trusts_only_its_own_records_against_a_between_calls_forger(tmp_p
     assert json.loads((d / "cand_001" / "scores.json").read_text()) == honest  # put back as measured
     assert not (d / "cand_009" / "scores.json").exists()
     assert res["incumbent"] == "cand_000" and res["incumbent_scores"]["success"] < 1.0
-    assert line["archive_best"] < 1.0 and line["paper_choice"] != "cand_009" and line["incumbent"] == "cand_000"
+    assert line["paper_success"] < 1.0 and line["paper_choice"] != "cand_009" and line["incumbent"] == "cand_000"
     assert sum(e["event"] == "archive_integrity" for e in events) == 3
 
 
@@ -1586,9 +1634,9 @@ def first_done(policy, rewards, steps_per_epoch):
     return None
 
 
-def first_harness_done(policy, paper_scores):
-    for n in range(1, len(paper_scores) + 1):
-        if policy.harness_done(paper_scores[:n]):
+def first_harness_done(policy, paper_successes):
+    for n in range(1, len(paper_successes) + 1):
+        if policy.harness_done(paper_successes[:n]):
             return n
     return None
 

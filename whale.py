@@ -193,9 +193,10 @@ class Context:
 
 def phase_a_config(args: Args, **changes):
     """rs_sft.Config from the command line (Args holds every default, the names are the same), with
-    `changes` on top (a fork's loss_fn, a test's minibatch)."""
+    `changes` on top (main's base_model; a test's minibatch). A fork's loss is rs_sft.Config's own
+    default loss_fn, which is never taken from here."""
     import rs_sft
-    settings = {f.name: getattr(args, f.name) for f in fields(rs_sft.Config) if f.name != "loss_fn"}
+    settings = {f.name: getattr(args, f.name) for f in fields(rs_sft.Config) if f.name not in ("loss_fn", "base_model")}
     return rs_sft.Config(**{**settings, **changes})
 
 
@@ -225,7 +226,7 @@ def main(args: Args):
         h0=Path(args.harness or domain.H0).read_text(),
         sampling={"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p},
         engine=engine, steps_per_epoch=max(1, len(splits["weight"]) // args.prompts_per_step),
-        sft=phase_a_config(args),
+        sft=phase_a_config(args, base_model=args.model),  # (a loss's reference(): --model, not the resumed weights)
         budget=Budget(total=args.budget, step_cost=args.prompts_per_step * args.group,
                       candidate_cost=len(search_set) * args.harness_n, candidates=args.candidates),
         optimizer=optimizer, data_parallel=ddp.data_parallel(engine.model))  # (None in one process)
@@ -261,10 +262,13 @@ def main(args: Args):
 def weight_phase(run, ctx: Context):
     """Phase A: one RSFT rollout step after another (rollouts under the current harness ->
     keep the verified ones -> SFT on their model-written tokens) until the phase is over, or
-    until a --val-every evaluation is due (the loop evaluates and calls this again)."""
+    until a validation inside the phase is due (--val-every, or the switch policy's val_every: the
+    loop evaluates and calls this again)."""
     import rollout
     import rs_sft
+    import switch
     args, state = ctx.args, run.state
+    every = switch.val_every(ctx.policy, args.val_every)  # validation inside the phase: 0 = none
     while state["phase"] == "A":
         with rollout.bar(ctx.engine, args.prompts_per_step * args.group // run.world,
                          f"A{state['cycle']} step {state['steps'] + 1}", run.bar, quiet=run.rank > 0) as bar:
@@ -290,7 +294,7 @@ def weight_phase(run, ctx: Context):
                             f"model: try a smaller --lr than {args.lr:g} (README: picking --lr)")
         if weight_phase_over(run, ctx):
             state.update(phase="B", phase_rewards=[], pending_eval=f"A{state['cycle']}")
-        elif args.val_every and state["steps"] % args.val_every == 0:
+        elif every and state["steps"] % every == 0:
             state["pending_eval"] = f"A{state['cycle']}.{state['steps']}"  # the phase goes on after this evaluation
         run.checkpoint(ctx.engine, ctx.optimizer, model_changed=True)
         if state["pending_eval"]:
@@ -373,7 +377,7 @@ def search_hooks(run, ctx: Context, archive):
         phase_left = None if allowance is None else allowance - meta_harness.spent_rollouts(str(archive))
         return budget.candidates_affordable(spent(), weights_follow, phase_left)
 
-    def should_stop(paper_scores):  # -> why the phase ends (a sentence), or False
+    def should_stop(paper_successes):  # -> why the phase ends (a sentence), or False
         if affordable() == 0 and allowance is not None and budget.candidates_affordable(spent(), weights_follow):
             return f"harness phase: its {allowance} rollouts spent, a candidate costs {budget.candidate_cost}"
         if affordable() == 0:
@@ -383,7 +387,7 @@ def search_hooks(run, ctx: Context, archive):
         if args.proposer_budget_usd and usd >= args.proposer_budget_usd:
             return f"proposer budget: ${usd:.4f} of --proposer-budget-usd {args.proposer_budget_usd:g} spent"
         return (method.harness_until == "switch" and allowance is None
-                and ctx.policy.harness_done(paper_scores, val_means(state)) and "switch policy: harness phase done")
+                and ctx.policy.harness_done(paper_successes, val_means(state)) and "switch policy: harness phase done")
 
     # The draws of phase B: seeded by example, not by the candidate's name, so every candidate gets the same
     # draws (a sharper sign test); and by the weights they sample from: the cycle that first searched under

@@ -642,8 +642,9 @@ def render_phase_b(section, phase, run):
     return "".join(parts)
 
 
-ITER_KNOWN = {"iteration", "cands", "iteration_best", "archive_best", "paper_choice", "paper_success",
-              "paper_mean_turns", "test", "accepted", "incumbent", "incumbent_success", "proposer_errors", "cost",
+ITER_KNOWN = {"iteration", "cands", "iteration_best", "paper_choice", "paper_success", "paper_mean_turns",
+              "test", "accepted", "incumbent", "incumbent_success", "proposer_errors", "cost",
+              "archive_best",  # (paper_success under a second name: the runs before 2026-12-07 wrote both)
               "event", "cycle", "rollouts", "integrity", "confirm_rollouts"} | MACHINE_FIELDS
 
 

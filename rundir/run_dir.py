@@ -603,11 +603,12 @@ class Run:
 
     def fit_memory(self, engine, gb):
         """--max-memory: what the process holds now, the optimizer state still to come (AdamW: two fp32
-        tensors a trainable parameter, and its gradient) and ~0.5 GB for the rest (data, index, freed
-        memory glibc keeps) are reserved; the sampler's caps take what is left (engine.fit_to_memory)."""
+        tensors a trainable parameter; the gradients are freed after each update, rs_sft.sft_update,
+        so the sampler never runs beside them) and ~0.5 GB for the rest (data, index, freed memory
+        glibc keeps) are reserved; the sampler's caps take what is left (engine.fit_to_memory)."""
         from lm.engine import fit_to_memory
         trainable = sum(p.numel() * p.element_size() for p in engine.model.parameters() if p.requires_grad)
-        reserved = rss_now_and_peak_mb().get("rss_mb", 0) * 2**20 + 3 * trainable + 2**29
+        reserved = rss_now_and_peak_mb().get("rss_mb", 0) * 2**20 + 2 * trainable + 2**29
         caps = fit_to_memory(engine, gb, reserved)
         warning = (f"; warning: the weights, optimizer state and process take about {caps['reserved_gb']} GB, so these "
                    f"are the smallest caps and the run will use more than {gb:g} GB") if caps["too_small"] else ""

@@ -490,7 +490,7 @@ def test_harness_only_run_with_claude_like_agent(tmp_path, tiny_harness):
     for c in arch.values():  # the scores selection read are the ones its own traces give, not the agent's edit
         real = harness_archive.score_records(harness_archive.read_traces(c), c["scores"]["example_ids"])
         assert (c["scores"]["success"], c["scores"]["per_example"]) == (real["success"], real["per_example"])
-    assert its[1]["archive_best"] == max(c["scores"]["success"] for c in arch.values())
+    assert its[1]["paper_success"] == max(c["scores"]["success"] for c in arch.values())
     errors = " | ".join(its[1]["proposer_errors"])
     assert "outside new/" in errors and "cand_000/scores.json" in errors
     assert ("a symbolic link" in errors) != (isolation.plan()["landlock_abi"] > 0)  # jailed: no link was made at all

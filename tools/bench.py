@@ -548,7 +548,7 @@ def eval_workload(model, tok, n_questions, n_phase_a, harnesses=("h0", "long"), 
         m = rs_sft.rollout_step(engines[s], opt, cfg, searchqa, step_harness, prompts, seed=(0, "A", 0), replay=[])
         seconds[s], sft_seconds[s] = time.time() - t, m["sft_seconds"] + m["health_seconds"]
         rollout.run = real_run
-        kept[s] = [q for r in rs_sft.keep(records, cfg.max_kept_per_prompt) for q in rs_sft.sequences(r)]
+        kept[s] = [q for r, w in rs_sft.keep(records, cfg.max_kept_per_prompt) for q in rs_sft.sequences(r, w)]
         # the least FLOPs: each kept sequence's shared prompt trained once, as `least_flops` counts prefill
         flops = least_flops(records, n_body, n_head) + rs_sft.flops_per_token(model, train_layers) * m["sft_forward_tokens"]
         print(f"phase_a_{s}_seconds: {seconds[s]:.1f} (rollouts {m['rollout_seconds']:.1f} s, update "

@@ -4,14 +4,17 @@ rather than guessed. It runs two tiny runs with the default flags (the `tiny` pr
 run of one RSFT step, and a harness-only run of the incoming harness and one iteration), traces
 every function of the repository that runs inside whale.py's weight_phase and harness_phase (in
 this process: the sandbox's child and the rollout processes are not traced), and prints, per
-phase, the files and the lines of those functions (each counted whole, from its `def` to its
-last line, once).
+phase:
+  read       the functions that ran in the files the README says to read for that phase (READ),
+             each counted whole, from its `def` to its last line, once;
+  calls out  the named calls by which those files leave for the rest (the machinery a reader may
+             skip: what it does is its name and docstring), one line each;
+  all        every file that ran, with its functions and lines.
 
     python tools/reading_path.py                 # this checkout
     python tools/reading_path.py --repo ../old   # another checkout (before/after a refactor)
 
-Left out: what a reader skips on purpose (a function marked as plumbing still counts: it runs),
-code run by import (module top levels), and the sandbox's child.
+Left out: code run by import (module top levels), and the sandbox's child.
 """
 import argparse
 import json
@@ -32,12 +35,18 @@ import whale
 root, phase = os.getcwd() + os.sep, sys.argv[1]
 seen = {}
 
+def ours(f):
+    return f.startswith(root) and "site-packages" not in f and os.sep + "tests" + os.sep not in f
+
 def tracer(frame, event, arg):
     code = frame.f_code
     f = code.co_filename
-    if event == "call" and f.startswith(root) and "site-packages" not in f and os.sep + "tests" + os.sep not in f:
+    if event == "call" and ours(f):
         lines = [l for _, _, l in code.co_lines() if l is not None]
-        seen[(f[len(root):], code.co_qualname, code.co_firstlineno)] = max(lines, default=code.co_firstlineno)
+        caller = frame.f_back.f_code.co_filename if frame.f_back else ""
+        key = (f[len(root):], code.co_qualname, code.co_firstlineno)
+        seen.setdefault(key, [max(lines, default=code.co_firstlineno), set()])[1].add(
+            caller[len(root):] if ours(caller) else "")
     return None
 
 real = getattr(whale, phase)
@@ -52,9 +61,12 @@ try:
     whale.main(whale.parse_args(whale.Args, argv=sys.argv[2:], presets=whale.PRESETS))
 except SystemExit:
     pass
-print("READING_PATH " + json.dumps([[f, q, a, b] for (f, q, a), b in seen.items()]))
+print("READING_PATH " + json.dumps([[f, q, a, b, sorted(c)] for (f, q, a), (b, c) in seen.items()]))
 """
 
+# phase -> the files the README says to read for it (the proposer's: the default's, primitives)
+READ = {"weight_phase": ["whale.py", "rs_sft.py"],
+        "harness_phase": ["whale.py", "meta_harness.py", "harness_search/primitives.py"]}
 RUNS = {  # phase -> the tiny run that goes through it once
     "weight_phase": ["--method", "weight-only", "--budget", "8", "--harness"],  # one RSFT step of 2 x 4 that trains
     "harness_phase": ["--method", "harness-only", "--budget", "12"],            # the incoming harness + 2 candidates
@@ -86,14 +98,20 @@ def main(argv=None):
         return 2
     for phase in RUNS:
         funcs = trace(repo, phase)
+        read = [x for x in funcs if x[0] in READ[phase]]
+        out = sorted({(f, q) for f, q, _, _, callers in funcs if f not in READ[phase] and set(callers) & set(READ[phase])})
+        print(f"{phase}: read {' + '.join(READ[phase])}: {len(read)} functions, "
+              f"{sum(b - a + 1 for _, _, a, b, _ in read)} lines; calls out: {len(out)}")
+        for f, q in out:
+            print(f"  calls out: {f[:-3].replace('/', '.')}.{q}")
         files = {}
-        for f, qual, first, last in funcs:
+        for f, qual, first, last, _ in funcs:
             files.setdefault(f, []).append((first, last, qual))
-        total = sum(last - first + 1 for _, _, first, last in funcs)
-        print(f"{phase}: {len(files)} files, {len(funcs)} functions, {total} lines")
+        total = sum(last - first + 1 for _, _, first, last, _ in funcs)
+        print(f"  all: {len(files)} files, {len(funcs)} functions, {total} lines")
         for f in sorted(files, key=lambda f: -sum(b - a + 1 for a, b, _ in files[f])):
             n = sum(b - a + 1 for a, b, _ in files[f])
-            print(f"  {f}: {len(files[f])} functions, {n} lines")
+            print(f"    {f}: {len(files[f])} functions, {n} lines")
     return 0
 
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The first run's procedure (results/first-run/README.md).
 #   bash results/first-run/run.sh time [DOMAIN]   # the default run (searchqa unless named), timed, cold cache
+#   WHALE_FLAGS="--max-memory 4" OUT=/tmp/run-11b bash results/first-run/run.sh time   # with flags of a registered run
 #   bash results/first-run/run.sh int8    # the paired fp32 / int8 validation check (rule 2)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -11,7 +12,7 @@ case "${1:-}" in
     domain=${2:-searchqa}
     run=$out/run${2:+-$2}
     rm -rf "$out/cache" "$run"
-    WHALE_CACHE=$out/cache /usr/bin/time -v -o "$run.time.txt" python whale.py --domain "$domain" --out "$run" \
+    WHALE_CACHE=$out/cache /usr/bin/time -v -o "$run.time.txt" python whale.py --domain "$domain" ${WHALE_FLAGS:-} --out "$run" \
         2>&1 | tee "$run.console.log"
     grep -E "Elapsed|Maximum resident" "$run.time.txt"
     du -sh "$run" ;;
