@@ -60,6 +60,7 @@ def tiny_reference(tmp_path_factory, tiny_harness):
     r = run_whale("--domain", "searchqa", "--method", "whale", "--out", str(out), *TINY, "--harness", tiny_harness)
     assert r.returncode == 0, r.stderr[-3000:]
     (out.parent / "stdout.txt").write_text(r.stdout)  # beside the run, not in it
+    (out.parent / "stderr.txt").write_text(r.stderr)  # (the progress bars)
     return out
 
 

@@ -237,8 +237,11 @@ def main(args: Args):
               weights="none" if ctx.method is None else "trained" if args.train_layers > 0 else "all")
     if args.max_memory:  # (plumbing: the sampler's batch caps from the RAM left beside the model and optimizer)
         run.fit_memory(engine, args.max_memory)
-    if ctx.method is not None:  # the run's bar ends with the run: final test and 2 x 2 too (finish() makes it exact)
-        run.bar.total = args.budget + len(ctx.test) * args.test_n * (3 if args.two_by_two == "on" else 1)
+    if ctx.method is not None:  # the run's bar: the budget and every full test, the 2 x 2 too (finish() makes it exact)
+        tests = len(ctx.test) * args.test_n
+        run.bar.total = args.budget + tests * (4 if args.two_by_two == "on" else 2)
+        if run.state["pending_eval"] != "initial":
+            run.bar.update(tests)  # (a resumed run: its initial test is done)
 
     # ---- the algorithm: initial evaluation; phase A / phase B until the budget is spent; final test
     if run.state["pending_eval"] and run.rank == 0:

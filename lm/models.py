@@ -239,6 +239,8 @@ def load_model(name: str = EMBEDDED, device: str = "cpu", dtype=None):
     path = resolve_model_path(name)
     if dtype is None:
         dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    from transformers.utils import logging as hf_logging
+    hf_logging.disable_progress_bar()  # (transformers' "Loading weights" bar: a run's start line says it)
     tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, trust_remote_code=False).to(device)
     model.eval()

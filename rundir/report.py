@@ -567,7 +567,7 @@ A_COLUMNS = [("step", "step", 0), ("rollouts", "rollouts", 0), ("train_reward", 
              ("opt_steps", "optimizer steps", 0), ("errors", "errors", 0),
              ("capped_frac", "capped share", 3), ("kept_nll_before", "kept NLL before", 3),
              ("kept_nll_after", "kept NLL after", 3), ("peak_rss_mb", "peak RSS so far (MB)", 0)]
-MACHINE_FIELDS = {"t", "rss_mb", "peak_rss_mb"}  # on every line: the machine's clock and memory (run_dir.log)
+MACHINE_FIELDS = {"t", "rss_mb", "peak_rss_mb", "peak_tree_mb"}  # on every line: the machine's clock and memory
 A_KNOWN = {c for c, _, _ in A_COLUMNS} | MACHINE_FIELDS | {
     "event", "cycle", "prompts", "skipped_update", "sft_tokens_per_s", "sft_seconds", "rollout_seconds", "epoch",
     "prompt_tokens", "completion_tokens", "step_rollouts", "health_seconds", "replay_sequences"}

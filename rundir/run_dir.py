@@ -15,7 +15,7 @@ how it resumes, and the one DDP sync point.
   best_val/          the weights with the best validation score (for best-on-val test), no optimizer
   harnesses/         every accepted harness as a .py file
   archive/           phase B archives (meta_harness.py), one folder per harness phase
-  summary.json, curve.png  (summary.json also says the machine: matmul GFLOP/s, peak RSS)
+  summary.json, curve.png  (summary.json also says the machine: matmul GFLOP/s, peak memory)
   .lock              held by the process running the run (run_setup.lock_run), holds its pid
   tracker.json       with --tracker (tracking.py): the tracker run's id and the rows each backend
                      has been sent; tensorboard/, mlruns/, wandb/ are the backends' own files
@@ -105,11 +105,53 @@ def matmul_gflop_per_s(n=1024, reps=5) -> float:
 
 
 def peak_rss_mb() -> dict:
-    """Peak resident memory so far: this process's, and the largest of its finished children's
-    (sandboxes, agents): ru_maxrss is a peak per process, not a sum over a tree."""
+    """Peak resident memory so far of this process (ru_maxrss). Its children's own figure would mislead:
+    a child's ru_maxrss counts the parent's pages it shared between fork and exec."""
     import resource
-    return {"peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
-            "peak_rss_child_mb": round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024)}
+    return {"peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}
+
+
+def tree_pss_mb() -> int:
+    """What this process and all of its descendants (the sandbox's router and rollout processes, an
+    agent) hold now, MB: the sum of their proportional set sizes (PSS: a page shared by k processes
+    counts 1/k in each), so shared pages count once. Linux /proc; 0 elsewhere."""
+    children = {}
+    try:
+        for d in os.listdir("/proc"):
+            if d.isdigit():
+                try:
+                    with open(f"/proc/{d}/stat") as f:
+                        ppid = int(f.read().rsplit(")", 1)[1].split()[1])  # (the name may hold spaces and ")")
+                except (OSError, ValueError, IndexError):
+                    continue
+                children.setdefault(ppid, []).append(int(d))
+    except OSError:
+        return 0
+    kb, todo = 0, [os.getpid()]
+    while todo:
+        pid = todo.pop()
+        todo += children.get(pid, [])
+        try:
+            with open(f"/proc/{pid}/smaps_rollup") as f:
+                kb += next((int(x.split()[1]) for x in f if x.startswith("Pss:")), 0)
+        except OSError:
+            pass  # (a process that ended between the two reads)
+    return round(kb / 1024)
+
+
+def watch_tree_memory(every: float = 1.0) -> dict:
+    """A daemon thread samples tree_pss_mb every `every` seconds; the dict it returns holds the
+    largest sample so far ("peak_tree_mb"): the run's whole footprint, children included, to about a
+    second (a peak shorter than that can be missed)."""
+    import threading
+    peak = {"peak_tree_mb": tree_pss_mb()}
+
+    def sample():
+        while True:
+            time.sleep(every)
+            peak["peak_tree_mb"] = max(peak["peak_tree_mb"], tree_pss_mb())
+    threading.Thread(target=sample, name="tree-memory", daemon=True).start()
+    return peak
 
 
 def rss_now_and_peak_mb() -> dict:
@@ -417,6 +459,7 @@ class Run:
 
     def __init__(self, a, open_run):
         self.rank, self.world, self.device = ddp_setup(a.device)
+        self.tree_memory = watch_tree_memory() if self.rank == 0 else {}  # the peak of the whole process tree
         self.dir, self.args = broadcast(open_run(a) if self.rank == 0 else None, self.world)
         saved = self.dir / "checkpoint" / "state.json"
         self.state = read_json(saved) if saved.exists() else None  # None: a new run (see start)
@@ -479,7 +522,8 @@ class Run:
         if self.rank != 0:
             return
         row = {"t": round(self.elapsed(), 1), **row,  # (t and the memory fields: the machine's, not the run's)
-               "rollouts": self.state["rollouts"] if rollouts is None else rollouts, **rss_now_and_peak_mb()}
+               "rollouts": self.state["rollouts"] if rollouts is None else rollouts, **rss_now_and_peak_mb(),
+               **self.tree_memory}
         log_metrics(self.dir, row, self.state)
         if self.tracker:  # every row to TensorBoard/MLflow/W&B too; metrics.jsonl stays the record
             self.tracker.log(row)
@@ -537,7 +581,7 @@ class Run:
             "harness_valid": c["harness_candidates"] - c["harness_invalid"],
             "phases": phases.phases(self.dir),  # what each phase did (rundir/phases.py)
             # the machine: its fp32 matmul speed (measured when this process started) and memory peaks
-            "matmul_gflop_per_s": self.gflops, **peak_rss_mb(),
+            "matmul_gflop_per_s": self.gflops, **peak_rss_mb(), **self.tree_memory,
             **({"test_2x2": two_by_two} if two_by_two else {})}
         write_json(self.dir / "summary.json", summary)
         return summary
@@ -562,7 +606,7 @@ class Run:
                                    for k in ("weights_alone", "harness_alone", "together", "interaction")))
         if s.get("matmul_gflop_per_s"):
             print(f"  machine: fp32 matmul {s['matmul_gflop_per_s']:.0f} GFLOP/s (times scale with its inverse); peak "
-                  f"RSS {s['peak_rss_mb']} MB, largest child {s['peak_rss_child_mb']} MB")
+                  f"memory {s.get('peak_tree_mb', 0)} MB (the process tree's PSS), this process's RSS {s['peak_rss_mb']} MB")
         print(f"  files: {self.dir}/ (summary.json, metrics.jsonl, harnesses/, checkpoint/, curve.png)")
 
     def finish_tracker(self, page):

@@ -83,6 +83,13 @@ def test_console_summary_report_and_curve_count_a_tiny_run_the_same(tiny_referen
     for fill in PHASE_FILL.values():
         assert f'fill="{fill}"' in page and tuple(int(fill[i:i + 2], 16) for i in (1, 3, 5)) in seen, fill
     assert f'<polyline points' in page and f'stroke="{SPLIT_COLOUR["test"]}" stroke-width="1.5"' not in page
+    # the run's bar counts every rollout it waits for, the initial test's too (or its ETA is off from the
+    # start), and ends full: the budget spent and every full-test evaluation (initial, final, the 2 x 2's)
+    bars = re.findall(r"whale searchqa: +\d+%\|[^|]*\| (\d+)/(\d+) \[", (tiny_reference.parent / "stderr.txt").read_text())
+    lines = [json.loads(x) for x in (tiny_reference / "metrics.jsonl").read_text().splitlines()]
+    tests = sum(x["event"] == "two_by_two" or x["event"] == "eval" and x["split"] == "test" for x in lines)
+    per_test = s["test_examples"] * json.loads((tiny_reference / "config.json").read_text())["test_n"]
+    assert tests >= 2 and bars[-1] == (str(s["rollouts"] + tests * per_test),) * 2, bars[-3:]
 
 
 def test_report_trace_shows_a_prompt_once_for_the_replies_to_it():

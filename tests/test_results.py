@@ -281,7 +281,7 @@ def test_race_replay_scores_each_disagreement_on_validation(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert again.stdout == r.stdout and len(list((tmp_path / "cache").iterdir())) == 2  # two harnesses, kept
-    assert "Loading weights" in r.stderr and "Loading weights" not in again.stderr  # the model was not needed
+    assert "loading the base model" in r.stderr and "loading" not in again.stderr  # the model was not needed
     lines = r.stdout.strip().splitlines()
     i = next(k for k, x in enumerate(lines) if "the search kept cand_005, racing cand_003" in x)
     assert re.fullmatch(r"  validation \(2 questions x 8\): cand_005 \d+\.\d%, cand_003 \d+\.\d%, racing - search "

@@ -106,7 +106,7 @@ def test_trackers_after_sigkill_and_resume_hold_every_metrics_row_once(tmp_path,
         stored = (lambda v: float(np.float32(v))) if backend == "tensorboard" else (lambda v: v)  # TB: float32
         # every point once; and its value, but for wall-clock times (a step the resume ran again took
         # other seconds than the one the tracker got before the kill)
-        clock = lambda k: k.endswith(("seconds", "per_s", "rss_mb"))  # the machine's clock, memory  # noqa: E731
+        clock = lambda k: k.endswith(("seconds", "per_s", "rss_mb", "tree_mb"))  # the machine's clock, memory  # noqa: E731
         got = collections.Counter((k, step) for k, step, _ in points.elements())
         if backend == "wandb":
             # W&B's service writes its offline log in blocks: a SIGKILL of the run loses what the killed

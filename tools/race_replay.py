@@ -124,6 +124,7 @@ def validation_side(phase, config, kept, raced, n_questions, loaded, cache_dir=N
 
     def engine():  # loaded once, and only when a score is not on disk yet
         if "engine" not in loaded:
+            print("race_replay: loading the base model to score what is not in the cache yet", file=sys.stderr)
             loaded["engine"] = load_engine(str(embedded_model_dir()), engine="hf", device="cpu", seed=0)
         return loaded["engine"]
     # on disk, 10 questions at a time (the draws are seeded by question and sample, so chunks change

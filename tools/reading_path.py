@@ -26,6 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python tools/x.py` imports the repository's modules
 
 from tests.helpers import tiny_harness_source  # noqa: E402  (the tests' tiny harness: one definition)
+from whale import PRESETS  # noqa: E402
 
 # Run inside the traced checkout: trace whale.<phase> during a tiny run, print what ran as JSON.
 PROBE = r"""
@@ -57,8 +58,13 @@ def traced(*a, **k):
     finally:
         sys.settrace(None)
 setattr(whale, phase, traced)
+import dataclasses
+known, argv, flags = {f.name for f in dataclasses.fields(whale.Args)}, [], sys.argv[2:]
+for k in range(0, len(flags), 2):  # an older checkout: only the flags it has (the rest: its defaults)
+    if flags[k][2:].split("=")[0].replace("-", "_") in known:
+        argv += flags[k:k + 2]
 try:
-    whale.main(whale.parse_args(whale.Args, argv=sys.argv[2:], presets=whale.PRESETS))
+    whale.main(whale.parse_args(whale.Args, argv=argv))
 except SystemExit:
     pass
 print("READING_PATH " + json.dumps([[f, q, a, b, sorted(c)] for (f, q, a), (b, c) in seen.items()]))
@@ -68,7 +74,7 @@ print("READING_PATH " + json.dumps([[f, q, a, b, sorted(c)] for (f, q, a), (b, c
 READ = {"weight_phase": ["whale.py", "rs_sft.py"],
         "harness_phase": ["whale.py", "meta_harness.py", "harness_search/primitives.py"]}
 RUNS = {  # phase -> the tiny run that goes through it once
-    "weight_phase": ["--method", "weight-only", "--budget", "8", "--harness"],  # one RSFT step of 2 x 4 that trains
+    "weight_phase": ["--method", "weight-only", "--budget", "8", "--harness", "HARNESS"],  # one RSFT step that trains
     "harness_phase": ["--method", "harness-only", "--budget", "12"],            # the incoming harness + 2 candidates
 }
 
@@ -77,10 +83,11 @@ def trace(repo: Path, phase: str) -> list:
     with tempfile.TemporaryDirectory() as out:
         harness = os.path.join(out, "harness.py")  # the tests' tiny harness, this checkout's, for any --repo
         Path(harness).write_text(tiny_harness_source())
-        flags = [x if x != "--harness" else f"--harness={harness}" for x in RUNS[phase]]
-        cmd = [sys.executable, "-c", PROBE, phase, "--domain", "searchqa", "--preset", "tiny", *flags,
-               "--test-limit", "1", "--val-limit", "1", "--two-by-two", "off",  # (what runs outside the phase: least)
-               "--out", os.path.join(out, "run")]
+        flags = [harness if x == "HARNESS" else x for x in RUNS[phase]]
+        # the tiny preset as flags (an older checkout has no --preset), and the least work outside the phase
+        tiny = [x for k, v in PRESETS["tiny"].items() for x in (f"--{k.replace('_', '-')}", str(v))]
+        cmd = [sys.executable, "-c", PROBE, phase, "--domain", "searchqa", *tiny, *flags, "--test-limit", "1",
+               "--val-limit", "1", "--two-by-two", "off", "--out", os.path.join(out, "run")]
         r = subprocess.run(cmd, cwd=repo, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     line = next((x for x in r.stdout.splitlines() if x.startswith("READING_PATH ")), None)
     if line is None:
