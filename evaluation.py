@@ -38,11 +38,11 @@ def evaluate_and_log(run, ctx, split, examples, n, tag, harness=None):
     harness = harness or state["harness"]
     key = rd.eval_key(vars(args), ctx.domain, harness, examples, n, split) if tag == "initial" else None
     res = rd.load_cached_eval(key)
+    counted = split == "test" and tag in ("initial", "final", "best_val")  # (the run's bar counts the full tests)
     if res is None:
-        res = measure(ctx, harness, examples, n, split, f"eval {split} mean@{n}",  # (the run's bar counts the
-                      also=run.bar if tag in ("initial", "final", "best_val") else None)  # full test's rollouts)
+        res = measure(ctx, harness, examples, n, split, f"eval {split} mean@{n}", also=run.bar if counted else None)
         rd.store_cached_eval(key, res)
-    elif tag == "initial":
+    elif counted:
         run.bar.update(len(examples) * n)  # (cached: done at once)
     rd.crash_point("eval")  # (a testing aid: a kill after an evaluation, before its line and checkpoint)
     point = {"split": split, "tag": tag, "cycle": state["cycle"], "rollouts": state["rollouts"],

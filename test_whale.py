@@ -84,13 +84,14 @@ from tests.helpers import (
 def test_labels_mask_everything_but_completions(hf):
     rec = rollout.run(hf, searchqa, two_call_harness(), searchqa.load_split("test")[:1], 1, seed=1,
                       sampling={"temperature": 1.0, "top_k": 20, "top_p": 1.0})[0]
-    seqs = rs_sft.sequences(rec)
+    w = rs_sft.weights([rec])[0]
+    seqs = rs_sft.sequences(rec, w)
     c1, c2 = rec["calls"]
     # every label is either IGNORE or exactly the token in place, and the labelled tokens are the completions
     labelled = [t for ids, lab, _ in seqs for t, l in zip(ids, lab) if l != rs_sft.IGNORE]
     assert labelled == c1["completion_ids"] + c2["completion_ids"]
     for ids, lab, weight in seqs:
-        assert len(ids) == len(lab) and weight == (1.0 if rec["score"] > 0.5 else 0.0)
+        assert len(ids) == len(lab) and weight == w == (1.0 if rec["score"] > 0.5 else 0.0)
         assert all(l == rs_sft.IGNORE or l == t for t, l in zip(ids, lab))
     # call 2's prompt: when it extends call 1's prompt+completion, one merged sequence with the tool output masked
     if c2["prompt_ids"][:len(c1["prompt_ids"]) + len(c1["completion_ids"])] == c1["prompt_ids"] + c1["completion_ids"]:

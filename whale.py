@@ -60,8 +60,9 @@ class Args:
                                            "--candidates candidates): what racing saves buys more candidates")
     budget: int = arg(1408, "total target rollouts (phase A + phase B), the same for every method (the default "
                             "buys 3 + 1 RSFT steps of 128 and one harness phase of 1 + 2 x 3 candidates x 128; "
-                            "run 9: 13.4 min alone on 2 cores at ~180 fp32 matmul GFLOP/s, peak RSS 12 GB, before "
-                            "racing and issue 68's cuts: results/first-run/; times scale with 1/GFLOP/s)")
+                            "run 11: 20.5 min alone on 2 cores at 202 fp32 matmul GFLOP/s, its 2 x 2 included, "
+                            "peak RSS 5.3 GB (4.8 GB with --max-memory 4): results/first-run/; times scale with "
+                            "1/GFLOP/s)")
     seed: int = arg(0, "seed for data order, sampling and proposals")
     out: str = arg("", "run directory (default runs/<domain>-<method>-s<seed>)")
     resume: str = arg("", "continue the run in this directory from its last checkpoint")

@@ -125,6 +125,8 @@ def save_atomic(model, tokenizer, target: Path):
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.tmp"))
+    from transformers.utils import logging as hf_logging
+    hf_logging.disable_progress_bar()  # ("Writing model shards": the caller's own line says what is written)
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     if target.exists():

@@ -292,22 +292,18 @@ def test_race_replay_scores_each_disagreement_on_validation(tmp_path):
 
 
 @pytest.mark.slow
-def test_reading_path_names_the_files_one_step_and_one_iteration_run_through():
-    """tools/reading_path.py traces two tiny runs: one RSFT step is read in whale.py + rs_sft.py and
+def test_reading_path_names_the_files_one_rsft_step_reads_and_runs_through():
+    """tools/reading_path.py traces a tiny run: one RSFT step is read in whale.py + rs_sft.py and
     leaves them through named calls (the rollouts among them) for everything else it runs (the
-    sampler too), one harness iteration in whale.py + meta_harness.py + the proposer, each file with
-    the lines of the functions that ran."""
+    sampler too), each file with the lines of the functions that ran. (Its harness_phase is the same
+    code on another tiny run: left to the tool's users, for CI's minutes.)"""
     import re
-    r = subprocess.run([sys.executable, str(ROOT / "tools" / "reading_path.py")], capture_output=True, text=True,
-                       timeout=900, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    r = subprocess.run([sys.executable, str(ROOT / "tools" / "reading_path.py"), "--phase", "weight_phase"],
+                       capture_output=True, text=True, timeout=900, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert r.returncode == 0, r.stderr[-2000:]
-    out = r.stdout.split("harness_phase:")
-    step, iteration = out[0], "harness_phase:" + out[1]
+    step = r.stdout
     assert re.match(r"weight_phase: read whale.py \+ rs_sft.py: \d+ functions, \d+ lines; calls out: \d+", step)
     assert re.search(r"^  calls out: rollout\.run$", step, re.M), step
     for f in ("whale.py", "rs_sft.py", "rollout.py", "lm/engine.py"):
         assert re.search(rf"^    {re.escape(f)}: \d+ functions, \d+ lines$", step, re.M), (f, step)
-    assert "meta_harness.py" not in step
-    assert re.match(r"harness_phase: read whale.py \+ meta_harness.py \+ harness_search/primitives.py: ", iteration)
-    for f in ("whale.py", "meta_harness.py", "harness_search/primitives.py"):
-        assert re.search(rf"^    {re.escape(f)}: \d+ functions, \d+ lines$", iteration, re.M), (f, iteration)
+    assert "meta_harness.py" not in step and "harness_phase" not in step

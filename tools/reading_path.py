@@ -13,6 +13,7 @@ phase:
 
     python tools/reading_path.py                 # this checkout
     python tools/reading_path.py --repo ../old   # another checkout (before/after a refactor)
+    python tools/reading_path.py --phase weight_phase   # one of the two
 
 Left out: code run by import (module top levels), and the sandbox's child.
 """
@@ -98,12 +99,13 @@ def trace(repo: Path, phase: str) -> list:
 def main(argv=None):
     ap = argparse.ArgumentParser(description="Files and lines one RSFT step and one harness iteration run through.")
     ap.add_argument("--repo", default=str(Path(__file__).resolve().parents[1]), help="the checkout to trace")
+    ap.add_argument("--phase", choices=list(RUNS), action="append", help="only this phase (repeatable; default both)")
     a = ap.parse_args(argv)
     repo = Path(a.repo).resolve()
     if not (repo / "whale.py").is_file():
         print(f"reading_path: error: {repo} has no whale.py", file=sys.stderr)
         return 2
-    for phase in RUNS:
+    for phase in a.phase or RUNS:
         funcs = trace(repo, phase)
         read = [x for x in funcs if x[0] in READ[phase]]
         out = sorted({(f, q) for f, q, _, _, callers in funcs if f not in READ[phase] and set(callers) & set(READ[phase])})
