@@ -60,9 +60,8 @@ class Args:
                                            "--candidates candidates): what racing saves buys more candidates")
     budget: int = arg(1408, "total target rollouts (phase A + phase B), the same for every method (the default "
                             "buys 3 + 1 RSFT steps of 128 and one harness phase of 1 + 2 x 3 candidates x 128; "
-                            "run 11: 20.5 min alone on 2 cores at 202 fp32 matmul GFLOP/s, its 2 x 2 included, "
-                            "peak RSS 5.3 GB (4.8 GB with --max-memory 4): results/first-run/; times scale with "
-                            "1/GFLOP/s)")
+                            "runs 11-12: 20.5 min alone on 2 cores at ~200 fp32 matmul GFLOP/s, its 2 x 2 included, "
+                            "peak memory 4.9 GB: results/first-run/; times scale with 1/GFLOP/s)")
     seed: int = arg(0, "seed for data order, sampling and proposals")
     out: str = arg("", "run directory (default runs/<domain>-<method>-s<seed>)")
     resume: str = arg("", "continue the run in this directory from its last checkpoint")
@@ -194,8 +193,8 @@ class Context:
 
 def phase_a_config(args: Args, **changes):
     """rs_sft.Config from the command line (Args holds every default, the names are the same), with
-    `changes` on top (main's base_model; a test's minibatch). A fork's loss is rs_sft.Config's own
-    default loss_fn, which is never taken from here."""
+    `changes` on top (main's base_model; a test's minibatch or loss_fn). A fork's loss is Config's own
+    default loss_fn: no flag sets it."""
     import rs_sft
     settings = {f.name: getattr(args, f.name) for f in fields(rs_sft.Config) if f.name not in ("loss_fn", "base_model")}
     return rs_sft.Config(**{**settings, **changes})
