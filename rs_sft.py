@@ -223,6 +223,29 @@ class Config:
     sft_prompts: str        # "shared": the prefix-tree forward (lm/prefix_tree.py); "whole": the reference
     loss_fn: Callable = token_nll  # the objective: (model, seqs, pad_id=, shared=, reference=) -> summed loss
     base_model: str = ""    # the starting model as --model names it (whale.py sets it): what reference() loads
+    max_forward_tokens: int = 0  # positions one training forward may run (0: no cap; --max-memory sets one)
+
+
+def training_bytes_per_position(model, train_layers: int = 0) -> int:
+    """An estimate of what one position of a training forward holds until its backward (--max-memory
+    sizes a forward with it): each trained block's saved activations (~12 x hidden + 4 x intermediate
+    floats: attention's inputs and outputs, the MLP's three projections) and the logits three times
+    (the logits, their log-softmax, their gradient), in fp32; frozen blocks keep nothing."""
+    c = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    blocks = train_layers or c.num_hidden_layers
+    return 4 * (blocks * (12 * c.hidden_size + 4 * c.intermediate_size) + 3 * c.vocab_size)
+
+
+def within_tokens(chunk, max_tokens: int, shared: bool) -> list[list]:
+    """A micro-batch cut into runs of whole sequences, in order, each of whose forward runs at most
+    max_tokens positions (prefix_tree.tokens_run; a longer sequence runs alone): the gradient is
+    their sum, as it is over micro-batches, the same up to the order of the sums."""
+    runs = [[]]
+    for s in chunk:
+        if runs[-1] and prefix_tree.tokens_run(runs[-1] + [s], shared) > max_tokens:
+            runs.append([])
+        runs[-1].append(s)
+    return runs
 
 
 @functools.lru_cache(maxsize=1)
@@ -274,6 +297,8 @@ def sft_update(model, optimizer, seqs, cfg: Config, *, pad_id: int = 0, seed: in
         if shared:  # the same prompts next to each other, so that they share a micro-batch
             mine.sort(key=lambda s: s.ids)  # (the order within a minibatch changes nothing but round-off)
         chunks = [mine[s:s + cfg.micro_batch] for s in range(0, len(mine), cfg.micro_batch)]
+        if cfg.max_forward_tokens:  # (--max-memory: a forward's activations and logits grow with its positions)
+            chunks = [part for chunk in chunks for part in within_tokens(chunk, cfg.max_forward_tokens, shared)]
         # under DDP every rank must join the all-reduce: a rank whose slice is empty (a minibatch
         # smaller than the world) runs one sequence without labels, which adds a zero gradient
         chunks = chunks or [[Sequence([pad_id, pad_id], [IGNORE, IGNORE])]]

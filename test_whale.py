@@ -306,6 +306,33 @@ def test_phase_a_a_sequence_weight_scales_its_loss_and_weight_0_trains_nothing(m
     assert len(rs_sft.keep(records, max_per_prompt=2)) == 2  # --max-kept-per-prompt cuts a group after weighting
 
 
+def test_phase_a_under_a_cap_on_a_forwards_positions_trains_the_same_update():
+    """--max-memory caps the positions one training forward runs (Config.max_forward_tokens): a
+    micro-batch is cut into runs of whole sequences within the cap (a longer one runs alone), and the
+    update is the same up to the order of its sums (gradient accumulation, as over micro-batches)."""
+    import random
+    seqs = shared_prompt_seqs([[random.Random(k).randrange(5, 60) for _ in range(12 + 3 * k)] for k in range(4)],
+                              random.Random(4))
+    for shared in (True, False):
+        sizes, after = [], {}
+        for cap in (0, 30):
+            seen = []
+
+            def spy(model, chunk, **kw):  # what each forward ran: (positions, sequences)
+                seen.append((rs_sft.prefix_tree.tokens_run(chunk, kw["shared"]), len(chunk)))
+                return rs_sft.token_nll(model, chunk, **kw)
+            model = tiny_lm(seed=2)
+            cfg = sft_cfg(minibatch=len(seqs), micro_batch=8, max_forward_tokens=cap, loss_fn=spy,
+                          sft_prompts="shared" if shared else "whole")
+            m = rs_sft.sft_update(model, rs_sft.make_optimizer(rs_sft.set_trainable(model, 0), 1e-3), seqs, cfg)
+            after[cap], _ = [p.detach().clone() for p in model.parameters()], sizes.append(seen)
+            assert m["trained_tokens"] == sum(sum(x != rs_sft.IGNORE for x in s[1][1:]) for s in seqs)
+        assert len(sizes[1]) > len(sizes[0]) and max(n for n, _ in sizes[0]) > 30  # the cap cut the micro-batches
+        assert all(n <= 30 or k == 1 for n, k in sizes[1])  # within the cap, or one sequence alone
+        assert sum(k for _, k in sizes[1]) == sum(k for _, k in sizes[0]) == len(seqs)  # every sequence, once
+        assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(after[0], after[30]))
+
+
 def test_phase_a_a_loss_can_ask_for_the_starting_model(tmp_path):
     """Fork point: Config.loss_fn gets reference(), the frozen starting model that --model names
     (Config.base_model), loaded on the first call and once: a KL-to-start term reads it, and it
@@ -2298,4 +2325,5 @@ def test_a_run_under_max_memory_sizes_its_sampler_and_may_change_it_on_resume(ti
     fits = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if '"memory_fit"' in x]
     assert [f["max_memory_gb"] for f in fits] == [3, 6]
     assert fits[0]["max_cache_positions"] < fits[1]["max_cache_positions"]
+    assert 256 <= fits[0]["max_forward_tokens"] < fits[1]["max_forward_tokens"]  # a training forward's cap too
     assert all(line.split()[:1] != ["Traceback"] for line in r.stderr.splitlines())

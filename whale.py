@@ -26,7 +26,7 @@ tune_process()  # (plumbing: OpenMP's wait and glibc's freed memory, set before 
 import importlib
 import sys
 import types
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 from budget import Budget  # what the rollout budget buys: the loop asks it when a phase must end
@@ -77,7 +77,8 @@ class Args:
     tp: int = arg(1, "vLLM tensor parallelism: GPUs per sampling engine (--engine vllm)")
     max_memory: float = arg(0.0, "GB of RAM this run's process may use (0 = no limit: the sampler's fixed caps); "
                                  "sizes the hf sampler's batches to fit beside the weights and optimizer state "
-                                 "(lm/engine.fit_to_memory): slower on a small machine, the same tokens")
+                                 "(lm/engine.fit_to_memory: slower, the same tokens) and a training forward's "
+                                 "positions (rs_sft.within_tokens: the same update up to the order of its sums)")
     harness: str = arg("", "start from this harness file instead of the domain's h0")
     # phase A
     prompts_per_step: int = arg(16, "B: prompts per rollout step")
@@ -192,11 +193,11 @@ class Context:
 
 
 def phase_a_config(args: Args, **changes):
-    """rs_sft.Config from the command line (Args holds every default, the names are the same), with
-    `changes` on top (main's base_model; a test's minibatch or loss_fn). A fork's loss is Config's own
-    default loss_fn: no flag sets it."""
+    """rs_sft.Config from the command line (Args holds every flag's default, the names are the same),
+    with `changes` on top (main's base_model; a test's minibatch or loss_fn); Config's other fields
+    keep their own defaults. A fork's loss is Config's own default loss_fn: no flag sets it."""
     import rs_sft
-    settings = {f.name: getattr(args, f.name) for f in fields(rs_sft.Config) if f.name not in ("loss_fn", "base_model")}
+    settings = {f.name: getattr(args, f.name) for f in fields(rs_sft.Config) if hasattr(args, f.name)}
     return rs_sft.Config(**{**settings, **changes})
 
 
@@ -235,8 +236,9 @@ def main(args: Args):
               # what a checkpoint holds: the trained blocks and a pointer to the base, the whole model
               # (full fine-tuning), or no weights at all (--method eval trains nothing)
               weights="none" if ctx.method is None else "trained" if args.train_layers > 0 else "all")
-    if args.max_memory:  # (plumbing: the sampler's batch caps from the RAM left beside the model and optimizer)
-        run.fit_memory(engine, args.max_memory)
+    if args.max_memory:  # (plumbing: the sampler's batches and a training forward sized to the RAM left)
+        ctx.sft = replace(ctx.sft, max_forward_tokens=run.fit_memory(
+            engine, args.max_memory, rs_sft.training_bytes_per_position(engine.model, args.train_layers)))
     if ctx.method is not None:  # the run's bar: the budget and every full test, the 2 x 2 too (finish() makes it exact)
         tests = len(ctx.test) * args.test_n
         run.bar.total = args.budget + tests * (4 if args.two_by_two == "on" else 2)

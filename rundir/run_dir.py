@@ -645,20 +645,25 @@ class Run:
             engine.model.load_state_dict(weights, strict=False)
         engine.sync_weights()
 
-    def fit_memory(self, engine, gb):
+    def fit_memory(self, engine, gb, training_bytes_per_position) -> int:
         """--max-memory: what the process holds now, the optimizer state still to come (AdamW: two fp32
         tensors a trainable parameter; the gradients are freed after each update, rs_sft.sft_update,
         so the sampler never runs beside them) and ~0.5 GB for the rest (data, index, freed memory
-        glibc keeps) are reserved; the sampler's caps take what is left (engine.fit_to_memory)."""
+        glibc keeps) are reserved; the sampler's caps take what is left (engine.fit_to_memory). A
+        training forward gets what is left beside the gradients too: returns the positions one may run
+        (at training_bytes_per_position, rs_sft's estimate; at least 256)."""
         from lm.engine import fit_to_memory
         trainable = sum(p.numel() * p.element_size() for p in engine.model.parameters() if p.requires_grad)
         reserved = rss_now_and_peak_mb().get("rss_mb", 0) * 2**20 + 2 * trainable + 2**29
         caps = fit_to_memory(engine, gb, reserved)
+        caps["max_forward_tokens"] = max(256, int((gb * 2**30 - reserved - trainable) / training_bytes_per_position))
         warning = (f"; warning: the weights, optimizer state and process take about {caps['reserved_gb']} GB, so these "
                    f"are the smallest caps and the run will use more than {gb:g} GB") if caps["too_small"] else ""
         self.log({"event": "memory_fit", "max_memory_gb": gb, **caps},
                  console=f"--max-memory {gb:g} GB: sampler batches of at most {caps['max_cache_positions']} cache "
-                         f"positions, prefill forwards of at most {caps['max_prefill_tokens']}{warning}")
+                         f"positions, prefill forwards of at most {caps['max_prefill_tokens']}, training forwards "
+                         f"of at most {caps['max_forward_tokens']}{warning}")
+        return caps["max_forward_tokens"]
 
     def drop_optimizer(self):
         """A finished run trains no more: its optimizer state (2x the trained weights) goes, and a
