@@ -18,6 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository's
 from whale import METHODS  # noqa: E402  (the run's bar is "<method> <domain>: ...")
 
 UP = "\x1b[A"
+MAX_CHARS = 64 * 2**20  # a default run's log is ~70 KB
 CLOCK = re.compile(rf"^(?:{'|'.join(map(re.escape, METHODS))}) \w+: .*\| \d+/\d+ \[(?:(\d+):)?(\d+):(\d+)<")
 
 
@@ -51,7 +52,8 @@ def main(argv=None):
     ap.add_argument("--seconds", type=int, default=120, help="how much of the start and of the end to show")
     a = ap.parse_args(argv)
     try:
-        text = open(a.log, encoding="utf-8", errors="replace", newline="").read()  # (keep the \r of the redraws)
+        with open(a.log, encoding="utf-8", errors="replace", newline="") as f:  # (keep the \r of the redraws)
+            text = f.read(MAX_CHARS)  # (a log from elsewhere: read up to a bound, shown as text only)
     except OSError as e:
         print(f"console: error: {a.log}: {e.strerror}", file=sys.stderr)
         return 2
