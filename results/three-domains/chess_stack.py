@@ -1,0 +1,57 @@
+"""What the chess menu reaches when its four trace-written primitives are stacked at once, without a
+search: the measurement beside the three failed gates (README.md, stage 3's negative). Not a gate and
+not a candidate of any run: the harness is built by code from the menu (domains/chess.py PRIMITIVES),
+so anyone can rebuild it, and it is scored exactly as chess_gate.py scores a gate's harness.
+
+    python results/three-domains/chess_stack.py [--limit 100] [--n 4] [--out results/three-domains/chess-stack.json]
+
+The stack is the four alternatives stage 3 wrote from h0's harness-split traces, each one axis:
+annotate_moves 4/4 (a short candidate list, forcing moves first), parse_move 4/4 (the first legal
+move the reply names), format_observation 4/4 (no FEN, no board) and USER_TEMPLATE 3/3 (says a mate
+exists). Writes the built harness beside the JSON (chess-stack-harness.py) so it can be read."""
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository's modules
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # chess_gate beside this file
+import whale  # noqa: E402 (first: the process settings a run has)
+from chess_gate import gate  # noqa: E402
+from domains import chess  # noqa: E402
+from harness_search.harness_source import splice, with_hypothesis  # noqa: E402
+from lm import engine  # noqa: E402
+
+STACK = [("annotate_moves", 4), ("parse_move", 4), ("format_observation", 4), ("USER_TEMPLATE", 3)]  # 1-based
+
+
+def stacked_harness() -> str:
+    source = Path(chess.H0).read_text()
+    for axis, k in STACK:
+        source = splice(source, axis, chess.PRIMITIVES[axis][k - 1])
+    said = ", ".join(f"{axis} {k}/{len(chess.PRIMITIVES[axis])}" for axis, k in STACK)
+    return with_hypothesis(source, f"h0 with four menu alternatives stacked by results/three-domains/chess_stack.py: {said}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--limit", type=int, default=100, help="the first N weight-pool puzzles")
+    ap.add_argument("--n", type=int, default=4, help="samples per puzzle")
+    ap.add_argument("--out", default="results/three-domains/chess-stack.json", help="where the JSON goes")
+    a = ap.parse_args()
+    if a.limit < 1 or a.n < 1:
+        sys.exit("chess_stack.py: --limit and --n must be >= 1")
+    source = stacked_harness()
+    out = Path(a.out)
+    out.with_name("chess-stack-harness.py").write_text(source)
+    args = whale.Args(domain="chess")
+    r = gate(source, engine.load_engine(args.model), chess.load_split("weight")[:a.limit], a.n, args)
+    r["stack"] = [f"{axis} {k}" for axis, k in STACK]
+    print(f"stacked: weight[:{a.limit}] mean@{a.n} {r['mean']:.4f} +- {r['se']:.4f}  mate in 1 {r['mate_in_1']:.3f}  "
+          f"mate in 2 {r['mate_in_2']:.3f}  puzzles with a success {r['puzzles_with_a_success']}  "
+          f"turns {r['mean_turns']:.2f}  errors {r['errors']}  {r['seconds']:.0f} s", flush=True)
+    out.write_text(json.dumps(r, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
