@@ -498,23 +498,31 @@ class HFEngine:
         model.train(was_training)
 
 
-def fit_to_memory(engine, gb: float, reserved_bytes: int) -> dict:
-    """--max-memory: size the HF sampler so that the process stays near `gb` GiB. What is left after
-    reserved_bytes (the weights, the optimizer state to come, the rest of the process) goes half to
-    one chunk's KV cache (max_cache_positions: the positions the cache really holds, a prompt's
-    once under shared_prefix, at the bytes a position takes, read off a one-token forward) and half
-    to one prefill forward's activations (max_prefill_tokens at an estimate per position: fp32
-    attention scores of a ~1,000-token prompt, the MLP and the residual stream; 100 KB for the 135M
-    model, 70 KB measured). Smaller batches are slower, not different: the same tokens
-    (tests/test_sampler.py). Below the smallest caps (256 MB left) it keeps those and says so."""
-    free = gb * 2**30 - reserved_bytes
+def kv_bytes_per_position(engine) -> int:
+    """The bytes one position of the sampler's KV cache takes, read off a one-token forward. That
+    forward also touches every weight: a model loaded from safetensors is mapped, not read, so
+    until a first forward its weights are not in RSS (measured: 440 -> 945 MB for the 135M model)."""
     model = engine.sampling_model
     with torch.no_grad():
         out = model(input_ids=torch.tensor([[engine.pad_id]], device=engine.device), use_cache=True)
     cache = out.past_key_values
     layers = getattr(cache, "layers", None) or []
-    per_position = sum(t.nbytes for layer in layers for t in (layer.keys, layer.values) if t is not None) or \
+    return sum(t.nbytes for layer in layers for t in (layer.keys, layer.values) if t is not None) or \
         sum(k.nbytes + v.nbytes for k, v in cache)  # (an older transformers' tuple of (keys, values))
+
+
+def fit_to_memory(engine, gb: float, reserved_bytes: int, per_position: int = 0) -> dict:
+    """--max-memory: size the HF sampler so that the process stays near `gb` GiB. What is left after
+    reserved_bytes (the weights, the optimizer state to come, the rest of the process) goes half to
+    one chunk's KV cache (max_cache_positions: the positions the cache really holds, a prompt's
+    once under shared_prefix, at per_position bytes: kv_bytes_per_position) and half
+    to one prefill forward's activations (max_prefill_tokens at an estimate per position: fp32
+    attention scores of a ~1,000-token prompt, the MLP and the residual stream; 100 KB for the 135M
+    model, 70 KB measured). Smaller batches are slower, not different: the same tokens
+    (tests/test_sampler.py). Below the smallest caps (256 MB left) it keeps those and says so."""
+    free = gb * 2**30 - reserved_bytes
+    per_position = per_position or kv_bytes_per_position(engine)
+    model = engine.sampling_model
     c = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     activations = 4 * (2 * c.num_attention_heads * 1024 + 3 * c.intermediate_size + 4 * c.hidden_size)
     engine.max_cache_positions = max(4096, int(max(free, 2**28) / 2 / per_position))

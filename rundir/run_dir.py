@@ -652,10 +652,11 @@ class Run:
         glibc keeps) are reserved; the sampler's caps take what is left (engine.fit_to_memory). A
         training forward gets what is left beside the gradients too: returns the positions one may run
         (at training_bytes_per_position, rs_sft's estimate; at least 256)."""
-        from lm.engine import fit_to_memory
+        from lm.engine import fit_to_memory, kv_bytes_per_position
         trainable = sum(p.numel() * p.element_size() for p in engine.model.parameters() if p.requires_grad)
+        per_position = kv_bytes_per_position(engine)  # first: its forward brings the mapped weights into RSS
         reserved = rss_now_and_peak_mb().get("rss_mb", 0) * 2**20 + 2 * trainable + 2**29
-        caps = fit_to_memory(engine, gb, reserved)
+        caps = fit_to_memory(engine, gb, reserved, per_position)
         caps["max_forward_tokens"] = max(256, int((gb * 2**30 - reserved - trainable) / training_bytes_per_position))
         warning = (f"; warning: the weights, optimizer state and process take about {caps['reserved_gb']} GB, so these "
                    f"are the smallest caps and the run will use more than {gb:g} GB") if caps["too_small"] else ""
