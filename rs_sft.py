@@ -56,6 +56,7 @@ import torch.nn.functional as F
 
 import rollout
 from lm import prefix_tree
+from lm.process_tuning import give_freed_memory_back  # (--max-memory only)
 from rundir import ddp
 from rundir.run_dir import crash_point
 
@@ -323,6 +324,8 @@ def sft_update(model, optimizer, seqs, cfg: Config, *, pad_id: int = 0, seed: in
         steps += 1
     total_nll, tokens, run_tokens = ddp.sum_over_ranks([total_nll, tokens, run_tokens], world, dev)
     optimizer.zero_grad(set_to_none=True)  # the gradients (the trained weights' size) are not kept through the rollouts
+    if cfg.max_forward_tokens:  # --max-memory: the freed activations and gradients go back to the kernel
+        give_freed_memory_back()
     model.eval()
     secs = time.time() - t0
     return {"loss": total_nll / max(total_lab, 1), "opt_steps": steps, "tokens": tokens, "forward_tokens": run_tokens,

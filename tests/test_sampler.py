@@ -733,6 +733,27 @@ def test_a_run_keeps_freed_blocks_in_the_heap_unless_the_user_tunes_malloc():
     assert kept < glibc / 3, (kept, glibc)
 
 
+def test_under_max_memory_an_update_gives_its_freed_memory_back():
+    """lm.process_tuning.give_freed_memory_back (rs_sft.sft_update calls it under --max-memory): the
+    heap whale.py keeps (above) holds the blocks an update freed, so RSS stays at the update's peak;
+    after it, 400 MB of freed 8 MB blocks (activations' size) leave RSS, and without it they stay."""
+    import subprocess
+    import sys
+    probe = ("import whale, torch\n"
+             "from lm.process_tuning import give_freed_memory_back\n"
+             "rss = lambda: int(open('/proc/self/status').read().split('VmRSS:')[1].split()[0]) // 1024\n"
+             "blocks = [torch.ones(2_000_000) for _ in range(50)]\n"
+             "held = rss(); del blocks\n"
+             "kept = rss(); give_freed_memory_back()\n"
+             "print(held, kept, rss())\n")
+    env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES" and not k.startswith("MALLOC_")}
+    out = subprocess.run([sys.executable, "-c", probe], env=env, cwd=Path(whale.__file__).parent,
+                         capture_output=True, text=True, check=True)
+    held, kept, given = map(int, out.stdout.split()[-3:])
+    assert kept > held - 100, (held, kept)  # kept in the heap while the run keeps freed memory
+    assert given < held - 300, (held, kept, given)  # handed back to the kernel
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("case, chat_format, needle", [
     ("empty dir", "auto", "no config.json"),
