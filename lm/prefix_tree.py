@@ -49,8 +49,9 @@ def tokens_run(seqs, share: bool = True) -> int:
 def pack(seqs, pad_id: int = 0, share: bool = True) -> dict:
     """One micro-batch of (ids, labels, ...) sequences as the tensors `logits` runs: head [1, H],
     mid_ids/mid_mask [P, M] (right-padded; P = 0 without mids), row_mid [S] (each sequence's mid,
-    None: no tree), tail_ids/tail_mask/tail_pos [S, T], targets [S, T] (the token each tail
-    position predicts, IGNORE where nothing is trained) and tokens (real positions run)."""
+    None: no tree), tail_ids/tail_mask/tail_pos [S, T], columns [K] (the tail positions some row
+    trains), targets [S, K] (the token each of those positions predicts, IGNORE where that row
+    trains none) and tokens (real positions run)."""
     ids, labels = [list(s[0]) for s in seqs], [list(s[1]) for s in seqs]
     head, mids, row_mid, free = plan(seqs, share)
     tree = head is not None
@@ -60,18 +61,25 @@ def pack(seqs, pad_id: int = 0, share: bool = True) -> dict:
     def right_padded(lists, width, fill):
         return torch.tensor([x + [fill] * (width - len(x)) for x in lists], dtype=torch.long).view(len(lists), width)
     head = head or []
+    targets = right_padded([lab[f + 1:] for lab, f in zip(labels, free)], T, IGNORE)
+    # the tail positions some row trains: only they get logits (a tail also runs tool output, padding)
+    columns = (targets != IGNORE).any(0).nonzero().view(-1)
+    columns = columns if len(columns) else torch.tensor([T - 1])  # (nothing trained: one column, no label)
     return {"head": torch.tensor([head], dtype=torch.long).view(1, len(head)),
             "mid_ids": right_padded(mids, M, pad_id), "mid_mask": right_padded([[1] * len(m) for m in mids], M, 0),
             "row_mid": torch.tensor(row_mid, dtype=torch.long) if tree else None,
             "tail_ids": right_padded(tails, T, pad_id), "tail_mask": right_padded([[1] * len(t) for t in tails], T, 0),
             "tail_pos": torch.tensor(free).unsqueeze(1) + torch.arange(T),
-            "targets": right_padded([lab[f + 1:] for lab, f in zip(labels, free)], T, IGNORE),
+            "targets": targets[:, columns], "columns": columns,
             "tokens": len(head) + sum(map(len, mids)) + sum(map(len, tails))}
 
 
 def forward(model, batch: dict):
-    """The logits [S, T, vocab] of a `pack`ed micro-batch's tails: logits[r, t] predicts
-    batch["targets"][r, t]. `model` may be the DDP wrapper: the head and mids run through the
+    """The logits [S, K, vocab] of a `pack`ed micro-batch's tails at its trained columns: logits[r, k]
+    predicts batch["targets"][r, k]. Positions nothing trains get no logits (logits_to_keep): a tail
+    also runs the tool output between a sequence's replies, and a position's logits, their
+    log-softmax and their gradient are 3 x 49,152 floats for the 135M model, more than its blocks keep.
+    `model` may be the DDP wrapper: the head and mids run through the
     module inside it and only the tails through the wrapper, because DDP expects one forward per
     backward (the gradient from all three still reaches every parameter in that backward)."""
     from transformers import DynamicCache
@@ -81,7 +89,7 @@ def forward(model, batch: dict):
     dev = next(core.parameters()).device
     b = {k: v.to(dev) if torch.is_tensor(v) else v for k, v in batch.items()}
     if b["row_mid"] is None:  # nothing shared: the plain forward
-        return model(input_ids=b["tail_ids"], attention_mask=b["tail_mask"]).logits
+        return model(input_ids=b["tail_ids"], attention_mask=b["tail_mask"], logits_to_keep=b["columns"]).logits
     cache, kw = DynamicCache(config=core.config), cache_arg(core)  # the levels hand their keys and values down
     (P, M), H = b["mid_ids"].shape, b["head"].shape[1]
     # the head and mids only fill the cache: logits_to_keep=1 spares their logits (positions x vocabulary
@@ -95,11 +103,11 @@ def forward(model, batch: dict):
     cache.batch_select_indices(b["row_mid"])  # each mid's keys and values to its sequences
     # (a mid's right padding is a masked gap between it and its tails; positions continue from its end)
     return model(input_ids=b["tail_ids"], attention_mask=torch.cat([mask[b["row_mid"]], b["tail_mask"]], 1),
-                 position_ids=b["tail_pos"], **{kw: cache}).logits
+                 position_ids=b["tail_pos"], logits_to_keep=b["columns"], **{kw: cache}).logits
 
 
 def logits_and_targets(model, seqs, pad_id: int = 0):
-    """rs_sft.logits_and_targets through the prefix tree: (logits [S, T, vocab], targets [S, T]),
-    row r being seqs[r]; the same trained positions, fewer positions run."""
+    """rs_sft.logits_and_targets through the prefix tree: (logits [S, K, vocab], targets [S, K]),
+    row r being seqs[r]; the same trained positions, fewer positions run and fewer logits."""
     batch = pack(seqs, pad_id, share=True)
     return forward(model, batch), batch["targets"]
