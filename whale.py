@@ -60,8 +60,8 @@ class Args:
                                            "--candidates candidates): what racing saves buys more candidates")
     budget: int = arg(1408, "total target rollouts (phase A + phase B), the same for every method (the default "
                             "buys 3 + 1 RSFT steps of 128 and one harness phase of 1 + 2 x 3 candidates x 128; "
-                            "runs 11-12: 20.5 min alone on 2 cores at ~200 fp32 matmul GFLOP/s, its 2 x 2 included, "
-                            "peak memory 4.9 GB: results/first-run/; times scale with 1/GFLOP/s)")
+                            "run 16: 22.2 min alone on 2 cores at 206 fp32 matmul GFLOP/s, its 2 x 2 included, "
+                            "peak memory 4.0 GB: results/first-run/; times scale with 1/GFLOP/s)")
     seed: int = arg(0, "seed for data order, sampling and proposals")
     out: str = arg("", "run directory (default runs/<domain>-<method>-s<seed>)")
     resume: str = arg("", "continue the run in this directory from its last checkpoint")
@@ -75,10 +75,11 @@ class Args:
     rollout_precision: str = arg("fp32", "fp32 | int8: sample rollouts from an int8 copy of the model (CPU, hf "
                                          "engine; training stays fp32; README: Speed)")
     tp: int = arg(1, "vLLM tensor parallelism: GPUs per sampling engine (--engine vllm)")
-    max_memory: float = arg(0.0, "GB of RAM this run's process may use (0 = no limit: the sampler's fixed caps); "
-                                 "sizes the hf sampler's batches to fit beside the weights and optimizer state "
-                                 "(lm/engine.fit_to_memory: slower, the same tokens) and a training forward's "
-                                 "positions (rs_sft.within_tokens: the same update up to the order of its sums)")
+    max_memory: float = arg(-1.0, "GB of RAM this run's process may use: sizes the hf sampler's batches to fit "
+                                  "beside the weights and optimizer state (lm/engine.fit_to_memory: the same tokens) "
+                                  "and a training forward's positions (rs_sft.within_tokens: the same update up to "
+                                  "the order of its sums); -1 = auto: 4 on a CPU run when the model fits (the first "
+                                  "run peaks at 4.0 GB), else none; 0 = no limit (the sampler's fixed caps: faster)")
     harness: str = arg("", "start from this harness file instead of the domain's h0")
     # phase A
     prompts_per_step: int = arg(16, "B: prompts per rollout step")

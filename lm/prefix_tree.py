@@ -19,6 +19,8 @@ path returns for the positions that are trained: the same loss and gradients up 
 round-off (test_whale.py pins the two together). What it leaves out: sharing across micro-batches,
 sequences with nothing in common (they run whole, in one forward, as the reference does).
 """
+import inspect
+
 import torch
 
 IGNORE = -100  # label value that cross_entropy skips (rs_sft.IGNORE)
@@ -88,22 +90,26 @@ def forward(model, batch: dict):
     core = getattr(model, "module", model)
     dev = next(core.parameters()).device
     b = {k: v.to(dev) if torch.is_tensor(v) else v for k, v in batch.items()}
+    # (a model whose forward takes no logits_to_keep, e.g. a test's stand-in: all its logits, then the columns)
+    keep = {"logits_to_keep": b["columns"]} if "logits_to_keep" in inspect.signature(core.forward).parameters else {}
+    pick = (lambda x: x) if keep else (lambda x: x[:, b["columns"]])
     if b["row_mid"] is None:  # nothing shared: the plain forward
-        return model(input_ids=b["tail_ids"], attention_mask=b["tail_mask"], logits_to_keep=b["columns"]).logits
+        return pick(model(input_ids=b["tail_ids"], attention_mask=b["tail_mask"], **keep).logits)
     cache, kw = DynamicCache(config=core.config), cache_arg(core)  # the levels hand their keys and values down
     (P, M), H = b["mid_ids"].shape, b["head"].shape[1]
     # the head and mids only fill the cache: logits_to_keep=1 spares their logits (positions x vocabulary
     # floats each, e.g. 4 x 400 x 49,152: 315 MB for a micro-batch's mids, thrown away at once)
+    one = {"logits_to_keep": 1} if keep else {}
     if H:
-        core(input_ids=b["head"], use_cache=True, logits_to_keep=1, **{kw: cache})
+        core(input_ids=b["head"], use_cache=True, **one, **{kw: cache})
         cache.batch_select_indices(torch.zeros(P, dtype=torch.long, device=dev))  # the head, once per mid
     mask = torch.cat([b["mid_mask"].new_ones((P, H)), b["mid_mask"]], 1)
     core(input_ids=b["mid_ids"], attention_mask=mask, position_ids=H + torch.arange(M, device=dev).expand(P, M),
-         use_cache=True, logits_to_keep=1, **{kw: cache})
+         use_cache=True, **one, **{kw: cache})
     cache.batch_select_indices(b["row_mid"])  # each mid's keys and values to its sequences
     # (a mid's right padding is a masked gap between it and its tails; positions continue from its end)
-    return model(input_ids=b["tail_ids"], attention_mask=torch.cat([mask[b["row_mid"]], b["tail_mask"]], 1),
-                 position_ids=b["tail_pos"], logits_to_keep=b["columns"], **{kw: cache}).logits
+    return pick(model(input_ids=b["tail_ids"], attention_mask=torch.cat([mask[b["row_mid"]], b["tail_mask"]], 1),
+                      position_ids=b["tail_pos"], **keep, **{kw: cache}).logits)
 
 
 def logits_and_targets(model, seqs, pad_id: int = 0):

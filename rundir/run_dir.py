@@ -219,6 +219,11 @@ def truncate_metrics(run: Path, lines: int):
     return len(kept)
 
 
+# --max-memory's default on a CPU run (-1, "auto"): the first run fits an 8 GB laptop beside the OS and a
+# browser (results/first-run run 16: peak 4,079 MB RSS, the process tree 3,976, run 11's numbers)
+AUTO_MAX_MEMORY_GB = 4.0
+
+
 def save_checkpoint(run: Path, engine, optimizer, state: dict, name: str = "checkpoint", model_changed=True,
                     weights="all", base=None):
     """Write weights + optimizer + state into run/name atomically. weights:
@@ -651,19 +656,30 @@ class Run:
         so the sampler never runs beside them) and ~0.5 GB for the rest (data, index, freed memory
         glibc keeps) are reserved; the sampler's caps take what is left (engine.fit_to_memory). A
         training forward gets what is left beside the gradients too: returns the positions one may run
-        (at training_bytes_per_position, rs_sft's estimate; at least 256)."""
+        (at training_bytes_per_position, rs_sft's estimate; at least 256; 0: no cap).
+        gb -1 (the default, "auto"): AUTO_MAX_MEMORY_GB on a CPU run when the model fits in it with
+        256 MB to spare, else no limit (a GPU's memory is not RAM, and a larger model needs more)."""
         from lm.engine import fit_to_memory, kv_bytes_per_position
+        auto = gb < 0
+        if auto and (self.args.device != "cpu" or self.args.engine != "hf"):  # (vLLM sizes its own cache)
+            return 0
+        gb = AUTO_MAX_MEMORY_GB if auto else gb
         trainable = sum(p.numel() * p.element_size() for p in engine.model.parameters() if p.requires_grad)
         per_position = kv_bytes_per_position(engine)  # first: its forward brings the mapped weights into RSS
         reserved = rss_now_and_peak_mb().get("rss_mb", 0) * 2**20 + 2 * trainable + 2**29
+        if auto and gb * 2**30 - reserved < 2**28:
+            self.log({"event": "memory_fit", "max_memory_gb": 0, "reserved_gb": round(reserved / 2**30, 2)},
+                     console=f"--max-memory auto: no limit (this model needs about {reserved / 2**30:.1f} GB "
+                             f"before its rollouts, more than {gb:g}; give --max-memory GB to size it)")
+            return 0
         caps = fit_to_memory(engine, gb, reserved, per_position)
         caps["max_forward_tokens"] = max(256, int((gb * 2**30 - reserved - trainable) / training_bytes_per_position))
         warning = (f"; warning: the weights, optimizer state and process take about {caps['reserved_gb']} GB, so these "
                    f"are the smallest caps and the run will use more than {gb:g} GB") if caps["too_small"] else ""
         self.log({"event": "memory_fit", "max_memory_gb": gb, **caps},
-                 console=f"--max-memory {gb:g} GB: sampler batches of at most {caps['max_cache_positions']} cache "
-                         f"positions, prefill forwards of at most {caps['max_prefill_tokens']}, training forwards "
-                         f"of at most {caps['max_forward_tokens']}{warning}")
+                 console=f"--max-memory {'auto: ' if auto else ''}{gb:g} GB: sampler batches of at most "
+                         f"{caps['max_cache_positions']} cache positions, prefill forwards of at most "
+                         f"{caps['max_prefill_tokens']}, training forwards of at most {caps['max_forward_tokens']}{warning}")
         return caps["max_forward_tokens"]
 
     def drop_optimizer(self):

@@ -114,8 +114,9 @@ def check_args(a, methods, check_schedule):
     if a.rollout_precision == "int8" and (a.device != "cpu" or a.engine != "hf"):  # int8.Int8Linear: CPU, HF model
         raise UserError(f"--rollout-precision int8 samples with the hf engine on the CPU only, not --device "
                         f"{a.device} --engine {a.engine} (use fp32 there)")
-    if a.max_memory < 0 or (a.max_memory and a.engine != "hf"):  # (vLLM sizes its own cache)
-        raise UserError(f"--max-memory {a.max_memory:g}: give a number of GB > 0 (0: no limit), with --engine hf")
+    if (a.max_memory < 0 and a.max_memory != -1) or (a.max_memory > 0 and a.engine != "hf"):  # (vLLM sizes its own cache)
+        raise UserError(f"--max-memory {a.max_memory:g}: give a number of GB > 0 (0: no limit; -1: auto), "
+                        f"with --engine hf")
     if a.engine == "vllm" and importlib.util.find_spec("vllm") is None:  # optional: not in requirements.txt
         raise UserError("--engine vllm needs the vllm package, which this Python lacks: install "
                         "requirements-vllm.txt in its own environment (README, 'On GPUs'), or vllm on a CUDA machine")
