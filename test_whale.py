@@ -2315,15 +2315,15 @@ def test_a_finished_run_halves_only_weights_that_bfloat16_holds_exactly(tmp_path
 def test_a_run_under_max_memory_sizes_its_sampler_and_may_change_it_on_resume(tiny_harness, tmp_path):
     """--max-memory GB: the run logs the caps it gave the sampler (smaller for less memory), finishes,
     and a resume on another machine may give another limit (like --device): it is not a setting of
-    the method, and the resumed run is fitted to it."""
+    the method, and the resumed run is fitted to it. Not given, a CPU run takes auto's 4 GB."""
     out = tmp_path / "run"
-    r = run_whale("--domain", "searchqa", *TINY, "--harness", tiny_harness, "--max-memory", "3",
+    r = run_whale("--domain", "searchqa", *TINY, "--harness", tiny_harness,
                   "--out", str(out), env={"WHALE_CRASH_AT": "checkpoint:2"})
     assert r.returncode != 0 and not (out / "summary.json").exists()
     r = run_whale("--resume", str(out), "--max-memory", "6")
     assert r.returncode == 0, r.stderr[-2000:]
     fits = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if '"memory_fit"' in x]
-    assert [f["max_memory_gb"] for f in fits] == [3, 6]
+    assert [f["max_memory_gb"] for f in fits] == [run_dir.AUTO_MAX_MEMORY_GB, 6]
     assert fits[0]["max_cache_positions"] < fits[1]["max_cache_positions"]
     assert 256 <= fits[0]["max_forward_tokens"] < fits[1]["max_forward_tokens"]  # a training forward's cap too
     assert all(line.split()[:1] != ["Traceback"] for line in r.stderr.splitlines())

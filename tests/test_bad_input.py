@@ -48,7 +48,7 @@ from tests.helpers import ROOT, openai_server, run_whale
     # contradictory flags
     (["--resume", "{other_run}", "--lr", "1e-3"], "cannot change on resume"),
     (["--tp", "2"], "needs --engine vllm"),
-    (["--max-memory", "-1"], "give a number of GB > 0"),
+    (["--max-memory", "-2"], "give a number of GB > 0"),
     (["--micro-batch", "32", "--minibatch", "16"], "larger than --minibatch"),
     (["--proposer-url", "http://127.0.0.1:9/v1"], "only used by --proposer openai"),
     (["--proposer", "self", "--proposer-command", "claude -p"], "only used by --proposer command"),
