@@ -28,6 +28,7 @@ Prints one `name: value` line per measurement:
   - memory (only with --only memory): peak RSS of one long-context evaluation (16 questions x 8)
     per sampler, each in its own process: landed, fast with a cache copy per row, fast; then one
     long-harness candidate (64 questions x 2) with its prefill in one forward vs in row slices;
+    then phase A's update (8 searchqa-shaped sequences) uncapped vs under --max-memory 4's cap;
   - omp (only with --only omp): how OpenMP's threads wait between parallel regions, searchqa h0
     evaluated in fresh processes with OMP_WAIT_POLICY=PASSIVE (sleep at once) and with
     GOMP_SPINCOUNT=20000 (whale.py's: spin briefly, then sleep): rollouts/s, context switches, ratio;
@@ -165,9 +166,12 @@ def main():
                     help="eval: test questions x 8 (default 64, 8 with --quick; phase A: a quarter of it); "
                          "memory, vote, omp and malloc: 16, 4 with --quick")
     ap.add_argument("--eval-child", default="", help=argparse.SUPPRESS)  # fresh_evaluation(): one in its own process
+    ap.add_argument("--update-child", type=int, default=-1, help=argparse.SUPPRESS)  # update_memory(): the same
     args = ap.parse_args()
     if args.eval_child:
         return eval_child(args.eval_child, args.model, args.questions)
+    if args.update_child >= 0:
+        return update_child(args.update_child, args.model)
     only = set(args.only.split(","))
     sections = {"rollout", "decode", "sandbox", "multiturn", "sft", "deadline", "eval", "memory", "vote", "omp", "malloc",
                 "isolation", "race"}
@@ -682,6 +686,63 @@ def memory(model_name, n_questions):
     slower = cand["sliced"]["seconds"] / cand["one_forward"]["seconds"]
     print(f"memory_candidate_prefill_ratio: {above['one_forward'] / above['sliced']:.2f} (one forward / row slices, "
           f"peak above the model; time {slower:.2f}x)")
+    update_memory(model_name)
+
+
+def update_memory(model_name):
+    """Phase A's update, where the default run peaks (results/first-run runs 14-16): one minibatch of 8
+    sequences as searchqa's kept rollouts look (4 real prompts of ~450 tokens x 2: a reply, 200 tokens
+    of tool output, a reply; ~770 positions each) at full fine-tuning with AdamW's state in place, in a
+    fresh process each: uncapped (--max-memory 0) and with a training forward capped at 256 positions,
+    which --max-memory 4 gives (one sequence a forward, the freed memory given back after it). Prints
+    memory_update_<uncapped|capped>_<rest|peak|after>_gb (RSS before, at the peak of, and after the
+    update), _loss, and memory_update_ratio: the peak above rest, uncapped over capped."""
+    import json
+    import subprocess
+    res = {}
+    for name, cap in (("uncapped", 0), ("capped", 256)):
+        out = subprocess.run([sys.executable, __file__, "--update-child", str(cap), "--model", model_name],
+                             capture_output=True, text=True)
+        if out.returncode:
+            raise SystemExit(f"bench.py: the {name} update failed:\n{out.stderr[-2000:]}")
+        res[name] = json.loads(out.stdout.strip().splitlines()[-1])
+        for k in ("rest_gb", "peak_gb", "after_gb", "loss"):
+            print(f"memory_update_{name}_{k.replace('_gb', '')}{'_gb' if k.endswith('_gb') else ''}: {res[name][k]:.4f}")
+    above = {k: r["peak_gb"] - r["rest_gb"] for k, r in res.items()}
+    print(f"memory_update_ratio: {above['uncapped'] / above['capped']:.2f} (uncapped / capped, peak above rest)")
+
+
+def update_child(cap, model_name):
+    """`update_memory`'s side in the new process: prints one json line. RSS is sampled every 2 ms by a
+    thread (ru_maxrss would hold the loading's peak too)."""
+    import json
+    import threading
+    rss = lambda: int(open("/proc/self/status").read().split("VmRSS:")[1].split()[0]) / 2**20  # noqa: E731 (GB)
+    peak = [0.0]
+
+    def watch():
+        while True:
+            peak[0] = max(peak[0], rss())
+            time.sleep(0.002)
+    model, tok = models.load_model(model_name)
+    e = eng.HFEngine(model, tok)
+    prompts = squad_prompts(e, 4, target_tokens=450)
+    seqs = []
+    for i, p in enumerate(prompts):
+        for j in range(2):
+            reply, tool = prompts[(i + j + 1) % 4][-40:], prompts[(i + j + 2) % 4][-200:]  # real tokens as stand-ins
+            seqs.append(rs_sft.Sequence(p + reply + tool + reply, [rs_sft.IGNORE] * len(p) + reply
+                                        + [rs_sft.IGNORE] * len(tool) + reply, 1.0))
+    opt = rs_sft.make_optimizer(rs_sft.set_trainable(model, 0), 1e-5)
+    cfg = sft_config(minibatch=8, micro_batch=8, max_forward_tokens=cap)
+    rs_sft.sft_update(model, opt, seqs[:1], cfg)  # AdamW's state in place, as from a run's second update on
+    threading.Thread(target=watch, daemon=True).start()
+    time.sleep(0.1)
+    rest = rss()
+    peak[0] = rest
+    r = rs_sft.sft_update(model, opt, seqs, cfg)
+    time.sleep(0.1)
+    print(json.dumps({"rest_gb": rest, "peak_gb": peak[0], "after_gb": rss(), "loss": r["loss"]}))
 
 
 def fresh_pair(section, model_name, n_questions, harness, temperature, settings):
