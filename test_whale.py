@@ -62,6 +62,7 @@ from lm import engine
 from lm import prefix_tree
 from rundir import run_dir
 from rundir import run_setup
+from rundir import tracking
 from switch import Fixed, Patience, epochs_to_steps, parse_schedule, smoothed
 from rundir import report
 from tools import results
@@ -1946,8 +1947,8 @@ def finishes_like_the_reference(run, tiny_reference):
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]  # a torn line is gone
     assert rows[-1]["event"] == "eval" and rows[-1]["tag"] == "final"
     ref_rows = [json.loads(x) for x in (tiny_reference / "metrics.jsonl").read_text().splitlines()]
-    assert [(x["event"], x["rollouts"]) for x in rows if x["event"] != "start"] == \
-        [(x["event"], x["rollouts"]) for x in ref_rows if x["event"] != "start"]
+    assert [(x["event"], x["rollouts"]) for x in rows if x["event"] not in tracking.PROCESS_EVENTS] == \
+        [(x["event"], x["rollouts"]) for x in ref_rows if x["event"] not in tracking.PROCESS_EVENTS]
 
 
 def interrupt_after_first_step(args):

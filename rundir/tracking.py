@@ -19,7 +19,7 @@ Local by default, no account needed:
 Resume: <run>/tracker.json holds the tracker run's id and, per backend, how many metrics rows
 it has been sent. A resumed run reopens the same tracker run, and the rows it writes again
 (those after the last checkpoint, replayed with the same seeds) are not sent twice. Rows are
-counted without the "start" rows, the only ones a resume adds. A replayed row keeps the values
+counted without the rows a process writes as it starts (PROCESS_EVENTS), the only ones a resume adds. A replayed row keeps the values
 first sent (its wall-clock fields, e.g. sft_seconds, may differ in metrics.jsonl). (A kill in the
 instant between a backend taking a row and tracker.json recording it could repeat that row.)
 W&B's client hands rows to a service process that writes them in blocks: a kill -9 of the run
@@ -83,11 +83,16 @@ def numbers(row: dict) -> dict[str, float]:
     return out
 
 
+# the rows every process writes as it starts, a resumed one too: which code runs (start) and the caps
+# it fitted to the machine's memory (memory_fit); not sent, so that the other rows keep their indices
+PROCESS_EVENTS = ("start", "memory_fit")
+
+
 def read_rows(run: Path) -> list[dict]:
-    """metrics.jsonl without its "start" rows: the sequence a resume reproduces row for row."""
+    """metrics.jsonl without its PROCESS_EVENTS rows: the sequence a resume reproduces row for row."""
     path = run / "metrics.jsonl"
     rows = [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
-    return [r for r in rows if r["event"] != "start"]
+    return [r for r in rows if r["event"] not in PROCESS_EVENTS]
 
 
 # -----------------------------------------------------------------------------
@@ -194,7 +199,7 @@ class Tracker:
         self.saved.setdefault("id", re.sub(r"[^A-Za-z0-9_-]", "-", run.name)[:48] + "-" + digest[:8])
         self.saved.setdefault("sent", {})
         rows = read_rows(run)  # (a resume has cut metrics.jsonl back to its checkpoint by now)
-        self.rows = len(rows)  # the metrics rows (no "start") this process continues from
+        self.rows = len(rows)  # the metrics rows (no PROCESS_EVENTS) this process continues from
         self.backends = {}
         for name in parse(args.get("tracker") or "none"):
             fns = self.guard(name, OPEN[name], run, args, self.saved["id"], self.saved)
@@ -226,7 +231,7 @@ class Tracker:
 
     def log(self, row: dict):
         """One metrics.jsonl row just written: to every backend that has not had it yet."""
-        if row["event"] == "start":
+        if row["event"] in PROCESS_EVENTS:
             return
         self.rows += 1
         for name in list(self.backends):

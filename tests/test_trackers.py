@@ -12,6 +12,7 @@ import sys
 import numpy as np
 import pytest
 
+from rundir import tracking
 from tests.helpers import TINY, run_whale
 
 
@@ -82,7 +83,7 @@ def test_trackers_after_sigkill_and_resume_hold_every_metrics_row_once(tmp_path,
     (W&B offline: what the killed process logged since its service last wrote may be lost, see
     below; no point twice, and everything after the kill.)"""
     import collections
-    from rundir import tracking
+
     run, env = tmp_path / "tracked", {"WANDB_MODE": "offline", "WANDB_SILENT": "true"}
     # (--budget 24: one RSFT step, then an iteration of the harness phase ends the run: every kind of row)
     r = run_whale("--domain", "searchqa", "--method", "whale", "--out", str(run), *TINY, "--budget", "24",
@@ -91,7 +92,8 @@ def test_trackers_after_sigkill_and_resume_hold_every_metrics_row_once(tmp_path,
     assert r.returncode == -signal.SIGKILL, (r.returncode, r.stderr[-2000:])
     sent = json.loads((run / "tracker.json").read_text())["sent"]
     kept = json.loads((run / "checkpoint" / "state.json").read_text())["metrics_lines"]
-    kept_rows = [x for x in (run / "metrics.jsonl").read_text().splitlines()[:kept] if '"event": "start"' not in x]
+    kept_rows = [x for x in (run / "metrics.jsonl").read_text().splitlines()[:kept]
+                 if json.loads(x)["event"] not in tracking.PROCESS_EVENTS]
     assert all(n > len(kept_rows) for n in sent.values()), (sent, kept_rows)  # rows the resume writes again
     r = run_whale("--resume", str(run), env=env)
     assert r.returncode == 0 and "--tracker" not in r.stderr, r.stderr[-3000:]
@@ -153,14 +155,15 @@ def test_a_failing_tracker_warns_once_and_the_run_finishes(tmp_path, tiny_harnes
     assert len(warnings) == 2 and "tracker tensorboard failed" in warnings[0] and "tracker mlflow failed" in warnings[1]
     assert all("metrics.jsonl has every row" in w for w in warnings) and "Traceback" not in r.stderr
     assert (run / "summary.json").exists()
-    assert [json.loads(x)["event"] for x in (run / "metrics.jsonl").read_text().splitlines()] == ["start", "eval"]
+    events = [json.loads(x)["event"] for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [e for e in events if e not in tracking.PROCESS_EVENTS] == ["eval"] and events[0] == "start"
 
 
 @needs_trackers
 def test_a_tracker_that_fails_mid_run_is_turned_off_with_one_warning(tmp_path, capsys):
     """A backend that worked when the run opened and then fails (here MLflow's file store is
     deleted under it) is one warning and then silence; tracker.json counts only what it took."""
-    from rundir import tracking
+
     run = tmp_path / "run"
     run.mkdir()
     (run / "metrics.jsonl").write_text("")
