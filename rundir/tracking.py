@@ -19,8 +19,9 @@ Local by default, no account needed:
 Resume: <run>/tracker.json holds the tracker run's id and, per backend, how many metrics rows
 it has been sent. A resumed run reopens the same tracker run, and the rows it writes again
 (those after the last checkpoint, replayed with the same seeds) are not sent twice. Rows are
-counted without the rows a process writes as it starts (PROCESS_EVENTS), the only ones a resume adds. A replayed row keeps the values
-first sent (its wall-clock fields, e.g. sft_seconds, may differ in metrics.jsonl). (A kill in the
+counted without the rows a process writes as it starts (PROCESS_EVENTS), the only ones a resume
+adds. A replayed row keeps the values first sent (its wall-clock fields, e.g. sft_seconds, may
+differ in metrics.jsonl). (A kill in the
 instant between a backend taking a row and tracker.json recording it could repeat that row.)
 W&B's client hands rows to a service process that writes them in blocks: a kill -9 of the run
 can lose the rows logged since its last write (never a point twice); TensorBoard and MLflow
