@@ -11,8 +11,8 @@ annotate_moves 4/4 (a short candidate list, forcing moves first), parse_move 4/4
 move the reply names), format_observation 4/4 (no FEN, no board) and USER_TEMPLATE 3/3 (says a mate
 exists). Writes the built harness beside the JSON (chess-stack-harness.py) so it can be read.
 Beside the model's score it gives what the harness's candidate list alone would give, no model: on how
-many puzzles the list holds the mating move, on how many it is the first line, and the mean@n of a
-uniform pick among the listed moves (`list_baselines`)."""
+many puzzles the list holds the mating move, on how many it is the first line, and the expected
+success of a uniform pick among the listed moves (`list_baselines`)."""
 import argparse
 import json
 import sys
