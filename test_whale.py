@@ -721,6 +721,17 @@ def test_primitives_sideways_parent_stacks_swaps_across_a_plateau(tmp_path):
     assert not any("Think, then answer." in c["source"] for c in older if c["axis"] != "SYSTEM_PROMPT")
     better = dict(arch[0], scores=dict(arch[0]["scores"], success=0.1))
     assert primitives.parent_of([better, arch[1]], "newer")["name"] == "cand_000"  # sideways only on a tie
+    # racing: a candidate dropped after its first examples ties when it scored what the best scored on
+    # them (on a plateau at 0 every candidate is dropped at its first look), and not when it scored less
+    ids = arch[0]["scores"]["example_ids"]
+    raced = lambda name, num, per: dict(arch[1], name=name, num=num, scores=dict(  # noqa: E731
+        arch[1]["scores"], example_ids=ids[:2], per_example=per, success=sum(per) / 2, dropped_after=2))
+    assert primitives.parent_of(arch + [raced("cand_002", 2, [0.0, 0.0])], "newer")["name"] == "cand_002"
+    lead = dict(arch[0], scores=dict(arch[0]["scores"], per_example=[1.0] + [0.0] * (len(ids) - 1),
+                                     success=1 / len(ids)))
+    assert primitives.parent_of([lead, raced("cand_002", 2, [0.0, 0.0])], "newer")["name"] == "cand_000"
+    assert primitives.parent_of([lead, raced("cand_002", 2, [1.0, 0.0])], "newer")["name"] == "cand_002"
+    assert primitives.parent_of(arch + [raced("cand_002", 2, [0.0, 0.0])], "older")["name"] == "cand_000"
     with pytest.raises(ValueError, match="older or newer"):
         proposers.make_proposer("primitives", DOMAIN, ties="sideways")
     for bad in (["--proposer-ties", "sideways"], ["--proposer", "command", "--proposer-command", "x",

@@ -238,15 +238,25 @@ def parent_of(archive, ties="older"):
     ties="newer" takes the newest of the tied: a sideways move, the textbook way for a local search
     to cross a plateau. Where every candidate scores 0 (chess under a 135M model), the older rule
     keeps editing h0 and never stacks two swaps; sideways, a swap that did not hurt stays, and the
-    next one goes on top of it. What it leaves out: a cap on sideways moves in a row (the search's
-    budget is the cap), and any other sign of progress on a tie (how many rollouts answered)."""
+    next one goes on top of it. A candidate racing dropped ties when it scored what the best scored on
+    the examples it was scored on: on a plateau at 0 racing drops every candidate at its first look,
+    and without this the walk never leaves the best (chess gate 3: 47 candidates, all on h0).
+    What it leaves out: a cap on sideways moves in a row (the search's budget is the cap), and any
+    other sign of progress on a tie (how many rollouts answered)."""
     if ties not in ("older", "newer"):
         raise ValueError(f"unknown ties rule {ties!r}; expected older or newer")
     best = harness_archive.paper_choice(archive)
     if ties == "older" or best is None:
         return best
-    return max((c for c in harness_archive.scored_whole(archive) if c["scores"]["success"] == best["scores"]["success"]),
-               key=lambda c: c["num"])
+    on = dict(zip(best["scores"].get("example_ids") or [], best["scores"].get("per_example") or []))
+
+    def tied(c):
+        s = c["scores"]
+        if not s.get("dropped_after"):
+            return s["success"] == best["scores"]["success"]
+        mine = [on.get(e) for e in s.get("example_ids") or []]  # the best on the raced candidate's examples
+        return bool(mine) and None not in mine and abs(sum(mine) / len(mine) - s["success"]) < 1e-9
+    return max((c for c in archive if c["scores"] and tied(c)), key=lambda c: c["num"])
 
 
 def proposer(domain, rng_seed=0, ties="older", merge=True):
