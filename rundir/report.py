@@ -518,10 +518,14 @@ def render_event(r):
         return (f'<p>2 × 2: {esc(str(r.get("cell")).replace("_", " "))} scored {num(r.get("mean"))} on the test questions '
                 f'(the summary\'s table)</p>')
     if e == "memory_fit":
+        if not r.get("max_memory_gb"):  # auto, and the model needs more than its 4 GB: no limit
+            return (f'<p>{badge("memory", "info")} --max-memory auto: no limit (the model needs about '
+                    f'{num(r.get("reserved_gb"), 1)} GB before its rollouts)</p>')
         short = " (the smallest caps: the run needs more)" if r.get("too_small") else ""
         return (f'<p>{badge("memory", "info")} --max-memory {num(r.get("max_memory_gb"), 1)} GB: sampler batches of at '
                 f'most {esc(r.get("max_cache_positions"))} cache positions, prefill forwards of at most '
-                f'{esc(r.get("max_prefill_tokens"))}{short}</p>')
+                f'{esc(r.get("max_prefill_tokens"))}, training forwards of at most '
+                f'{esc(r.get("max_forward_tokens"))}{short}</p>')
     if e == "health_warning":
         return f'<p>{badge("warning", "warn")} step {esc(r.get("step"))}: {clip(r.get("warning"), 400)}</p>'
     if e in ("archive_integrity", "proposer_error"):

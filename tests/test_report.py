@@ -51,6 +51,8 @@ def test_report_of_a_tiny_run_shows_every_phase_candidate_trace_and_the_final_ha
         if c["meta"].get("parent"):  # a diff against the parent, with its added and removed lines
             assert 'class="diff-table"' in card and ('<tr class="add">' in card or '<tr class="del">' in card)
             assert "better on" in card and "worse on" in card and "p = " in card
+    fit = next(r for r in run["metrics"] if r.get("event") == "memory_fit")  # a CPU run: auto's 4 GB
+    assert f"training forwards of at most {fit['max_forward_tokens']}" in page
     final = sorted((tiny_reference / "harnesses").glob("*.py"))[-1].read_text()
     tail = page.split('id="final"')[1]
     assert all(f"<td class=code>{html.escape(line)}</td>" in tail for line in final.splitlines())
