@@ -9,7 +9,8 @@ so anyone can rebuild it, and it is scored exactly as chess_gate.py scores a gat
 The stack is the four alternatives stage 3 wrote from h0's harness-split traces, each one axis:
 annotate_moves 4/4 (a short candidate list, forcing moves first), parse_move 4/4 (the first legal
 move the reply names), format_observation 4/4 (no FEN, no board) and USER_TEMPLATE 3/3 (says a mate
-exists). Writes the built harness beside the JSON (chess-stack-harness.py) so it can be read.
+exists). To read the built harness: `python -c "import sys; sys.path[:0] = ['.', 'results/three-domains'];
+import chess_stack; print(chess_stack.stacked_harness())"`.
 Beside the model's score it gives what the harness's candidate list alone would give, no model: on how
 many puzzles the list holds the mating move, on how many it is the first line, and the expected
 success of a uniform pick among the listed moves (`list_baselines`)."""
@@ -72,16 +73,15 @@ def main():
     print(f"the list alone, weight[:{a.limit}]'s {lists['mate_in_1_puzzles']} mate-in-1 puzzles: the mate listed in "
           f"{lists['mate_listed']}, first in {lists['mate_first']}; a uniform pick among the listed moves "
           f"{lists['uniform_pick']:.4f}", flush=True)
-    if a.list_only:
-        built = out.with_name("chess-stack-harness.py")  # the harness the JSON's model score is of
-        old = json.loads(out.read_text()) if out.is_file() and built.is_file() and built.read_text() == source else {}
-        if old.get("puzzles") == a.limit:
+    stack = [f"{axis} {k}" for axis, k in STACK]
+    if a.list_only:  # merged into a JSON whose model score is of this same stack and these puzzles
+        old = json.loads(out.read_text()) if out.is_file() else {}
+        if old.get("stack") == stack and old.get("puzzles") == a.limit:
             out.write_text(json.dumps({**old, "list": lists}, indent=1) + "\n")
         return
-    out.with_name("chess-stack-harness.py").write_text(source)
     args = whale.Args(domain="chess")
     r = gate(source, engine.load_engine(args.model), puzzles, a.n, args)
-    r.update(stack=[f"{axis} {k}" for axis, k in STACK], list=lists)
+    r.update(stack=stack, list=lists)
     print(f"stacked: weight[:{a.limit}] mean@{a.n} {r['mean']:.4f} +- {r['se']:.4f}  mate in 1 {r['mate_in_1']:.3f}  "
           f"mate in 2 {r['mate_in_2']:.3f}  puzzles with a success {r['puzzles_with_a_success']}  "
           f"turns {r['mean_turns']:.2f}  errors {r['errors']}  {r['seconds']:.0f} s", flush=True)
