@@ -59,7 +59,7 @@ class Args:
                                            "the rollouts I iterations cost at full evaluation (1 + (I-1) x "
                                            "--candidates candidates): what racing saves buys more candidates")
     budget: int = arg(1408, "total target rollouts (phase A + phase B), the same for every method (the default "
-                            "buys 3 + 1 RSFT steps of 128 and one harness phase of 1 + 2 x 3 candidates x 128; "
+                            "buys 3 + 4 RSFT steps of 128 and one harness phase of 1 + 2 x 3 candidates x 64; "
                             "run 16: 22.2 min alone on 2 cores at 206 fp32 matmul GFLOP/s, its 2 x 2 included, "
                             "peak memory 4.0 GB: results/first-run/; times scale with 1/GFLOP/s)")
     seed: int = arg(0, "seed for data order, sampling and proposals")
@@ -122,7 +122,8 @@ class Args:
                                           "many dollars over the whole run (0 = no cap)")
     candidates: int = arg(3, "M: candidates per harness iteration")
     harness_examples: int = arg(64, "examples of the harness search set (0 = all)")
-    harness_n: int = arg(2, "rollouts per harness-search example")
+    harness_n: int = arg(1, "rollouts per harness-search example (1 since run 17: a candidate costs half, so a "
+                               "budget buys more of them; results/first-run/README.md)")
     accept_alpha: float = arg(0.2, "a candidate replaces the incumbent only if the paired sign test p <= this")
     race: str = arg("futility", "phase B scores a candidate in blocks and drops it once it has little chance "
                                 "left to beat the incumbent (meta_harness.RACE; results/racing/README.md): "

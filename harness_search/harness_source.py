@@ -122,7 +122,7 @@ def _strip_docstrings(tree):
 
 def normalized(source):
     """Canonical form for "is this the same program": the ast dump without comments, layout
-    or docstrings (a reworded docstring is not a new candidate worth 128 rollouts)."""
+    or docstrings (a reworded docstring is not a new candidate worth a search set of rollouts)."""
     try:
         return ast.dump(_strip_docstrings(parse(source)))
     except (SyntaxError, ValueError):
