@@ -40,6 +40,8 @@ Prints one `name: value` line per measurement:
     evaluation) scored as one batch, as racing's blocks (meta_harness.RACE: after 16, 32 and 48
     questions) and as blocks of 8 questions (the first registered setting), the same rollouts each way: seconds and the ratio to one batch (a thin
     block runs the model further below its peak);
+  - prefix (only with --only prefix): what a prefix cache kept across sample() calls could save
+    at most, on searchqa h0, the long-context harness and chess h0 (`prefix_reuse`);
   - deadline (only with --only deadline): what rollouts are charged against their
     deadline (own time + tools + their share of each model batch) in a real evaluation,
     64 searchqa questions x 8 = one 512-rollout wave and 16 chess puzzles x 8 (multi-turn,
@@ -47,13 +49,14 @@ Prints one `name: value` line per measurement:
 
     python tools/bench.py                         # everything (~12 min on a 2-core CPU)
     python tools/bench.py --quick                 # smaller shapes, for a smoke run
-    python tools/bench.py --only decode,multiturn # some sections (rollout, decode, sandbox, multiturn, sft, deadline, eval, memory, vote, omp, malloc)
+    python tools/bench.py --only decode,multiturn # some sections (rollout, decode, sandbox, multiturn, sft, deadline, eval, memory, vote, omp, malloc, race, isolation, prefix)
     python tools/bench.py --only eval             # the real workload, landed vs fast vs int8 (~35 min on 2 cores)
     python tools/bench.py --only eval --questions 8 --harnesses long  # a smaller part of it
     python tools/bench.py --only eval --harnesses '' --phase-a study  # one phase-A step of the study's regime
     python tools/bench.py --only memory           # peak memory per sampler (~10 min on 2 cores)
     python tools/bench.py --only isolation        # a process per rollout vs none (~1 min)
     python tools/bench.py --only race             # one candidate's evaluation in racing's blocks vs one batch (~5 min)
+    python tools/bench.py --only prefix           # what a prefix cache across sample() calls could save
     python tools/bench.py --only vote --questions 16  # llm(n=5) vs 5 calls in the voting harness
     python tools/bench.py --only omp              # OpenMP threads sleeping at once vs spinning briefly (~2 min)
     python tools/bench.py --only malloc           # freed memory back to the kernel vs kept (~8 min)
@@ -164,7 +167,7 @@ def main():
                     help="eval: the new-token cap of each rollout (whale.py's --max-tokens; the CPU dry run of gpu_check.sh: 16)")
     ap.add_argument("--questions", type=int, default=0,
                     help="eval: test questions x 8 (default 64, 8 with --quick; phase A: a quarter of it); "
-                         "memory, vote, omp and malloc: 16, 4 with --quick")
+                         "memory, vote, omp, malloc and prefix: 16, 4 with --quick")
     ap.add_argument("--eval-child", default="", help=argparse.SUPPRESS)  # fresh_evaluation(): one in its own process
     ap.add_argument("--update-child", type=int, default=-1, help=argparse.SUPPRESS)  # update_memory(): the same
     args = ap.parse_args()
@@ -174,7 +177,7 @@ def main():
         return update_child(args.update_child, args.model)
     only = set(args.only.split(","))
     sections = {"rollout", "decode", "sandbox", "multiturn", "sft", "deadline", "eval", "memory", "vote", "omp", "malloc",
-                "isolation", "race"}
+                "isolation", "race", "prefix"}
     if only - sections:
         print(f"bench.py: unknown section(s) {', '.join(sorted(only - sections))}; "
               f"choose from {', '.join(sorted(sections))}", file=sys.stderr)
@@ -202,7 +205,7 @@ def main():
     n_params += model.lm_head.weight.numel() if model.config.tie_word_embeddings else 0
 
     P, G, NEW = (8, 8, 16) if q else (32, 8, 32)
-    prompts = squad_prompts(e, P) if only - {"eval", "deadline", "memory", "vote", "isolation", "race"} else []
+    prompts = squad_prompts(e, P) if only - {"eval", "deadline", "memory", "vote", "isolation", "race", "prefix"} else []
     if "rollout" in only:
         rollout_workload(e, model, prompts, G, NEW, n_params, peak)
     if "decode" in only:
@@ -215,6 +218,8 @@ def main():
         race_blocks(e, args.questions or (16 if q else 64), args.max_tokens)
     if "multiturn" in only:
         multiturn(e, 4 if q else 16)
+    if "prefix" in only:
+        prefix_reuse(e, args.questions or (4 if q else 16), args.max_tokens)
     if "deadline" in only:
         deadline(e, 8 if q else 64, 4 if q else 16)
     if "memory" in only:
@@ -435,20 +440,60 @@ def forward_fraction(model, rows, length, n_body, n_head, reps=3):
     return (2 * n_body * rows * length + 2 * n_head * rows) / seconds / 1e9 / peak
 
 
+def tree_positions(prompts) -> int:
+    """The distinct positions of these prompts' prefix tree: the prompt positions a sampler that
+    never computed one prefix twice would run (sorted, each prompt adds what it does not share
+    with the one before it)."""
+    positions, prev = 0, ()
+    for p in sorted(set(map(tuple, prompts))):
+        n = 0
+        while n < min(len(p), len(prev)) and p[n] == prev[n]:
+            n += 1
+        positions, prev = positions + len(p) - n, p
+    return positions
+
+
 def least_flops(records, n_body, n_head):
     """The FLOPs any sampler must do for these rollouts: every prompt position once (a prefix
     that several calls share, counted once: the distinct positions of the prompts' prefix
     tree; the body only, the LM head runs at each prompt's last position, below) and every
     completion token through body and LM head. Attention over the cache is left out (~5%)."""
-    prompts = sorted({tuple(c["prompt_ids"]) for r in records for c in r["calls"]})
-    positions, prev = 0, ()
-    for p in prompts:
-        n = 0
-        while n < min(len(p), len(prev)) and p[n] == prev[n]:
-            n += 1
-        positions, prev = positions + len(p) - n, p
+    prompts = {tuple(c["prompt_ids"]) for r in records for c in r["calls"]}
     completion = sum(len(c["completion_ids"]) for r in records for c in r["calls"])
-    return 2 * n_body * positions + 2 * (n_body + n_head) * (completion + len(prompts))
+    return 2 * n_body * tree_positions(prompts) + 2 * (n_body + n_head) * (completion + len(prompts))
+
+
+def prefix_reuse(e, n_questions, max_tokens):
+    """What a prefix cache ACROSS sample() calls could save (issue 68 item 3), measured on the real
+    workloads through the sandbox with the fast sampler: searchqa h0, the long-context harness and
+    the multi-turn chess h0 (a retry repeats the first prompt plus the sample's own reply). Each
+    sample() call's prompts are recorded; per workload it prints the prompt positions the sampler
+    prefilled, the positions a prefix tree needs within each call (what the sampler aims at: a head
+    shared within a call is prefilled once) and across all calls (what a cache kept between calls
+    could reach), and the prefill seconds a cache across calls could save at most, in proportion."""
+    from domains import chess, searchqa
+    sampling = {"temperature": 0.3, "top_k": 20, "top_p": 1.0}
+    work = (("searchqa_h0", searchqa, open(searchqa.H0).read(), searchqa.load_split("test")[:n_questions]),
+            ("searchqa_long", searchqa, long_context_harness(), searchqa.load_split("test")[:n_questions]),
+            ("chess_h0", chess, open(chess.H0).read(), chess.load_split("test")[:n_questions]))
+    real_sample = e.sample
+    for name, domain, source, examples in work:
+        calls = []
+        e.sample = lambda reqs: calls.append([r["prompt_ids"] for r in reqs]) or real_sample(reqs)
+        before, tokens_before, t = collections.Counter(e.work), e.prefill_tokens, time.time()
+        try:
+            rollout.run(e, domain, source, examples, 8, seed=0, sampling=sampling, max_tokens=max_tokens)
+        finally:
+            e.sample = real_sample
+        seconds, w = time.time() - t, e.work - before
+        ran = e.prefill_tokens - tokens_before
+        within = sum(tree_positions(c) for c in calls)
+        across = tree_positions([p for c in calls for p in c])
+        save = (within - across) / max(ran, 1)
+        print(f"prefix_{name}: {len(calls)} sample() calls, {ran} prompt positions prefilled in "
+              f"{w['prefill_seconds']:.1f} s of {seconds:.1f}; a prefix tree needs {within} within each call, "
+              f"{across} across all calls: a cache across calls saves at most {save:.1%} of prefill "
+              f"(~{save * w['prefill_seconds']:.1f} s, {save * w['prefill_seconds'] / seconds:.1%} of the evaluation)")
 
 
 # the phase-A step's settings: whale.py's defaults (h0, T 0.3, the top 4 blocks, 2 kept per prompt), or
