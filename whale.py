@@ -60,7 +60,7 @@ class Args:
                                            "--candidates candidates): what racing saves buys more candidates")
     budget: int = arg(1408, "total target rollouts (phase A + phase B), the same for every method (the default "
                             "buys 3 + 4 RSFT steps of 128 and one harness phase of 1 + 2 x 3 candidates x 64; "
-                            "run 16: 22.2 min alone on 2 cores at 206 fp32 matmul GFLOP/s, its 2 x 2 included, "
+                            "run 18: 21.8 min alone on 2 cores at 200 fp32 matmul GFLOP/s, its 2 x 2 included, "
                             "peak memory 4.0 GB: results/first-run/; times scale with 1/GFLOP/s)")
     seed: int = arg(0, "seed for data order, sampling and proposals")
     out: str = arg("", "run directory (default runs/<domain>-<method>-s<seed>)")
