@@ -104,6 +104,45 @@ def test_prompts_sharing_a_head_prefill_it_once(hf):
     assert [o["completion_ids"] for o in together] == [o["completion_ids"] for o in alone]
 
 
+def test_shared_heads_are_the_cheapest_cut_of_the_sorted_prompts():
+    """shared_head_groups: a group costs its head once plus each member's tail. Two questions' second
+    turns (a 300-token instruction head, each question's own 200 tokens, each sample's own reply) are
+    one group per question on its first prompt, not one group on the instructions; and on random
+    prompt trees the cut is the cheapest of every way to cut the sorted prompts into runs."""
+    import itertools
+    import random
+    cost = lambda groups, ps: sum(h + sum(len(ps[j]) - h for j in js) for h, js in groups)
+    rng = random.Random(0)
+    toks = lambda n: [rng.randrange(1000) for _ in range(n)]
+    head, questions = toks(300), [toks(200), toks(200)]
+    prompts = [head + q + toks(20) for q in questions for _ in range(3)]
+    groups = engine.shared_head_groups(prompts, 64)
+    assert sorted((h, len(js)) for h, js in groups) == [(500, 3), (500, 3)]
+    assert cost(groups, prompts) < cost([(300, list(range(6)))], prompts)  # the old single group
+    for trial in range(30):  # random trees of prompts: a root, branches, leaves; some of them repeated
+        root = toks(rng.choice([10, 80]))
+        branches = [root + toks(rng.randrange(0, 90)) for _ in range(rng.randrange(1, 4))]
+        ps = [rng.choice(branches) + toks(rng.randrange(1, 40)) for _ in range(rng.randrange(1, 7))]
+        ps = [list(p) for p in dict.fromkeys(map(tuple, ps))]  # distinct, as sample() hands them
+        groups = engine.shared_head_groups(ps, 16)
+        assert sorted(j for _, js in groups for j in js) == list(range(len(ps)))  # each prompt once
+        for h, js in groups:  # a head is shared by its members and leaves each a tail
+            assert all(ps[j][:h] == ps[js[0]][:h] and len(ps[j]) > h for j in js) and (len(js) == 1 or h >= 16)
+        order = sorted(range(len(ps)), key=lambda j: ps[j])
+        best = float("inf")
+        for cuts in itertools.product((False, True), repeat=len(ps) - 1):  # every cut into runs
+            runs, run = [], [order[0]]
+            for j, cut in zip(order[1:], cuts):
+                runs, run = (runs + [run], [j]) if cut else (runs, run + [j])
+            runs.append(run)
+            heads = [min(len(ps[j]) - 1 for j in r) if len(r) == 1 else
+                     min([len(ps[j]) - 1 for j in r] + [engine.common_prefix_len(ps[a], ps[b]) for a, b in zip(r, r[1:])])
+                     for r in runs]
+            if all(len(r) == 1 or h >= 16 for h, r in zip(heads, runs)):
+                best = min(best, cost(list(zip(heads, runs)), ps))
+        assert cost(groups, ps) == best
+
+
 @pytest.mark.slow
 def test_fast_and_landed_samplers_give_the_same_tokens(hf):
     # issue #31: the fast sampler (tails of similar length prefilled per run of rows, finished

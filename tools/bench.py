@@ -40,8 +40,9 @@ Prints one `name: value` line per measurement:
     evaluation) scored as one batch, as racing's blocks (meta_harness.RACE: after 16, 32 and 48
     questions) and as blocks of 8 questions (the first registered setting), the same rollouts each way: seconds and the ratio to one batch (a thin
     block runs the model further below its peak);
-  - prefix (only with --only prefix): what a prefix cache kept across sample() calls could save
-    at most, on searchqa h0, the long-context harness and chess h0 (`prefix_reuse`);
+  - prefix (only with --only prefix): prompts' shared heads cut as before (greedy) vs the cheapest
+    cut, on searchqa h0, the long-context harness and chess h0 (positions prefilled, seconds, ratio),
+    and what a prefix cache kept across sample() calls could save at most (`prefix_reuse`);
   - deadline (only with --only deadline): what rollouts are charged against their
     deadline (own time + tools + their share of each model batch) in a real evaluation,
     64 searchqa questions x 8 = one 512-rollout wave and 16 chess puzzles x 8 (multi-turn,
@@ -56,7 +57,7 @@ Prints one `name: value` line per measurement:
     python tools/bench.py --only memory           # peak memory per sampler (~10 min on 2 cores)
     python tools/bench.py --only isolation        # a process per rollout vs none (~1 min)
     python tools/bench.py --only race             # one candidate's evaluation in racing's blocks vs one batch (~5 min)
-    python tools/bench.py --only prefix           # what a prefix cache across sample() calls could save
+    python tools/bench.py --only prefix           # shared heads: greedy vs cheapest cut; a cache across calls (~4 min)
     python tools/bench.py --only vote --questions 16  # llm(n=5) vs 5 calls in the voting harness
     python tools/bench.py --only omp              # OpenMP threads sleeping at once vs spinning briefly (~2 min)
     python tools/bench.py --only malloc           # freed memory back to the kernel vs kept (~8 min)
@@ -463,37 +464,58 @@ def least_flops(records, n_body, n_head):
     return 2 * n_body * tree_positions(prompts) + 2 * (n_body + n_head) * (completion + len(prompts))
 
 
+def greedy_head_groups(prompts, min_shared):
+    """engine.shared_head_groups as it was before its cheapest cut (kept here to compare): a sorted
+    prompt joins the group before it whenever they share min_shared tokens, shrinking its head."""
+    groups = []
+    for j in sorted(range(len(prompts)), key=lambda j: prompts[j]):
+        p = prompts[j]
+        if groups:
+            h, js = groups[-1]
+            n = min(eng.common_prefix_len(prompts[js[0]], p), h, len(p) - 1)
+            if n >= min_shared:
+                groups[-1] = (n, js + [j])
+                continue
+        groups.append((len(p) - 1, [j]))
+    return groups
+
+
 def prefix_reuse(e, n_questions, max_tokens):
-    """What a prefix cache ACROSS sample() calls could save (issue 68 item 3), measured on the real
-    workloads through the sandbox with the fast sampler: searchqa h0, the long-context harness and
-    the multi-turn chess h0 (a retry repeats the first prompt plus the sample's own reply). Each
-    sample() call's prompts are recorded; per workload it prints the prompt positions the sampler
-    prefilled, the positions a prefix tree needs within each call (what the sampler aims at: a head
-    shared within a call is prefilled once) and across all calls (what a cache kept between calls
-    could reach), and the prefill seconds a cache across calls could save at most, in proportion."""
+    """Prefill on the real workloads through the sandbox with the fast sampler (issue 68 item 3):
+    searchqa h0, the long-context harness and the multi-turn chess h0 (a retry repeats the first
+    prompt plus the sample's own reply), each evaluated with the prompts' shared heads cut as
+    before (`greedy_head_groups`) and as now (engine.shared_head_groups, the cheapest cut), the same
+    seeds, in turn. Per workload and cut: the prompt positions the sampler prefilled, the prefill
+    and total seconds and mean@8 (the same up to float round-off); then the positions a prefix tree
+    needs within each sample() call (what one level of shared heads aims at) and across all calls
+    (what a cache kept between calls could reach), and the prefill seconds such a cache could save
+    at most, in proportion."""
     from domains import chess, searchqa
     sampling = {"temperature": 0.3, "top_k": 20, "top_p": 1.0}
     work = (("searchqa_h0", searchqa, open(searchqa.H0).read(), searchqa.load_split("test")[:n_questions]),
             ("searchqa_long", searchqa, long_context_harness(), searchqa.load_split("test")[:n_questions]),
             ("chess_h0", chess, open(chess.H0).read(), chess.load_split("test")[:n_questions]))
-    real_sample = e.sample
-    for name, domain, source, examples in work:
-        calls = []
-        e.sample = lambda reqs: calls.append([r["prompt_ids"] for r in reqs]) or real_sample(reqs)
-        before, tokens_before, t = collections.Counter(e.work), e.prefill_tokens, time.time()
-        try:
-            rollout.run(e, domain, source, examples, 8, seed=0, sampling=sampling, max_tokens=max_tokens)
-        finally:
-            e.sample = real_sample
-        seconds, w = time.time() - t, e.work - before
-        ran = e.prefill_tokens - tokens_before
-        within = sum(tree_positions(c) for c in calls)
-        across = tree_positions([p for c in calls for p in c])
-        save = (within - across) / max(ran, 1)
-        print(f"prefix_{name}: {len(calls)} sample() calls, {ran} prompt positions prefilled in "
-              f"{w['prefill_seconds']:.1f} s of {seconds:.1f}; a prefix tree needs {within} within each call, "
-              f"{across} across all calls: a cache across calls saves at most {save:.1%} of prefill "
-              f"(~{save * w['prefill_seconds']:.1f} s, {save * w['prefill_seconds'] / seconds:.1%} of the evaluation)")
+    real_sample, real_groups = e.sample, eng.shared_head_groups
+    for k, (name, domain, source, examples) in enumerate(work):
+        seconds, ran, calls = {}, {}, {}
+        for cut in (("greedy", "cheapest") if k % 2 == 0 else ("cheapest", "greedy")):  # in turn: drift hits both
+            calls[cut] = []
+            e.sample = lambda reqs: calls[cut].append([r["prompt_ids"] for r in reqs]) or real_sample(reqs)
+            eng.shared_head_groups = greedy_head_groups if cut == "greedy" else real_groups
+            before, tokens_before, t = collections.Counter(e.work), e.prefill_tokens, time.time()
+            try:
+                res = rollout.evaluate(e, domain, source, examples, 8, seed=0, sampling=sampling, max_tokens=max_tokens)
+            finally:
+                e.sample, eng.shared_head_groups = real_sample, real_groups
+            seconds[cut], ran[cut], w = time.time() - t, e.prefill_tokens - tokens_before, e.work - before
+            print(f"prefix_{name}_{cut}: {ran[cut]} prompt positions prefilled in {w['prefill_seconds']:.1f} s "
+                  f"of {seconds[cut]:.1f}; mean@8 {res['mean']:.3f}")
+        print(f"prefix_{name}_cheapest_speedup: {seconds['greedy'] / seconds['cheapest']:.2f} (greedy / cheapest seconds)")
+        within = sum(tree_positions(c) for c in calls["cheapest"])
+        across = tree_positions([p for c in calls["cheapest"] for p in c])
+        print(f"prefix_{name}_tree: {len(calls['cheapest'])} sample() calls; a prefix tree needs {within} positions "
+              f"within each call, {across} across all calls: a cache across calls saves at most "
+              f"{(within - across) / max(ran['cheapest'], 1):.1%} of the cheapest cut's prefill")
 
 
 # the phase-A step's settings: whale.py's defaults (h0, T 0.3, the top 4 blocks, 2 kept per prompt), or

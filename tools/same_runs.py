@@ -29,7 +29,17 @@ def records(run: Path):
 
 def main(before: str, after: str) -> int:
     differ = 0
-    for run in sorted(p for p in Path(before).iterdir() if (p / "summary.json").exists()):
+    for folder in (before, after):
+        if not Path(folder).is_dir():
+            sys.exit(f"same_runs.py: {folder}: no such folder of runs")
+    runs = sorted(p for p in Path(before).iterdir() if (p / "summary.json").exists())
+    if not runs:
+        sys.exit(f"same_runs.py: {before}: no finished run (a folder with summary.json) in it")
+    for run in runs:
+        if not (Path(after) / run.name / "summary.json").exists():
+            print(f"{run.name}: not finished in {after}")
+            differ += 1
+            continue
         a, b = records(run), records(Path(after) / run.name)
         for key in sorted(set(a) | set(b)):
             if a.get(key) != b.get(key):
