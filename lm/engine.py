@@ -39,7 +39,11 @@ close to fp32 as the first, KL < 0.1 nats, but a different sample, often from th
 token; test_int8_sampler_is_reproducible_and_close_to_fp32 measures it).
 
 Left out: speculative decoding, paged attention, continuous batching of newly
-arriving requests into a running decode (the sandbox hands us whole batches),
+arriving requests into a running decode (the sandbox hands us whole batches; tried, it
+saved no forward: results/README.md), a prefix cache kept across sample() calls (a
+second turn would start from its first prompt's cache: at most ~17-32% of prefill, for
+the whole cache of every first prompt until its second turn, ~3.5 GB for 100 questions
+of the long harness; `tools/bench.py --only prefix`),
 bf16 or 4-bit sampling (fp32 on CPU: bf16 is ~20x slower on AVX2 machines; a GGUF
 file is de-quantised once), int8 on a GPU or under vLLM, remote code
 (`trust_remote_code`), and multimodal checkpoints (only the text of a conversation
