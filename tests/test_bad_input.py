@@ -227,6 +227,7 @@ def test_bad_input_int8_outside_the_cpu_hf_engine(flags, tmp_path):
     ([sys.executable, "tools/bench.py", "--only", "eval", "--questions", "-2"], "--questions must be >= 0"),
     ([sys.executable, "tools/bench.py", "--only", "eval", "--max-tokens", "0"], "--max-tokens must be >= 1"),
     ([sys.executable, "tools/bench.py", "--only", "eval", "--harnesses", "h9"], "--harnesses takes h0 and/or long"),
+    ([sys.executable, "tools/same_runs.py", "no-such-runs", "results/runs"], "no-such-runs: no such folder of runs"),
 ])
 def test_bad_input_of_bench_and_gpu_check(cmd, needle):
     # issue #31's tools refuse a bad flag in one line, exit 2, before loading the model

@@ -27,14 +27,19 @@ def records(run: Path):
     return out
 
 
+def refuse(why: str) -> int:
+    print(f"same_runs.py: {why}", file=sys.stderr)
+    return 2
+
+
 def main(before: str, after: str) -> int:
     differ = 0
     for folder in (before, after):
         if not Path(folder).is_dir():
-            sys.exit(f"same_runs.py: {folder}: no such folder of runs")
+            return refuse(f"{folder}: no such folder of runs")
     runs = sorted(p for p in Path(before).iterdir() if (p / "summary.json").exists())
     if not runs:
-        sys.exit(f"same_runs.py: {before}: no finished run (a folder with summary.json) in it")
+        return refuse(f"{before}: no finished run (a folder with summary.json) in it")
     for run in runs:
         if not (Path(after) / run.name / "summary.json").exists():
             print(f"{run.name}: not finished in {after}")
