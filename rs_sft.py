@@ -44,6 +44,7 @@ CPU affordance: `train_layers=K` trains only the top K transformer blocks and
 the final norm; the blocks below run without autograd, so a step costs about
 one forward plus K/L of a backward.
 """
+import contextlib
 import functools
 import math
 import random
@@ -261,6 +262,30 @@ def reference_model(path: str, device: str = "cpu"):
     return model.requires_grad_(False).eval()
 
 
+@contextlib.contextmanager
+def fixed_order_sums(device):
+    """The update's sums in one fixed order, so that two processes train the same weights to the bit.
+    The prefix tree hands one prompt's keys and values to several sequences (an index with repeats,
+    lm/prefix_tree.py), so backward adds their gradients into one tensor; on a CPU with two threads
+    that add's order changed from process to process and the weights after one update differed at
+    the 7th digit (one RSFT step run twice: 265 of 272 gradients differed; with this, none, and no
+    slower; at one thread they never differed). torch's deterministic algorithms fix the order; the
+    memory torch.empty hands out stays unfilled (filling it costs time, and nothing reads it unset).
+    CPU only: on a GPU the same switch needs cuBLAS settings of its own, and GPU runs do not promise
+    bits."""
+    if device.type != "cpu":
+        yield
+        return
+    was, fill = torch.are_deterministic_algorithms_enabled(), torch.utils.deterministic.fill_uninitialized_memory
+    torch.use_deterministic_algorithms(True)
+    torch.utils.deterministic.fill_uninitialized_memory = False
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(was)
+        torch.utils.deterministic.fill_uninitialized_memory = fill
+
+
 def sft_update(model, optimizer, seqs, cfg: Config, *, pad_id: int = 0, seed: int = 0, ddp_model=None) -> dict:
     """cfg.sft_epochs epochs over `seqs`, each in freshly shuffled minibatches of
     cfg.minibatch sequences; each minibatch is one optimizer step, accumulated over
@@ -282,46 +307,47 @@ def sft_update(model, optimizer, seqs, cfg: Config, *, pad_id: int = 0, seed: in
     fwd = ddp_model or model
     dev = next(model.parameters()).device
     model.train()
-    rng = random.Random(seed)  # one generator for all epochs: epoch 0 is shuffled as a single epoch always was
-    batches = []
-    for _ in range(cfg.sft_epochs):
-        order = list(range(len(seqs)))
-        rng.shuffle(order)
-        batches += [order[m:m + cfg.minibatch] for m in range(0, len(order), cfg.minibatch)]
-    t0, total_nll, total_lab, tokens, run_tokens, steps, norms = time.time(), 0.0, 0, 0, 0, 0, []
-    for batch in batches:
-        mb = [seqs[i] for i in batch]
-        # the normaliser is the label count of the WHOLE minibatch (every rank knows it); a
-        # sequence of weight 0 trains nothing and counts nothing
-        n_lab = sum(sum(l != IGNORE for l in s.labels[1:MAX_LEN]) for s in mb if s.weight != 0)
-        mine = [Sequence(s.ids[:MAX_LEN], s.labels[:MAX_LEN], s.weight) for s in mb[rank::world]]
-        if shared:  # the same prompts next to each other, so that they share a micro-batch
-            mine.sort(key=lambda s: s.ids)  # (the order within a minibatch changes nothing but round-off)
-        chunks = [mine[s:s + cfg.micro_batch] for s in range(0, len(mine), cfg.micro_batch)]
-        if cfg.max_forward_tokens:  # (--max-memory: a forward's activations and logits grow with its positions)
-            chunks = [part for chunk in chunks for part in within_tokens(chunk, cfg.max_forward_tokens, shared)]
-        # under DDP every rank must join the all-reduce: a rank whose slice is empty (a minibatch
-        # smaller than the world) runs one sequence without labels, which adds a zero gradient
-        chunks = chunks or [[Sequence([pad_id, pad_id], [IGNORE, IGNORE])]]
-        optimizer.zero_grad(set_to_none=True)
-        for c, chunk in enumerate(chunks):
-            with ddp.accumulating(ddp_model, last=c == len(chunks) - 1):
-                loss = cfg.loss_fn(fwd, chunk, pad_id=pad_id, shared=shared,
-                                   reference=functools.partial(reference_model, cfg.base_model, str(dev)))
-                # DDP AVERAGES gradients over ranks; scaling by world turns that average into
-                # the sum over the whole minibatch, so the step's gradient is exactly one
-                # process's sum(loss) / n_lab on the same minibatch (and so is the clip below)
-                (loss * (world / max(n_lab, 1))).backward()
-            total_nll += loss.item()
-            if mine:
-                tokens += sum(len(s.ids) for s in chunk)
-                run_tokens += prefix_tree.tokens_run(chunk, shared)
-        norms.append(float(torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad],
-                                                          cfg.clip)))
-        optimizer.step()
-        crash_point("sft")
-        total_lab += n_lab
-        steps += 1
+    with fixed_order_sums(dev):  # the same update in every process (fixed_order_sums says why)
+        rng = random.Random(seed)  # one generator for all epochs: epoch 0 is shuffled as a single epoch always was
+        batches = []
+        for _ in range(cfg.sft_epochs):
+            order = list(range(len(seqs)))
+            rng.shuffle(order)
+            batches += [order[m:m + cfg.minibatch] for m in range(0, len(order), cfg.minibatch)]
+        t0, total_nll, total_lab, tokens, run_tokens, steps, norms = time.time(), 0.0, 0, 0, 0, 0, []
+        for batch in batches:
+            mb = [seqs[i] for i in batch]
+            # the normaliser is the label count of the WHOLE minibatch (every rank knows it); a
+            # sequence of weight 0 trains nothing and counts nothing
+            n_lab = sum(sum(l != IGNORE for l in s.labels[1:MAX_LEN]) for s in mb if s.weight != 0)
+            mine = [Sequence(s.ids[:MAX_LEN], s.labels[:MAX_LEN], s.weight) for s in mb[rank::world]]
+            if shared:  # the same prompts next to each other, so that they share a micro-batch
+                mine.sort(key=lambda s: s.ids)  # (the order within a minibatch changes nothing but round-off)
+            chunks = [mine[s:s + cfg.micro_batch] for s in range(0, len(mine), cfg.micro_batch)]
+            if cfg.max_forward_tokens:  # (--max-memory: a forward's activations and logits grow with its positions)
+                chunks = [part for chunk in chunks for part in within_tokens(chunk, cfg.max_forward_tokens, shared)]
+            # under DDP every rank must join the all-reduce: a rank whose slice is empty (a minibatch
+            # smaller than the world) runs one sequence without labels, which adds a zero gradient
+            chunks = chunks or [[Sequence([pad_id, pad_id], [IGNORE, IGNORE])]]
+            optimizer.zero_grad(set_to_none=True)
+            for c, chunk in enumerate(chunks):
+                with ddp.accumulating(ddp_model, last=c == len(chunks) - 1):
+                    loss = cfg.loss_fn(fwd, chunk, pad_id=pad_id, shared=shared,
+                                       reference=functools.partial(reference_model, cfg.base_model, str(dev)))
+                    # DDP AVERAGES gradients over ranks; scaling by world turns that average into
+                    # the sum over the whole minibatch, so the step's gradient is exactly one
+                    # process's sum(loss) / n_lab on the same minibatch (and so is the clip below)
+                    (loss * (world / max(n_lab, 1))).backward()
+                total_nll += loss.item()
+                if mine:
+                    tokens += sum(len(s.ids) for s in chunk)
+                    run_tokens += prefix_tree.tokens_run(chunk, shared)
+            norms.append(float(torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad],
+                                                              cfg.clip)))
+            optimizer.step()
+            crash_point("sft")
+            total_lab += n_lab
+            steps += 1
     total_nll, tokens, run_tokens = ddp.sum_over_ranks([total_nll, tokens, run_tokens], world, dev)
     optimizer.zero_grad(set_to_none=True)  # the gradients (the trained weights' size) are not kept through the rollouts
     if cfg.max_forward_tokens:  # --max-memory: the freed activations and gradients go back to the kernel

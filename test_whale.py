@@ -334,6 +334,26 @@ def test_phase_a_under_a_cap_on_a_forwards_positions_trains_the_same_update():
         assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(after[0], after[30]))
 
 
+def test_phase_a_update_adds_its_gradients_in_a_fixed_order_on_the_cpu():
+    """The update runs under torch's deterministic algorithms (rs_sft.fixed_order_sums: with two
+    threads the prefix tree's repeated-index backward added in a varying order, and two processes
+    trained weights differing at the 7th digit), and the process gets its own setting back after it."""
+    import random
+    seen = []
+
+    def spy(model, chunk, **kw):  # inside the update: forward here, backward right after
+        seen.append(torch.are_deterministic_algorithms_enabled())
+        return rs_sft.token_nll(model, chunk, **kw)
+    seqs = shared_prompt_seqs([[random.Random(k).randrange(5, 60) for _ in range(12 + 3 * k)] for k in range(3)],
+                              random.Random(1))
+    model = tiny_lm(seed=2)
+    assert not torch.are_deterministic_algorithms_enabled()
+    rs_sft.sft_update(model, rs_sft.make_optimizer(rs_sft.set_trainable(model, 0), 1e-3), seqs,
+                      sft_cfg(minibatch=len(seqs), micro_batch=8, loss_fn=spy))
+    assert seen and all(seen)
+    assert not torch.are_deterministic_algorithms_enabled()  # the sampler runs as it did
+
+
 def test_phase_a_a_loss_can_ask_for_the_starting_model(tmp_path):
     """Fork point: Config.loss_fn gets reference(), the frozen starting model that --model names
     (Config.base_model), loaded on the first call and once: a KL-to-start term reads it, and it
