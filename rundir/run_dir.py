@@ -667,6 +667,9 @@ class Run:
         trainable = sum(p.numel() * p.element_size() for p in engine.model.parameters() if p.requires_grad)
         per_position = kv_bytes_per_position(engine)  # first: its forward brings the mapped weights into RSS
         reserved = rss_now_and_peak_mb().get("rss_mb", 0) * 2**20 + 2 * trainable + 2**29
+        # rounded up to 128 MB: the RSS read here moves by a few MB between two processes of the same run,
+        # and a cap that moved with it would cut training forwards elsewhere, and so sum in another order
+        reserved = -(-reserved // 2**27) * 2**27
         if auto and gb * 2**30 - reserved < 2**28:
             self.log({"event": "memory_fit", "max_memory_gb": 0, "reserved_gb": round(reserved / 2**30, 2)},
                      console=f"--max-memory auto: no limit (this model needs about {reserved / 2**30:.1f} GB "
