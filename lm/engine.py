@@ -185,7 +185,7 @@ def shared_head_groups(prompts, min_shared):
     order = sorted(range(len(prompts)), key=lambda j: prompts[j])
     ps = [prompts[j] for j in order]
     lcp = [0] + [common_prefix_len(ps[i - 1], ps[i]) for i in range(1, len(ps))]  # with the one before
-    best, start = [0] + [float("inf")] * len(ps), [0] * (len(ps) + 1)
+    best, start = [0] + [float("inf")] * len(ps), [(0, 0)] * (len(ps) + 1)  # start[b]: its last run's (a, head)
     for b in range(1, len(ps) + 1):
         head, total = len(ps[b - 1]) - 1, 0
         for a in range(b, 0, -1):  # the run ps[a-1 .. b-1] as one group
@@ -196,11 +196,10 @@ def shared_head_groups(prompts, min_shared):
                     break  # a longer run only shares less
             cost = best[a - 1] + head + total - (b - a + 1) * head
             if cost < best[b]:
-                best[b], start[b] = cost, a
+                best[b], start[b] = cost, (a, head)
     groups, b = [], len(ps)
     while b:
-        a = start[b]
-        head = min([len(ps[b - 1]) - 1] + [min(lcp[i], len(ps[i - 1]) - 1) for i in range(a, b)])
+        a, head = start[b]
         groups.append((head, order[a - 1:b]))
         b = a - 1
     return groups[::-1]

@@ -447,10 +447,7 @@ def tree_positions(prompts) -> int:
     with the one before it)."""
     positions, prev = 0, ()
     for p in sorted(set(map(tuple, prompts))):
-        n = 0
-        while n < min(len(p), len(prev)) and p[n] == prev[n]:
-            n += 1
-        positions, prev = positions + len(p) - n, p
+        positions, prev = positions + len(p) - eng.common_prefix_len(p, prev), p
     return positions
 
 
