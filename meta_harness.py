@@ -8,8 +8,9 @@ One harness phase = one search = one archive directory on disk:
                 differs from the base only in the domain's PROMPT_AXES], runs ONE task in the
                 sandbox),
                 then evaluated once per example of D_harness, or raced (race=RACE: scored in blocks
-                against the incumbent and dropped at a look once it has little chance left; see RACE).
-                Valid or not, all is archived.
+                against the incumbent and dropped at a look once it has little chance left; see RACE);
+                the k are scored at once where run_together shares their batches (whale.py does).
+                Valid or not, all is archived, in the candidates' order.
   selection     the paper takes the archive argmax of (success desc, mean turns asc): the
                 paper's choice, the archive's top scorer, which proposers edit. We log
                 that choice every iteration, but the incumbent is replaced only when a
@@ -62,6 +63,7 @@ this directory (harness_search/agent_proposer.py says how that is enforced and c
 import json
 import math
 import os
+import threading
 import time
 
 from harness_search.harness_archive import (  # the files: candidates, lines, the ledger, a search opened or resumed
@@ -260,41 +262,41 @@ def scored_in_race(source, name, examples, run_candidate, race_against=None):
     return records, None
 
 
-def _finish_candidate(c, archive_dir, archive, examples, ids, run_candidate, validate_run,
-                      prompt_only_base, allowed, log, ledger_path, race_against=None):
-    """Validate, then evaluate (or reject) one proposed candidate; write its files. race_against: see
-    scored_in_race (the incoming harness, cand_000, is always scored whole: it is the incumbent)."""
-    src, d, t0 = c["source"], c["dir"], time.time()
-    reason = None
-    if c["num"] > 0:  # the incoming harness is evaluated whatever it is: it is the incumbent
-        reason = c["meta"].get("reject") or static_check(src)
-        if reason is None:
-            norm = normalized(src)
-            dup = [o["name"] for o in archive if o["num"] < c["num"] and normalized(o["source"]) == norm]
-            reason = f"duplicate of {dup[0]}" if dup else None
-        if reason is None and prompt_only_base is not None:
-            ok, why = differs_only_in(prompt_only_base, src, allowed)
-            reason = None if ok else f"prompt-only search: {why}"
-        if reason is None:
-            try:
-                reason = validate_run(src)
-            except Exception as e:  # a validator failure rejects the candidate, not the run
-                reason = f"validate_run raised {type(e).__name__}: {e}"
-    if reason is not None:
-        reason = valid_text(str(reason), replace=True)  # e.g. a harness's own error text
-        with open(os.path.join(d, "invalid.txt"), "w") as f:
-            f.write(reason.strip() + "\n")
-        c["invalid"] = reason
-        line = summary_line(c)
-        append_jsonl(os.path.join(archive_dir, "summary.jsonl"), line)
-        log(candidate_event(line))
-        return
-    t1 = time.time()
-    # Exceptions from run_candidate propagate: they mean the infrastructure broke (a broken harness
-    # comes back as records with status error/crash/timeout). The archive stays resumable.
-    records, dropped_after = scored_in_race(src, c["name"], examples, run_candidate, race_against)
-    t2 = time.time()
-    with open(os.path.join(d, "traces.jsonl"), "w") as f:
+def _invalid_reason(c, archive, validate_run, prompt_only_base, allowed):
+    """Why a proposed candidate is not scored (None: it is): the static check, a duplicate, a
+    prompt-only search's rule, or its one validation rollout. The incoming harness (cand_000) is
+    scored whatever it is: it is the incumbent."""
+    if c["num"] == 0:
+        return None
+    src = c["source"]
+    reason = c["meta"].get("reject") or static_check(src)
+    if reason is None:
+        norm = normalized(src)
+        dup = [o["name"] for o in archive if o["num"] < c["num"] and normalized(o["source"]) == norm]
+        reason = f"duplicate of {dup[0]}" if dup else None
+    if reason is None and prompt_only_base is not None:
+        ok, why = differs_only_in(prompt_only_base, src, allowed)
+        reason = None if ok else f"prompt-only search: {why}"
+    if reason is None:
+        try:
+            reason = validate_run(src)
+        except Exception as e:  # a validator failure rejects the candidate, not the run
+            reason = f"validate_run raised {type(e).__name__}: {e}"
+    return None if reason is None else valid_text(str(reason), replace=True)  # e.g. a harness's own error text
+
+
+def _write_invalid(c, archive_dir, reason, log):
+    with open(os.path.join(c["dir"], "invalid.txt"), "w") as f:
+        f.write(reason.strip() + "\n")
+    c["invalid"] = reason
+    line = summary_line(c)
+    append_jsonl(os.path.join(archive_dir, "summary.jsonl"), line)
+    log(candidate_event(line))
+
+
+def _write_scored(c, archive_dir, ids, records, dropped_after, validate_s, eval_s, ledger_path, log):
+    """A scored candidate's files: its traces, scores (the ledger first) and summary line."""
+    with open(os.path.join(c["dir"], "traces.jsonl"), "w") as f:
         for r in records:
             f.write(json.dumps(drop_token_ids(r), default=str) + "\n")
     s = score_records(records, ids[:dropped_after or len(ids)])
@@ -306,14 +308,61 @@ def _finish_candidate(c, archive_dir, archive, examples, ids, run_candidate, val
              cost=dict(candidates=int(c["num"] > 0), evaluated=1, rollouts=paid(records),  # (cand_000: not proposed)
                        **({"cached_rollouts": len(records) - paid(records)} if len(records) > paid(records) else {}),
                        rollout_tokens=sum(int(r.get("tokens") or 0) for r in records if not r.get("cached")),
-                       validate_seconds=round(t1 - t0, 3), eval_seconds=round(t2 - t1, 3)))
+                       validate_seconds=round(validate_s, 3), eval_seconds=round(eval_s, 3)))
     append_jsonl(ledger_path, dict(cand=c["name"], scores=json.loads(json.dumps(s, default=str))))  # first
-    write_json(os.path.join(d, "scores.json"), s)
+    write_json(os.path.join(c["dir"], "scores.json"), s)
     c["scores"] = s
     line = summary_line(c)
     append_jsonl(os.path.join(archive_dir, "summary.jsonl"), line)
     write_frontier(archive_dir)
     log(candidate_event(line))
+
+
+def finish_candidates(todo, archive_dir, archive, examples, run_candidate, validate_run, prompt_only_base,
+                      allowed, log, ledger_path, race_against, run_together):
+    """Validate, then score (or reject) an iteration's unfinished candidates, and write their files.
+    Validation goes one by one; then each candidate is a job for run_together (which may run them at
+    once, their batches shared: rollout.in_shared_batches): score it, raced against the incumbent if
+    race_against is given (see scored_in_race; never cand_000, the incumbent itself), then write its
+    files as soon as the candidates before it have written theirs. So the archive reads the same
+    however their rollouts were batched, and a crash loses no candidate that was written.
+    Exceptions from run_candidate propagate: they mean the infrastructure broke (a broken harness
+    comes back as records with status error/crash/timeout). The archive stays resumable."""
+    ids = [str(ex["id"]) for ex in examples]
+    reasons, validate_s = [], []
+    for c in todo:
+        t = time.time()
+        reasons.append(_invalid_reason(c, archive, validate_run, prompt_only_base, allowed))
+        validate_s.append(time.time() - t)
+    # In order, and without waiting: a job that finishes early parks its writing, and whichever job
+    # finishes the one before writes it (a job that waited for its turn would stall the shared batches)
+    lock, parked, turn, broken = threading.Lock(), {}, [0], []
+
+    def commit(i, write):
+        with lock:
+            parked[i] = write
+            while turn[0] in parked and not broken:
+                parked.pop(turn[0])()
+                turn[0] += 1
+
+    def job(i, c):
+        def score_then_write():
+            if reasons[i] is not None:
+                return commit(i, lambda: _write_invalid(c, archive_dir, reasons[i], log))
+            try:
+                t = time.time()
+                records, dropped_after = scored_in_race(c["source"], c["name"], examples, run_candidate,
+                                                        race_against if c["num"] > 0 else None)
+            except BaseException:
+                with lock:
+                    broken.append(c["name"])  # the candidates after it write nothing (resumed, they are scored)
+                raise
+            eval_s = time.time() - t
+            commit(i, lambda: _write_scored(c, archive_dir, ids, records, dropped_after, validate_s[i], eval_s,
+                                            ledger_path, log))
+        return score_then_write
+
+    run_together([job(i, c) for i, c in enumerate(todo)])
 
 
 def console_line(event, cycle):
@@ -447,7 +496,7 @@ def select_incumbent(it, members, archive, incumbent, proposal, integrity, *, ac
 def search_phase(incumbent_src, domain, examples, run_candidate, validate_run, propose, *, archive_dir,
                  k=3, should_stop, affordable=None, prompt_only_base=None, accept_alpha=0.1, log=print,
                  max_empty=EMPTY_ITERATIONS_TO_STOP, backoff=BACKOFF, ledger_path=None, confirm_examples=(),
-                 race=None):
+                 race=None, run_together=lambda jobs: [job() for job in jobs]):
     """Run (or resume) one Meta-Harness search. Returns dict(incumbent_source, incumbent_scores,
     iterations, counters, paper_successes, incumbent, paper_choice, stop_reason).
 
@@ -469,7 +518,9 @@ def search_phase(incumbent_src, domain, examples, run_candidate, validate_run, p
     and paid from the same budget (affordable()); its rollouts are in the iteration's cost.
     race: None scores every candidate on every example (the paper's way); a dict like RACE races each
     proposed candidate against the incumbent block by block (see RACE): a dropped candidate stops
-    spending, and the rest are decided by accept() on every example as without racing."""
+    spending, and the rest are decided by accept() on every example as without racing.
+    run_together(jobs) -> their results: how an iteration's candidates are scored (default: one after
+    another; whale.py shares their batches, rollout.in_shared_batches)."""
     ids = [str(ex["id"]) for ex in examples]
     allowed = sorted(domain.PROMPT_AXES) if prompt_only_base is not None else None
     ledger_path = ledger_path or ledger_path_for(archive_dir)
@@ -509,11 +560,9 @@ def search_phase(incumbent_src, domain, examples, run_candidate, validate_run, p
             integrity += problems
             members = [c for c in archive if c["meta"].get("iteration") == it]
         inc_scores = next((x["scores"]["per_example"] for x in archive if x["name"] == incumbent and x["scores"]), None)
-        for c in members:
-            if not (c["scores"] or c["invalid"]):
-                _finish_candidate(c, archive_dir, archive, examples, ids, run_candidate, validate_run,
-                                  prompt_only_base, allowed, log, ledger_path,
-                                  race_against=(inc_scores, accept_alpha, race) if race and c["num"] > 0 else None)
+        finish_candidates([c for c in members if not (c["scores"] or c["invalid"])], archive_dir, archive, examples,
+                          run_candidate, validate_run, prompt_only_base, allowed, log, ledger_path,
+                          (inc_scores, accept_alpha, race) if race else None, run_together)
         for p in integrity:
             log(dict(event="archive_integrity", reason=p))
         line = select_incumbent(it, members, archive, incumbent, proposal, integrity, accept_alpha=accept_alpha,

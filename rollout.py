@@ -9,6 +9,9 @@ always mean the same thing by "a rollout":
   calls run here against the domain's tools, and the domain's verifier scores
   the answer here. The reference answer never leaves this process.
 
+Several harnesses can roll out at once with their model calls batched together
+(`in_shared_batches`: phase B scores an iteration's candidates that way).
+
 Left out: asynchronous/streaming rollouts across phases (each call returns when
 its rollouts are done) and rollouts on several machines.
 """
@@ -74,6 +77,102 @@ def run(engine, domain, source: str, examples: list[dict], n: int, *, seed, samp
         if progress is not None:
             progress.update(len(wave))
     return records
+
+
+def in_shared_batches(engine, jobs: list) -> list:
+    """Run the callables `jobs` (each does rollouts on `engine`: phase B's candidates of one
+    iteration) in threads of their own, and sample every batch they ask for in ONE engine.sample:
+    the batches meet. Returns their results in order; the first exception is re-raised.
+
+    Why: a raced candidate is scored in blocks of 16 rollouts (race_looks), and a 16-row decode
+    runs far below the machine's peak; three candidates' blocks decoded as one 48-row batch cost
+    little more than one. What each rollout samples does not change: a request's tokens depend on
+    its own seed, not on its batch (lm/engine.py, up to float round-off), and each job's sandbox
+    sends the same calls it would alone, since a meeting waits for every job that is still running
+    (a job's batch is exactly what its own sandbox gathered). The jobs' rows are concatenated in
+    job order. Only engine.sample is shared; each job's sandbox, tools and records are its own.
+
+    A job that raises ends the meeting: the others' next engine.sample raises too (their sandboxes
+    close), so Ctrl-C or a crash never leaves a thread waiting for a batch that cannot come."""
+    if len(jobs) < 2:
+        return [job() for job in jobs]
+    import threading
+    alone, patched = engine.sample, "sample" in vars(engine)
+    meet = threading.Condition()
+    active, pending, answers, failed = set(range(len(jobs))), {}, {}, []  # failed: the first is the cause
+    me = threading.local()
+
+    def sample_all():  # (holding meet, every active job waiting) one engine call for all of them
+        order = sorted(pending)
+        try:
+            outs = alone([r for k in order for r in pending[k]])
+        except BaseException as e:
+            failed.append(e)
+            outs = None
+        start = 0
+        for k in order:
+            answers[k] = None if outs is None else outs[start:start + len(pending[k])]
+            start += len(pending[k])
+        pending.clear()
+        meet.notify_all()
+
+    def sample(requests):
+        k = getattr(me, "k", None)
+        if k is None:  # (not one of the jobs)
+            return alone(requests)
+        with meet:
+            if not failed:
+                pending[k] = requests
+                if set(pending) == active:
+                    sample_all()
+            while k not in answers and not failed:
+                meet.wait()
+            pending.pop(k, None)
+            outs = answers.pop(k, None)
+            if outs is None:
+                raise RuntimeError("a job sampling in the same batches failed") from failed[0]
+            return outs
+
+    def leave(k):
+        with meet:
+            active.discard(k)
+            if pending and not failed and set(pending) == active:
+                sample_all()
+
+    results = [None] * len(jobs)
+
+    def work(k):
+        me.k = k
+        try:
+            results[k] = jobs[k]()
+        except BaseException as e:
+            with meet:
+                failed.append(e)
+                meet.notify_all()
+        finally:
+            leave(k)
+
+    engine.sample = sample
+    try:
+        threads = [threading.Thread(target=work, args=(k,), daemon=True) for k in range(len(jobs))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            while t.is_alive():
+                t.join(0.2)  # (a join with a timeout lets Ctrl-C reach the main thread)
+    except BaseException as e:
+        with meet:
+            failed.insert(0, e)
+            meet.notify_all()
+        raise
+    finally:
+        if patched:
+            engine.sample = alone
+        else:
+            del engine.sample  # (the instance's own attribute: the class's method shows through again)
+    if failed:
+        raise failed[0]
+    return results
 
 
 def runs_at_all(engine, domain, source: str, example: dict, *, seed, sampling: dict, max_tokens: int,

@@ -1226,6 +1226,85 @@ def test_racing_stops_spending_on_a_loser_and_decides_as_scoring_every_example(t
     assert search(mh.RACE, tmp_path / "crashed", fail_at=len(raced_calls) - 1)[0] == raced
 
 
+def test_candidates_scored_out_of_order_write_the_archive_of_one_after_another(tmp_path):
+    """search_phase(run_together=...): an iteration's candidates may be scored at once (whale.py shares
+    their batches); whatever order they finish in, each candidate's files are written after the ones
+    before it, so the archive, the ledger and the log read as when they are scored one by one."""
+    def search(d, run_together):
+        events = []
+        mh.search_phase(H0, DOMAIN, EXAMPLES, make_evaluate(), ok_validate,
+                        proposers.make_proposer("primitives", DOMAIN), archive_dir=str(d), k=3,
+                        should_stop=stop_after(3), log=events.append, run_together=run_together)
+        untimed = lambda rows: [{k: v for k, v in row.items() if k not in ("cost", "seconds")} for row in rows]
+        return (untimed(harness_archive.read_jsonl(d / "summary.jsonl")), untimed(harness_archive.read_jsonl(d / "iterations.jsonl")),
+                [(e["event"], e.get("cand")) for e in events])
+    one_by_one = search(tmp_path / "a", lambda jobs: [job() for job in jobs])
+    backwards = search(tmp_path / "b", lambda jobs: [job() for job in reversed(jobs)][::-1])
+    assert backwards == one_by_one and len(one_by_one[0]) >= 7
+
+
+def fake_engine(batches):
+    """An engine whose sample() answers each request with its own seed, and notes each batch's seeds."""
+    def sample(requests):
+        batches.append([r["seed"] for r in requests])
+        return [{"seed": r["seed"]} for r in requests]
+    return types.SimpleNamespace(sample=sample)
+
+
+def test_jobs_in_shared_batches_sample_once_per_meeting_and_get_their_own_rows():
+    """rollout.in_shared_batches: while every job is running, their engine.sample calls meet in one
+    call (rows in job order) and each job gets back exactly its own rows; a job that is done no
+    longer holds the others back; the engine's own sample() is back afterwards."""
+    batches = []
+    engine = fake_engine(batches)
+    own = engine.sample
+
+    def job(k, sizes):
+        def run():
+            got = []
+            for n_call, n in enumerate(sizes):
+                reqs = [{"seed": (k, n_call, j)} for j in range(n)]
+                outs = engine.sample(reqs)
+                assert [o["seed"] for o in outs] == [r["seed"] for r in reqs]
+                got.append(len(outs))
+                time.sleep(0.01 * k)  # (the jobs reach their next call at different times)
+            return got
+        return run
+    assert rollout.in_shared_batches(engine, [job(0, [2, 1, 3]), job(1, [4]), job(2, [1, 1])]) == [[2, 1, 3], [4], [1, 1]]
+    assert [len(b) for b in batches] == [7, 2, 3]  # all three, then jobs 0 and 2, then job 0 alone
+    assert batches[0] == [(0, 0, 0), (0, 0, 1)] + [(1, 0, j) for j in range(4)] + [(2, 0, 0)]
+    assert engine.sample is own
+
+
+def test_a_job_that_fails_ends_the_shared_batches_without_a_hang():
+    """in_shared_batches: a job that raises is re-raised, and a job waiting for it in a meeting is
+    released (its sample() raises) instead of waiting forever; so is an engine that raises."""
+    batches = []
+    engine = fake_engine(batches)
+    waited = []
+
+    def waits():
+        try:
+            engine.sample([{"seed": 1}])
+        except RuntimeError:
+            waited.append("released")
+            raise
+
+    def fails():
+        time.sleep(0.2)
+        raise ValueError("the harness machinery broke")
+    t = time.monotonic()
+    with pytest.raises(ValueError, match="machinery broke"):
+        rollout.in_shared_batches(engine, [waits, fails])
+    assert waited == ["released"] and batches == [] and time.monotonic() - t < 5
+
+    def broken_sample(requests):
+        raise OSError("out of memory")
+    engine = types.SimpleNamespace(sample=broken_sample)
+    with pytest.raises(OSError, match="out of memory"):
+        rollout.in_shared_batches(engine, [lambda: engine.sample([{"seed": 1}]), lambda: engine.sample([{"seed": 2}])])
+
+
 def test_the_evaluation_cache_never_pays_twice_and_its_key_changes_with_the_weights(tmp_path):
     """eval_cache.cached: a resumed candidate's finished examples are not run again (and are paid as
     the first time), another phase's request for the same source under the same weights gets the

@@ -343,7 +343,8 @@ def harness_phase(run, ctx: Context):
         proposers.from_args(args, ctx.domain, rollout.text_sampler(ctx.engine, args), run.dir),
         archive_dir=str(archive), k=args.candidates, should_stop=hooks.should_stop, affordable=hooks.affordable,
         accept_alpha=args.accept_alpha, prompt_only_base=ctx.h0 if method.prompt_only else None, log=hooks.log,
-        confirm_examples=ctx.confirm_set, race=meta_harness.RACE if args.race == "futility" else None)
+        confirm_examples=ctx.confirm_set, race=meta_harness.RACE if args.race == "futility" else None,
+        run_together=lambda jobs: rollout.in_shared_batches(ctx.engine, jobs))  # an iteration's candidates
     counters = result["counters"]
     run.spend(counters.get("rollouts", 0), **{k: counters.get(k, 0) for k in (
               "proposer_calls", "proposer_prompt_tokens", "proposer_completion_tokens", "proposer_seconds",

@@ -516,6 +516,31 @@ def run(task, llm, tools):
 
 
 @pytest.mark.slow
+def test_harnesses_in_shared_batches_sample_what_each_samples_alone(hf):
+    """rollout.in_shared_batches (phase B scores an iteration's candidates this way): three different
+    harnesses rolled out at once, their llm() batches meeting in one engine call, give every rollout
+    the tokens, answer and score it gets when its harness runs alone, in fewer engine calls."""
+    one_call = '''
+def run(task, llm, tools):
+    return llm([{"role": "user", "content": "PROMPT" + task["question"]}], max_tokens=16)
+'''
+    harnesses = [two_call_harness(), one_call.replace("PROMPT", "Answer briefly: "),
+                 one_call.replace("PROMPT", "Question: ")]
+    ex = searchqa.load_split("val")[:3]
+    sampling = {"temperature": 1.0, "top_k": 20, "top_p": 1.0}
+    job = lambda src: lambda: rollout.run(hf, searchqa, src, ex, 2, seed=5, sampling=sampling, max_tokens=24)
+    calls = hf.work["calls"]
+    alone = [job(src)() for src in harnesses]
+    calls_alone, calls = hf.work["calls"] - calls, hf.work["calls"]
+    shared = rollout.in_shared_batches(hf, [job(src) for src in harnesses])
+    assert hf.work["calls"] - calls < calls_alone
+    tokens = lambda recs: [(r["status"], r["answer"], r["score"], [c["completion_ids"] for c in r["calls"]]) for r in recs]
+    for a, b in zip(alone, shared):
+        assert tokens(b) == tokens(a) and all(r["status"] == "ok" for r in a)
+    assert "sample" not in vars(hf)  # the engine's own method is back
+
+
+@pytest.mark.slow
 def test_prompts_over_the_token_cap_are_refused_before_prefill(hf, monkeypatch):
     prefilled = []
     sample = hf.sample
