@@ -262,10 +262,10 @@ def scored_in_race(source, name, examples, run_candidate, race_against=None):
     return records, None
 
 
-def _invalid_reason(c, archive, validate_run, prompt_only_base, allowed):
-    """Why a proposed candidate is not scored (None: it is): the static check, a duplicate, a
-    prompt-only search's rule, or its one validation rollout. The incoming harness (cand_000) is
-    scored whatever it is: it is the incumbent."""
+def _invalid_reason(c, archive, prompt_only_base, allowed):
+    """Why a proposed candidate is not scored, read from its source (None: it may be, once its one
+    validation rollout runs): the static check, a duplicate, a prompt-only search's rule. The
+    incoming harness (cand_000) is scored whatever it is: it is the incumbent."""
     if c["num"] == 0:
         return None
     src = c["source"]
@@ -277,12 +277,19 @@ def _invalid_reason(c, archive, validate_run, prompt_only_base, allowed):
     if reason is None and prompt_only_base is not None:
         ok, why = differs_only_in(prompt_only_base, src, allowed)
         reason = None if ok else f"prompt-only search: {why}"
-    if reason is None:
+    return reason
+
+
+def _validation(validate_run, source):
+    """A job for run_together: (why its one rollout says the candidate is invalid or None, seconds)."""
+    def job():
+        t = time.time()
         try:
-            reason = validate_run(src)
+            reason = validate_run(source)
         except Exception as e:  # a validator failure rejects the candidate, not the run
             reason = f"validate_run raised {type(e).__name__}: {e}"
-    return None if reason is None else valid_text(str(reason), replace=True)  # e.g. a harness's own error text
+        return reason, time.time() - t
+    return job
 
 
 def _write_invalid(c, archive_dir, reason, log):
@@ -321,19 +328,20 @@ def _write_scored(c, archive_dir, ids, records, dropped_after, validate_s, eval_
 def finish_candidates(todo, archive_dir, archive, examples, run_candidate, validate_run, prompt_only_base,
                       allowed, log, ledger_path, race_against, run_together):
     """Validate, then score (or reject) an iteration's unfinished candidates, and write their files.
-    Validation goes one by one; then each candidate is a job for run_together (which may run them at
-    once, their batches shared: rollout.in_shared_batches): score it, raced against the incumbent if
-    race_against is given (see scored_in_race; never cand_000, the incumbent itself), then write its
-    files as soon as the candidates before it have written theirs. So the archive reads the same
+    Their validation rollouts are jobs for run_together (which may run them at once, their batches
+    shared: rollout.in_shared_batches); then so is each valid candidate: score it, raced against the
+    incumbent if race_against is given (see scored_in_race; never cand_000, the incumbent itself),
+    then write its files as soon as the candidates before it have written theirs. So the archive reads the same
     however their rollouts were batched, and a crash loses no candidate that was written.
     Exceptions from run_candidate propagate: they mean the infrastructure broke (a broken harness
     comes back as records with status error/crash/timeout). The archive stays resumable."""
     ids = [str(ex["id"]) for ex in examples]
-    reasons, validate_s = [], []
-    for c in todo:
-        t = time.time()
-        reasons.append(_invalid_reason(c, archive, validate_run, prompt_only_base, allowed))
-        validate_s.append(time.time() - t)
+    reasons = [_invalid_reason(c, archive, prompt_only_base, allowed) for c in todo]
+    check = [i for i, c in enumerate(todo) if reasons[i] is None and c["num"] > 0]  # (cand_000 runs whatever it is)
+    validated, validate_s = run_together([_validation(validate_run, todo[i]["source"]) for i in check]), [0.0] * len(todo)
+    for i, (reason, seconds) in zip(check, validated):
+        reasons[i], validate_s[i] = reason, seconds
+    reasons = [None if r is None else valid_text(str(r), replace=True) for r in reasons]  # (a harness's own words)
     # In order, and without waiting: a job that finishes early parks its writing, and whichever job
     # finishes the one before writes it (a job that waited for its turn would stall the shared batches)
     lock, parked, turn, broken = threading.Lock(), {}, [0], []

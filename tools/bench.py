@@ -38,8 +38,10 @@ Prints one `name: value` line per measurement:
   - race (only with --only race): what cutting one candidate's evaluation into racing's blocks
     costs on this machine: searchqa h0 on 64 harness-split questions x 2 (one search-set
     evaluation) scored as one batch, as racing's blocks (meta_harness.RACE: after 16, 32 and 48
-    questions) and as blocks of 8 questions (the first registered setting), the same rollouts each way: seconds and the ratio to one batch (a thin
-    block runs the model further below its peak);
+    questions) and as blocks of 8 questions (the first registered setting), the same rollouts each
+    way: seconds and the ratio to one batch (a thin block runs the model further below its peak);
+    then three candidates in racing's blocks one after another vs at once, their batches shared
+    (rollout.in_shared_batches, phase B's way): seconds, the same tokens, the speedup;
   - prefix (only with --only prefix): prompts' shared heads cut as before (greedy) vs the cheapest
     cut, on searchqa h0, the long-context harness and chess h0 (positions prefilled, seconds, ratio),
     and what a prefix cache kept across sample() calls could save at most (`prefix_reuse`);
@@ -56,7 +58,7 @@ Prints one `name: value` line per measurement:
     python tools/bench.py --only eval --harnesses '' --phase-a study  # one phase-A step of the study's regime
     python tools/bench.py --only memory           # peak memory per sampler (~10 min on 2 cores)
     python tools/bench.py --only isolation        # a process per rollout vs none (~1 min)
-    python tools/bench.py --only race             # one candidate's evaluation in racing's blocks vs one batch (~5 min)
+    python tools/bench.py --only race             # racing's blocks vs one batch; three candidates shared (~10 min)
     python tools/bench.py --only prefix           # shared heads: greedy vs cheapest cut; a cache across calls (~4 min)
     python tools/bench.py --only vote --questions 16  # llm(n=5) vs 5 calls in the voting harness
     python tools/bench.py --only omp              # OpenMP threads sleeping at once vs spinning briefly (~2 min)
@@ -377,6 +379,7 @@ def race_blocks(e, n_questions, max_tokens, n=2):
     sample's, so the cuts sample the same tokens), in batches of different sizes."""
     import meta_harness
     from domains import searchqa
+    from harness_search import harness_source
     examples, source = searchqa.load_split("harness")[:n_questions], open(searchqa.H0).read()
     sampling = {"temperature": 0.7, "top_k": 20, "top_p": 1.0}
     cuts = {"one_batch": (), "racing": tuple(meta_harness.race_looks(n_questions, **meta_harness.RACE)),
@@ -391,6 +394,23 @@ def race_blocks(e, n_questions, max_tokens, n=2):
         print(f"race_{name}_batches: {len(ends)} (after {', '.join(map(str, ends))} questions)")
         print(f"race_{name}_seconds: {seconds[name]:.1f}")
         print(f"race_{name}_over_one_batch: {seconds[name] / seconds['one_batch']:.2f}")
+    # An iteration's three candidates (h0 and two of its primitive edits: the long context, voting),
+    # each in racing's blocks, one candidate after another vs all three at once with their batches
+    # shared (rollout.in_shared_batches, as phase B runs them): the same rollouts, the same tokens
+    three = [source, long_context_harness(), harness_source.splice(source, "run", searchqa.PRIMITIVES["run"][2])]
+    ends = list(cuts["racing"]) + [n_questions]
+    blocks = lambda src: [rollout.run(e, searchqa, src, examples[lo:hi], n, seed=0, sampling=sampling,
+                                      max_tokens=max_tokens) for lo, hi in zip([0] + ends, ends)]
+    t = time.perf_counter()
+    apart = [blocks(src) for src in three]
+    seconds["apart"] = time.perf_counter() - t
+    t = time.perf_counter()
+    shared = rollout.in_shared_batches(e, [lambda src=src: blocks(src) for src in three])
+    seconds["shared"] = time.perf_counter() - t
+    ids = lambda runs: [[c["completion_ids"] for b in run for r in b for c in r["calls"]] for run in runs]
+    print(f"race_three_candidates_apart_seconds: {seconds['apart']:.1f}")
+    print(f"race_three_candidates_shared_seconds: {seconds['shared']:.1f} (same tokens: {ids(apart) == ids(shared)})")
+    print(f"race_three_candidates_speedup: {seconds['apart'] / seconds['shared']:.2f} (apart / shared batches)")
 
 
 def multiturn(e, n_puzzles):
