@@ -86,14 +86,19 @@ def in_shared_batches(engine, jobs: list) -> list:
 
     Why: a raced candidate is scored in blocks of 16 rollouts (race_looks), and a 16-row decode
     runs far below the machine's peak; three candidates' blocks decoded as one 48-row batch cost
-    little more than one. What each rollout samples does not change: a request's tokens depend on
-    its own seed, not on its batch (lm/engine.py, up to float round-off), and each job's sandbox
-    sends the same calls it would alone, since a meeting waits for every job that is still running
-    (a job's batch is exactly what its own sandbox gathered). The jobs' rows are concatenated in
-    job order. Only engine.sample is shared; each job's sandbox, tools and records are its own.
+    little more than one (prefill gains nothing: it is at the peak already). What each rollout
+    samples does not change: a request's tokens depend on its own seed, not on its batch
+    (lm/engine.py, up to float round-off), and each job's sandbox sends the calls it would send
+    alone, since a meeting waits for every job still running (a job's part of a batch is exactly
+    what its own sandbox gathered). The jobs' rows are concatenated in job order. The cost: a job
+    waits for the slowest part of every batch it is in (the batch returns when its longest reply is
+    done).
 
-    A job that raises ends the meeting: the others' next engine.sample raises too (their sandboxes
-    close), so Ctrl-C or a crash never leaves a thread waiting for a batch that cannot come."""
+    The model runs in the calling thread only: the jobs' threads run their sandboxes and tools and
+    hand their batches over. (Tensors allocated in several threads would leave freed memory in a
+    malloc arena per thread: a default run peaked 600 MB higher that way.) A job that raises ends
+    the meeting: the others' next engine.sample raises too (their sandboxes close), so Ctrl-C or a
+    crash never leaves a thread waiting for a batch that cannot come."""
     if len(jobs) < 2:
         return [job() for job in jobs]
     import threading
@@ -101,45 +106,21 @@ def in_shared_batches(engine, jobs: list) -> list:
     meet = threading.Condition()
     active, pending, answers, failed = set(range(len(jobs))), {}, {}, []  # failed: the first is the cause
     me = threading.local()
+    results = [None] * len(jobs)
 
-    def sample_all():  # (holding meet, every active job waiting) one engine call for all of them
-        order = sorted(pending)
-        try:
-            outs = alone([r for k in order for r in pending[k]])
-        except BaseException as e:
-            failed.append(e)
-            outs = None
-        start = 0
-        for k in order:
-            answers[k] = None if outs is None else outs[start:start + len(pending[k])]
-            start += len(pending[k])
-        pending.clear()
-        meet.notify_all()
-
-    def sample(requests):
+    def sample(requests):  # in a job's thread: hand the batch over, wait for its rows
         k = getattr(me, "k", None)
         if k is None:  # (not one of the jobs)
             return alone(requests)
         with meet:
-            if not failed:
-                pending[k] = requests
-                if set(pending) == active:
-                    sample_all()
+            pending[k] = requests
+            meet.notify_all()
             while k not in answers and not failed:
                 meet.wait()
             pending.pop(k, None)
-            outs = answers.pop(k, None)
-            if outs is None:
+            if k not in answers:
                 raise RuntimeError("a job sampling in the same batches failed") from failed[0]
-            return outs
-
-    def leave(k):
-        with meet:
-            active.discard(k)
-            if pending and not failed and set(pending) == active:
-                sample_all()
-
-    results = [None] * len(jobs)
+            return answers.pop(k)
 
     def work(k):
         me.k = k
@@ -148,28 +129,45 @@ def in_shared_batches(engine, jobs: list) -> list:
         except BaseException as e:
             with meet:
                 failed.append(e)
-                meet.notify_all()
         finally:
-            leave(k)
+            with meet:
+                active.discard(k)
+                meet.notify_all()
 
-    engine.sample = sample
-    try:
-        threads = [threading.Thread(target=work, args=(k,), daemon=True) for k in range(len(jobs))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            while t.is_alive():
-                t.join(0.2)  # (a join with a timeout lets Ctrl-C reach the main thread)
-    except BaseException as e:
-        with meet:
-            failed.insert(0, e)
-            meet.notify_all()
-        raise
-    finally:
+    def restore():
         if patched:
             engine.sample = alone
         else:
             del engine.sample  # (the instance's own attribute: the class's method shows through again)
+
+    engine.sample = sample
+    threads = [threading.Thread(target=work, args=(k,), daemon=True) for k in range(len(jobs))]
+    try:
+        for t in threads:
+            t.start()
+        with meet:
+            while active and not failed:
+                if not (pending and set(pending) == active):
+                    meet.wait(0.2)  # (with a timeout: Ctrl-C reaches this thread)
+                    continue
+                order = sorted(pending)
+                outs = alone([r for k in order for r in pending[k]])  # (every job waits: holding meet is free)
+                start = 0
+                for k in order:
+                    answers[k] = outs[start:start + len(pending.pop(k))]
+                    start += len(answers[k])
+                meet.notify_all()
+    except BaseException as e:
+        with meet:
+            failed.insert(0, e)
+            meet.notify_all()
+        if not isinstance(e, Exception):  # Ctrl-C: out at once (the threads are daemons)
+            restore()
+            raise
+    for t in threads:  # (after a failure the others leave at their next batch, closing their sandboxes)
+        while t.is_alive():
+            t.join(0.2)
+    restore()
     if failed:
         raise failed[0]
     return results

@@ -1243,10 +1243,12 @@ def test_candidates_scored_out_of_order_write_the_archive_of_one_after_another(t
     assert backwards == one_by_one and len(one_by_one[0]) >= 7
 
 
-def fake_engine(batches):
-    """An engine whose sample() answers each request with its own seed, and notes each batch's seeds."""
+def fake_engine(batches, threads=None):
+    """An engine whose sample() answers each request with its own seed, and notes each batch's seeds
+    (and the thread it ran in)."""
     def sample(requests):
         batches.append([r["seed"] for r in requests])
+        (threads if threads is not None else []).append(threading.get_ident())
         return [{"seed": r["seed"]} for r in requests]
     return types.SimpleNamespace(sample=sample)
 
@@ -1254,9 +1256,10 @@ def fake_engine(batches):
 def test_jobs_in_shared_batches_sample_once_per_meeting_and_get_their_own_rows():
     """rollout.in_shared_batches: while every job is running, their engine.sample calls meet in one
     call (rows in job order) and each job gets back exactly its own rows; a job that is done no
-    longer holds the others back; the engine's own sample() is back afterwards."""
-    batches = []
-    engine = fake_engine(batches)
+    longer holds the others back; the model runs in the caller's thread only (one malloc arena);
+    the engine's own sample() is back afterwards."""
+    batches, threads = [], []
+    engine = fake_engine(batches, threads)
     own = engine.sample
 
     def job(k, sizes):
@@ -1273,7 +1276,7 @@ def test_jobs_in_shared_batches_sample_once_per_meeting_and_get_their_own_rows()
     assert rollout.in_shared_batches(engine, [job(0, [2, 1, 3]), job(1, [4]), job(2, [1, 1])]) == [[2, 1, 3], [4], [1, 1]]
     assert [len(b) for b in batches] == [7, 2, 3]  # all three, then jobs 0 and 2, then job 0 alone
     assert batches[0] == [(0, 0, 0), (0, 0, 1)] + [(1, 0, j) for j in range(4)] + [(2, 0, 0)]
-    assert engine.sample is own
+    assert set(threads) == {threading.get_ident()} and engine.sample is own
 
 
 def test_a_job_that_fails_ends_the_shared_batches_without_a_hang():
