@@ -228,20 +228,54 @@ def read_confirmations(ledger_path):
     return {line["cand"]: line for line in read_jsonl(ledger_path) if "confirm" in line}
 
 
-def _confirm_scores(cands, examples, run_candidate, ledger_path, iteration, affordable):
+def in_order():
+    """(commit, fail) for jobs that may finish in any order but must write in theirs: commit(i, write)
+    runs write() once the writes of jobs 0..i-1 have run, in their order, and never waits (a job
+    that finishes early parks its write; whichever job completes the one before runs it: a job that
+    waited for its turn would stall batches shared with the others). After fail(), no parked or
+    later write runs (resumed, those jobs run again)."""
+    lock, parked, turn, broken = threading.Lock(), {}, [0], []
+
+    def commit(i, write):
+        with lock:
+            parked[i] = write
+            while turn[0] in parked and not broken:
+                parked.pop(turn[0])()
+                turn[0] += 1
+
+    def fail():
+        with lock:
+            broken.append(True)
+    return commit, fail
+
+
+def _confirm_scores(cands, examples, run_candidate, ledger_path, iteration, affordable, run_together):
     """Each candidate's scores on the confirmation examples, measured once per candidate (the
-    ledger keeps them, so a later test or a resumed search reuses them); None when the budget
-    cannot pay for the ones not measured yet (each costs at most one candidate's evaluation)."""
+    ledger keeps them, so a later test or a resumed search reuses them), the ones not measured yet
+    at once (run_together); None when the budget cannot pay for them (each costs at most one
+    candidate's evaluation)."""
     done = read_confirmations(ledger_path)
     todo = [c for c in cands if c["name"] not in done]
     if todo and affordable is not None and affordable() < len(todo):
         return None
-    for c in todo:
-        records = run_candidate(c["source"], examples, c["name"])
-        line = dict(cand=c["name"], iteration=iteration, rollouts=paid(records),
-                    confirm=score_records(records, [str(ex["id"]) for ex in examples]))
-        append_jsonl(ledger_path, line)
-        done[c["name"]] = line
+    commit, fail = in_order()  # (each line as soon as it is measured: a crash loses no finished one)
+
+    def measure(i, c):
+        def job():
+            try:
+                records = run_candidate(c["source"], examples, c["name"])
+            except BaseException:
+                fail()
+                raise
+            line = dict(cand=c["name"], iteration=iteration, rollouts=paid(records),
+                        confirm=score_records(records, [str(ex["id"]) for ex in examples]))
+
+            def write():
+                append_jsonl(ledger_path, line)
+                done[c["name"]] = line
+            commit(i, write)
+        return job
+    run_together([measure(i, c) for i, c in enumerate(todo)])
     return [done[c["name"]]["confirm"] for c in cands]
 
 
@@ -342,16 +376,7 @@ def finish_candidates(todo, archive_dir, archive, examples, run_candidate, valid
     for i, (reason, seconds) in zip(check, validated):
         reasons[i], validate_s[i] = reason, seconds
     reasons = [None if r is None else valid_text(str(r), replace=True) for r in reasons]  # (a harness's own words)
-    # In order, and without waiting: a job that finishes early parks its writing, and whichever job
-    # finishes the one before writes it (a job that waited for its turn would stall the shared batches)
-    lock, parked, turn, broken = threading.Lock(), {}, [0], []
-
-    def commit(i, write):
-        with lock:
-            parked[i] = write
-            while turn[0] in parked and not broken:
-                parked.pop(turn[0])()
-                turn[0] += 1
+    commit, fail = in_order()
 
     def job(i, c):
         def score_then_write():
@@ -362,8 +387,7 @@ def finish_candidates(todo, archive_dir, archive, examples, run_candidate, valid
                 records, dropped_after = scored_in_race(c["source"], c["name"], examples, run_candidate,
                                                         race_against if c["num"] > 0 else None)
             except BaseException:
-                with lock:
-                    broken.append(c["name"])  # the candidates after it write nothing (resumed, they are scored)
+                fail()  # the candidates after it write nothing (resumed, they are scored)
                 raise
             eval_s = time.time() - t
             commit(i, lambda: _write_scored(c, archive_dir, ids, records, dropped_after, validate_s[i], eval_s,
@@ -465,7 +489,7 @@ def incumbent_after(ledger_path, it, default=None):
 
 
 def select_incumbent(it, members, archive, incumbent, proposal, integrity, *, accept_alpha, confirm_examples,
-                     run_candidate, ledger_path, affordable) -> dict:
+                     run_candidate, ledger_path, affordable, run_together=lambda jobs: [job() for job in jobs]) -> dict:
     """The acceptance step after iteration `it`, as its iterations.jsonl line: the paper's choice (the argmax
     over the whole phase archive), the paired sign test of it against the incumbent (with a second
     look on a near miss), the new incumbent, and what the proposer reported (`proposal`)."""
@@ -478,7 +502,8 @@ def select_incumbent(it, members, archive, incumbent, proposal, integrity, *, ac
         accepted, b, c_, p = accept(paper["scores"]["per_example"], inc["scores"]["per_example"], accept_alpha)
         test = dict(cand=paper["name"], vs=incumbent, b=b, c=c_, p=round(p, 6), alpha=accept_alpha)
         if confirm_examples and not accepted and b > c_ and p <= CONFIRM_P:  # a near miss
-            more = _confirm_scores([paper, inc], confirm_examples, run_candidate, ledger_path, it, affordable)
+            more = _confirm_scores([paper, inc], confirm_examples, run_candidate, ledger_path, it, affordable,
+                                  run_together)
             if more is not None:  # the second look: the test again on both blocks together
                 accepted, b, c_, p = accept(paper["scores"]["per_example"] + more[0]["per_example"],
                                             inc["scores"]["per_example"] + more[1]["per_example"], accept_alpha)
@@ -575,7 +600,7 @@ def search_phase(incumbent_src, domain, examples, run_candidate, validate_run, p
             log(dict(event="archive_integrity", reason=p))
         line = select_incumbent(it, members, archive, incumbent, proposal, integrity, accept_alpha=accept_alpha,
                                 confirm_examples=confirm_examples, run_candidate=run_candidate,
-                                ledger_path=ledger_path, affordable=affordable)
+                                ledger_path=ledger_path, affordable=affordable, run_together=run_together)
         # The line that ends the phase says why (should_stop sees this iteration's paper score too).
         line["stop_reason"] = stop_reason(iters + [line], should_stop, max_empty)
         append_jsonl(ledger_path, dict(iteration=it, incumbent=line["incumbent"]))  # the ledger first
