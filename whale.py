@@ -204,9 +204,12 @@ def phase_a_config(args: Args, **changes):
 
 
 def main(args: Args):
+    import switch
+    from rundir.run_setup import check_args
+    if not args.resume:  # a flag mistake is one line in a second, before torch is imported (open_run checks again)
+        check_args(args, METHODS, switch.check)
     import evaluation
     import rs_sft
-    import switch
     from lm.engine import load_engine
     from rundir import ddp
     from rundir import run_dir as rd
