@@ -249,33 +249,23 @@ def in_order():
     return commit, fail
 
 
-def _confirm_scores(cands, examples, run_candidate, ledger_path, iteration, affordable, run_together):
+def _confirm_scores(cands, examples, run_candidate, ledger_path, iteration, affordable):
     """Each candidate's scores on the confirmation examples, measured once per candidate (the
-    ledger keeps them, so a later test or a resumed search reuses them), the ones not measured yet
-    at once (run_together); None when the budget cannot pay for them (each costs at most one
-    candidate's evaluation)."""
+    ledger keeps them, so a later test or a resumed search reuses them); None when the budget
+    cannot pay for the ones not measured yet (each costs at most one candidate's evaluation).
+    One after the other, not in shared batches: a whole block is a batch of 64 rows already, and
+    run 22 of results/first-run/ measured the pair shared slower (97 s against run 18's 84.5 s):
+    each waits for the other's longest reply in every batch."""
     done = read_confirmations(ledger_path)
     todo = [c for c in cands if c["name"] not in done]
     if todo and affordable is not None and affordable() < len(todo):
         return None
-    commit, fail = in_order()  # (each line as soon as it is measured: a crash loses no finished one)
-
-    def measure(i, c):
-        def job():
-            try:
-                records = run_candidate(c["source"], examples, c["name"])
-            except BaseException:
-                fail()
-                raise
-            line = dict(cand=c["name"], iteration=iteration, rollouts=paid(records),
-                        confirm=score_records(records, [str(ex["id"]) for ex in examples]))
-
-            def write():
-                append_jsonl(ledger_path, line)
-                done[c["name"]] = line
-            commit(i, write)
-        return job
-    run_together([measure(i, c) for i, c in enumerate(todo)])
+    for c in todo:
+        records = run_candidate(c["source"], examples, c["name"])
+        line = dict(cand=c["name"], iteration=iteration, rollouts=paid(records),
+                    confirm=score_records(records, [str(ex["id"]) for ex in examples]))
+        append_jsonl(ledger_path, line)
+        done[c["name"]] = line
     return [done[c["name"]]["confirm"] for c in cands]
 
 
@@ -489,7 +479,7 @@ def incumbent_after(ledger_path, it, default=None):
 
 
 def select_incumbent(it, members, archive, incumbent, proposal, integrity, *, accept_alpha, confirm_examples,
-                     run_candidate, ledger_path, affordable, run_together=lambda jobs: [job() for job in jobs]) -> dict:
+                     run_candidate, ledger_path, affordable) -> dict:
     """The acceptance step after iteration `it`, as its iterations.jsonl line: the paper's choice (the argmax
     over the whole phase archive), the paired sign test of it against the incumbent (with a second
     look on a near miss), the new incumbent, and what the proposer reported (`proposal`)."""
@@ -502,8 +492,7 @@ def select_incumbent(it, members, archive, incumbent, proposal, integrity, *, ac
         accepted, b, c_, p = accept(paper["scores"]["per_example"], inc["scores"]["per_example"], accept_alpha)
         test = dict(cand=paper["name"], vs=incumbent, b=b, c=c_, p=round(p, 6), alpha=accept_alpha)
         if confirm_examples and not accepted and b > c_ and p <= CONFIRM_P:  # a near miss
-            more = _confirm_scores([paper, inc], confirm_examples, run_candidate, ledger_path, it, affordable,
-                                  run_together)
+            more = _confirm_scores([paper, inc], confirm_examples, run_candidate, ledger_path, it, affordable)
             if more is not None:  # the second look: the test again on both blocks together
                 accepted, b, c_, p = accept(paper["scores"]["per_example"] + more[0]["per_example"],
                                             inc["scores"]["per_example"] + more[1]["per_example"], accept_alpha)
@@ -600,7 +589,7 @@ def search_phase(incumbent_src, domain, examples, run_candidate, validate_run, p
             log(dict(event="archive_integrity", reason=p))
         line = select_incumbent(it, members, archive, incumbent, proposal, integrity, accept_alpha=accept_alpha,
                                 confirm_examples=confirm_examples, run_candidate=run_candidate,
-                                ledger_path=ledger_path, affordable=affordable, run_together=run_together)
+                                ledger_path=ledger_path, affordable=affordable)
         # The line that ends the phase says why (should_stop sees this iteration's paper score too).
         line["stop_reason"] = stop_reason(iters + [line], should_stop, max_empty)
         append_jsonl(ledger_path, dict(iteration=it, incumbent=line["incumbent"]))  # the ledger first
