@@ -228,27 +228,6 @@ def read_confirmations(ledger_path):
     return {line["cand"]: line for line in read_jsonl(ledger_path) if "confirm" in line}
 
 
-def in_order():
-    """(commit, fail) for jobs that may finish in any order but must write in theirs: commit(i, write)
-    runs write() once the writes of jobs 0..i-1 have run, in their order, and never waits (a job
-    that finishes early parks its write; whichever job completes the one before runs it: a job that
-    waited for its turn would stall batches shared with the others). After fail(), no parked or
-    later write runs (resumed, those jobs run again)."""
-    lock, parked, turn, broken = threading.Lock(), {}, [0], []
-
-    def commit(i, write):
-        with lock:
-            parked[i] = write
-            while turn[0] in parked and not broken:
-                parked.pop(turn[0])()
-                turn[0] += 1
-
-    def fail():
-        with lock:
-            broken.append(True)
-    return commit, fail
-
-
 def _confirm_scores(cands, examples, run_candidate, ledger_path, iteration, affordable):
     """Each candidate's scores on the confirmation examples, measured once per candidate (the
     ledger keeps them, so a later test or a resumed search reuses them); None when the budget
@@ -347,6 +326,27 @@ def _write_scored(c, archive_dir, ids, records, dropped_after, validate_s, eval_
     append_jsonl(os.path.join(archive_dir, "summary.jsonl"), line)
     write_frontier(archive_dir)
     log(candidate_event(line))
+
+
+def in_order():
+    """(commit, fail) for jobs that may finish in any order but must write in theirs: commit(i, write)
+    runs write() once the writes of jobs 0..i-1 have run, in their order, and never waits (a job
+    that finishes early parks its write; whichever job completes the one before runs it: a job that
+    waited for its turn would stall batches shared with the others). After fail(), no parked or
+    later write runs (resumed, those jobs run again)."""
+    lock, parked, turn, broken = threading.Lock(), {}, [0], []
+
+    def commit(i, write):
+        with lock:
+            parked[i] = write
+            while turn[0] in parked and not broken:
+                parked.pop(turn[0])()
+                turn[0] += 1
+
+    def fail():
+        with lock:
+            broken.append(True)
+    return commit, fail
 
 
 def finish_candidates(todo, archive_dir, archive, examples, run_candidate, validate_run, prompt_only_base,
