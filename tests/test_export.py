@@ -61,7 +61,7 @@ def test_an_exported_model_has_the_runs_logits_and_the_runs_harness(tiny_referen
 def test_a_full_fine_tuning_run_resumed_after_a_crash_and_a_torchrun_run_export_with_their_logits(tiny_harness,
                                                                                                   tmp_path):
     """The other kinds of run a user exports: full fine-tuning (the default), killed at a checkpoint
-    and resumed, and the same run under torchrun on 2 gloo ranks (rank 0 writes the run). Each exports;
+    and resumed, and a smaller one under torchrun on 2 gloo ranks (rank 0 writes the run). Each exports;
     its model/ loads with from_pretrained and gives the logits of the run's own final model (whale.py's
     load of checkpoint/), bit for bit, which are not the base's: the whole model was trained. The
     bundle is the agent the run scored: fp32 as scored (a trained model is not halved), it answers
@@ -78,9 +78,10 @@ def test_a_full_fine_tuning_run_resumed_after_a_crash_and_a_torchrun_run_export_
     crashed = run_whale(*full, "--out", str(resumed), env={"WHALE_CRASH_AT": "checkpoint:2"})
     assert crashed.returncode != 0 and not (resumed / "summary.json").exists()
     assert run_whale("--resume", str(resumed)).returncode == 0
-    ddp = tmp_path / "ddp"
+    ddp = tmp_path / "ddp"  # (the least torchrun run that trains: two RSFT steps, one test question; CI's minutes)
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                        str(ROOT / "whale.py"), *full, "--out", str(ddp)], cwd=ROOT, capture_output=True, text=True,
+                        str(ROOT / "whale.py"), *full, "--method", "weight-only", "--budget", "16", "--test-limit", "1",
+                        "--out", str(ddp)], cwd=ROOT, capture_output=True, text=True,
                        timeout=900, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert r.returncode == 0, r.stderr[-3000:]
     base, _ = models.load_model("embedded")
