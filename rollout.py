@@ -85,14 +85,15 @@ def in_shared_batches(engine, jobs: list) -> list:
     the batches meet. Returns their results in order; the first exception is re-raised.
 
     Why: a raced candidate is scored in blocks of 16 rollouts (race_looks), and a 16-row decode
-    runs far below the machine's peak; three candidates' blocks decoded as one 48-row batch cost
-    little more than one (prefill gains nothing: it is at the peak already). What each rollout
+    runs far below the machine's peak, so three candidates' blocks decoded as one 48-row batch cost
+    less than three apart (prefill gains nothing: it is at the peak already). Measured: 1.14x for
+    three raced candidates (`tools/bench.py --only race`), ~1.07x of the default run's phase B. What each rollout
     samples does not change: a request's tokens depend on its own seed, not on its batch
     (lm/engine.py, up to float round-off), and each job's sandbox sends the calls it would send
     alone, since a meeting waits for every job still running (a job's part of a batch is exactly
     what its own sandbox gathered). The jobs' rows are concatenated in job order. The cost: a job
     waits for the slowest part of every batch it is in (the batch returns when its longest reply is
-    done).
+    done), so jobs whose batches are big already gain nothing and can lose (results/README.md).
 
     The model runs in the calling thread only: the jobs' threads run their sandboxes and tools and
     hand their batches over. (Tensors allocated in several threads would leave freed memory in a
