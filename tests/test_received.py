@@ -78,6 +78,30 @@ def test_no_symbolic_link_in_a_run_is_followed_when_reading_or_packing(tmp_path)
     assert secret_file.read_text() == SECRET  # what a link pointed to is untouched
 
 
+def test_comparing_received_runs_follows_no_link_and_a_torn_line_is_a_difference(tmp_path):
+    """tools/same_runs.py reads two folders of runs from anywhere: a metrics.jsonl that is a link is
+    one line and exit 2 (its target never read), a torn line a difference, equal runs exit 0."""
+    secret_file = tmp_path / "private.txt"
+    secret_file.write_text(json.dumps({"event": SECRET}) + "\n")
+    for side in ("before", "after"):
+        (a_run(tmp_path / side) / "summary.json").write_text(json.dumps({"test_mean8_final": 0.1, "seconds": 9}))
+
+    def same_runs():
+        return subprocess.run([sys.executable, "tools/same_runs.py", str(tmp_path / "before"), str(tmp_path / "after")],
+                              capture_output=True, text=True, cwd=ROOT, timeout=60)
+    r = same_runs()
+    assert r.returncode == 0 and "identical" in r.stdout, r.stdout + r.stderr
+    with open(tmp_path / "after" / "run" / "metrics.jsonl", "a") as f:
+        f.write('{"event": "rollout_st')  # a line a kill cut short
+    r = same_runs()
+    assert r.returncode == 1 and "not JSON" in r.stdout, r.stdout + r.stderr
+    (tmp_path / "after" / "run" / "metrics.jsonl").unlink()
+    (tmp_path / "after" / "run" / "metrics.jsonl").symlink_to(secret_file)
+    r = same_runs()
+    assert r.returncode == 2 and "symbolic link" in r.stderr and len(r.stderr.splitlines()) == 1, r.stderr
+    assert SECRET not in r.stdout + r.stderr
+
+
 def test_every_field_of_a_run_is_escaped_and_a_grid_link_is_never_a_scheme(tmp_path):
     evil = '"><meta http-equiv="refresh" content="0;url=https://example.invalid">'
     metrics = [{"event": "rollout_step", "cycle": evil, "step": 1, "rollouts": 8, "loss": 0.5},
