@@ -72,15 +72,17 @@ def test_a_full_fine_tuning_run_resumed_after_a_crash_and_a_torchrun_run_export_
     from domains import searchqa
     from tests.helpers import TINY, run_whale
     from tools import run_agent
+    # (weight-only, two RSFT steps: what the export reads is the weights; a harness phase and the 2 x 2's
+    # cells would be CI's minutes for nothing this test checks)
     full = ["--domain", "searchqa", *TINY, "--harness", tiny_harness, "--train-layers", "0", "--lr", "1e-4",
-            "--two-by-two", "off"]  # (its cells are the final test's work again: CI's minutes)
+            "--two-by-two", "off", "--method", "weight-only", "--budget", "16"]
     resumed = tmp_path / "resumed"
     crashed = run_whale(*full, "--out", str(resumed), env={"WHALE_CRASH_AT": "checkpoint:2"})
     assert crashed.returncode != 0 and not (resumed / "summary.json").exists()
     assert run_whale("--resume", str(resumed)).returncode == 0
-    ddp = tmp_path / "ddp"  # (the least torchrun run that trains: two RSFT steps, one test question; CI's minutes)
+    ddp = tmp_path / "ddp"  # (the least torchrun run that trains: one test question; CI's minutes)
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                        str(ROOT / "whale.py"), *full, "--method", "weight-only", "--budget", "16", "--test-limit", "1",
+                        str(ROOT / "whale.py"), *full, "--test-limit", "1",
                         "--out", str(ddp)], cwd=ROOT, capture_output=True, text=True,
                        timeout=900, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert r.returncode == 0, r.stderr[-3000:]
