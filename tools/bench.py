@@ -28,7 +28,8 @@ Prints one `name: value` line per measurement:
   - memory (only with --only memory): peak RSS of one long-context evaluation (16 questions x 8)
     per sampler, each in its own process: landed, fast with a cache copy per row, fast; then one
     long-harness candidate (64 questions x 2) with its prefill in one forward vs in row slices;
-    then phase A's update (8 searchqa-shaped sequences) uncapped vs under --max-memory 4's cap;
+    then phase A's update (8 searchqa-shaped sequences) uncapped vs under --max-memory 4's cap, and
+    one sequence longer than the cap (it runs alone; --only update runs this part alone);
   - omp (only with --only omp): how OpenMP's threads wait between parallel regions, searchqa h0
     evaluated in fresh processes with OMP_WAIT_POLICY=PASSIVE (sleep at once) and with
     GOMP_SPINCOUNT=20000 (whale.py's: spin briefly, then sleep): rollouts/s, context switches, ratio;
@@ -57,6 +58,7 @@ Prints one `name: value` line per measurement:
     python tools/bench.py --only eval --questions 8 --harnesses long  # a smaller part of it
     python tools/bench.py --only eval --harnesses '' --phase-a study  # one phase-A step of the study's regime
     python tools/bench.py --only memory           # peak memory per sampler (~10 min on 2 cores)
+    python tools/bench.py --only update           # its last part: phase A's update, capped or not (~2 min)
     python tools/bench.py --only isolation        # a process per rollout vs none (~1 min)
     python tools/bench.py --only race             # racing's blocks vs one batch; three candidates shared (~10 min)
     python tools/bench.py --only prefix           # shared heads: greedy vs cheapest cut; a cache across calls (~4 min)
@@ -173,14 +175,15 @@ def main():
                          "memory, vote, omp, malloc and prefix: 16, 4 with --quick")
     ap.add_argument("--eval-child", default="", help=argparse.SUPPRESS)  # fresh_evaluation(): one in its own process
     ap.add_argument("--update-child", type=int, default=-1, help=argparse.SUPPRESS)  # update_memory(): the same
+    ap.add_argument("--update-long", action="store_true", help=argparse.SUPPRESS)  # (its one-long-sequence case)
     args = ap.parse_args()
     if args.eval_child:
         return eval_child(args.eval_child, args.model, args.questions)
     if args.update_child >= 0:
-        return update_child(args.update_child, args.model)
+        return update_child(args.update_child, args.model, args.update_long)
     only = set(args.only.split(","))
-    sections = {"rollout", "decode", "sandbox", "multiturn", "sft", "deadline", "eval", "memory", "vote", "omp", "malloc",
-                "isolation", "race", "prefix"}
+    sections = {"rollout", "decode", "sandbox", "multiturn", "sft", "deadline", "eval", "memory", "update", "vote", "omp",
+                "malloc", "isolation", "race", "prefix"}
     if only - sections:
         print(f"bench.py: unknown section(s) {', '.join(sorted(only - sections))}; "
               f"choose from {', '.join(sorted(sections))}", file=sys.stderr)
@@ -208,7 +211,8 @@ def main():
     n_params += model.lm_head.weight.numel() if model.config.tie_word_embeddings else 0
 
     P, G, NEW = (8, 8, 16) if q else (32, 8, 32)
-    prompts = squad_prompts(e, P) if only - {"eval", "deadline", "memory", "vote", "isolation", "race", "prefix"} else []
+    prompts = squad_prompts(e, P) if only - {"eval", "deadline", "memory", "update", "vote", "isolation", "race",
+                                             "prefix"} else []
     if "rollout" in only:
         rollout_workload(e, model, prompts, G, NEW, n_params, peak)
     if "decode" in only:
@@ -227,6 +231,8 @@ def main():
         deadline(e, 8 if q else 64, 4 if q else 16)
     if "memory" in only:
         memory(args.model, args.questions or (4 if q else 16))
+    if "update" in only and "memory" not in only:  # (memory ends with it)
+        update_memory(args.model)
     if "vote" in only:
         vote(e, args.questions or (4 if q else 16), args.max_tokens)
     if "omp" in only:
@@ -778,15 +784,20 @@ def update_memory(model_name):
     sequences as searchqa's kept rollouts look (4 real prompts of ~450 tokens x 2: a reply, 200 tokens
     of tool output, a reply; ~770 positions each) at full fine-tuning with AdamW's state in place, in a
     fresh process each: uncapped (--max-memory 0) and with a training forward capped at 256 positions,
-    which --max-memory 4 gives (one sequence a forward, the freed memory given back after it). Prints
-    memory_update_<uncapped|capped>_<rest|peak|after>_gb (RSS before, at the peak of, and after the
-    update), _loss, and memory_update_ratio: the peak above rest, uncapped over capped."""
+    which --max-memory 4 gives (one sequence a forward, the freed memory given back after it); then
+    one_long: a single sequence of ~1,230 positions (two of those prompts, a reply, tool output, a
+    reply) under the same cap, which it cannot honour (a sequence is never cut, so it runs alone):
+    where the default run peaks (its first update after phase B, whose harness made the sequences
+    longer; results/first-run/README.md after run 22). Prints memory_update_<case>_<rest|peak|after>_gb
+    (RSS before, at the peak of, and after the update), _loss, memory_update_ratio (the peak above
+    rest, uncapped over capped) and memory_update_one_long_mb_per_position (its peak above rest per
+    position: what a sequence over the cap costs)."""
     import json
     import subprocess
     res = {}
-    for name, cap in (("uncapped", 0), ("capped", 256)):
-        out = subprocess.run([sys.executable, __file__, "--update-child", str(cap), "--model", model_name],
-                             capture_output=True, text=True)
+    for name, cap in (("uncapped", 0), ("capped", 256), ("one_long", 256)):
+        out = subprocess.run([sys.executable, __file__, "--update-child", str(cap), "--model", model_name,
+                              *(["--update-long"] if name == "one_long" else [])], capture_output=True, text=True)
         if out.returncode:
             raise SystemExit(f"bench.py: the {name} update failed:\n{out.stderr[-2000:]}")
         res[name] = json.loads(out.stdout.strip().splitlines()[-1])
@@ -794,9 +805,11 @@ def update_memory(model_name):
             print(f"memory_update_{name}_{k.replace('_gb', '')}{'_gb' if k.endswith('_gb') else ''}: {res[name][k]:.4f}")
     above = {k: r["peak_gb"] - r["rest_gb"] for k, r in res.items()}
     print(f"memory_update_ratio: {above['uncapped'] / above['capped']:.2f} (uncapped / capped, peak above rest)")
+    print(f"memory_update_one_long_mb_per_position: {above['one_long'] * 1024 / res['one_long']['positions']:.2f} "
+          f"({res['one_long']['positions']} positions, alone over the cap of 256: gradients included)")
 
 
-def update_child(cap, model_name):
+def update_child(cap, model_name, one_long=False):
     """`update_memory`'s side in the new process: prints one json line. RSS is sampled every 2 ms by a
     thread (ru_maxrss would hold the loading's peak too)."""
     import json
@@ -820,13 +833,18 @@ def update_child(cap, model_name):
     opt = rs_sft.make_optimizer(rs_sft.set_trainable(model, 0), 1e-5)
     cfg = sft_config(minibatch=8, micro_batch=8, max_forward_tokens=cap)
     rs_sft.sft_update(model, opt, seqs[:1], cfg)  # AdamW's state in place, as from a run's second update on
+    if one_long:  # two prompts before the first reply: a long harness's two-turn rollout, kept
+        reply, tool = prompts[1][-40:], prompts[2][-200:]
+        seqs = [rs_sft.Sequence(prompts[0] + prompts[3] + reply + tool + reply, [rs_sft.IGNORE] * (len(prompts[0])
+                                + len(prompts[3])) + reply + [rs_sft.IGNORE] * len(tool) + reply, 1.0)]
     threading.Thread(target=watch, daemon=True).start()
     time.sleep(0.1)
     rest = rss()
     peak[0] = rest
     r = rs_sft.sft_update(model, opt, seqs, cfg)
     time.sleep(0.1)
-    print(json.dumps({"rest_gb": rest, "peak_gb": peak[0], "after_gb": rss(), "loss": r["loss"]}))
+    print(json.dumps({"rest_gb": rest, "peak_gb": peak[0], "after_gb": rss(), "loss": r["loss"],
+                      "positions": sum(len(q.ids) for q in seqs)}))
 
 
 def fresh_pair(section, model_name, n_questions, harness, temperature, settings):
