@@ -55,13 +55,14 @@ def main(before: str, after: str) -> int:
         return refuse(f"{before}: no finished run (a folder with summary.json) in it")
     for run in runs:
         if not (Path(after) / run.name / "summary.json").exists():
-            print(f"{run.name}: not finished in {after}")
+            print(shown(f"{run.name}: not finished in {after}"))
             differ += 1
             continue
         try:
             a, b = records(run, Path(before)), records(Path(after) / run.name, Path(after))
         except (OSError, ValueError) as e:
             return refuse(shown(f"{run.name}: {e}"))
+        before_this = differ
         for key in sorted(set(a) | set(b)):
             if a.get(key) != b.get(key):
                 differ += 1
@@ -69,7 +70,7 @@ def main(before: str, after: str) -> int:
                 fields = (sorted(map(str, (k for k in set(ka) | set(kb) if ka.get(k) != kb.get(k))))
                           if isinstance(ka, dict) and isinstance(kb, dict) else ["(the whole record)"])
                 print(shown(f"{run.name} {key}: {', '.join(fields)[:300]}"))
-        print(shown(f"{run.name}: {len(a)} records, {'identical' if differ == 0 else 'see above'}"))
+        print(shown(f"{run.name}: {len(a)} records, {'identical' if differ == before_this else 'see above'}"))
     return 1 if differ else 0
 
 
