@@ -331,7 +331,12 @@ def sft_update(model, optimizer, seqs, cfg: Config, *, pad_id: int = 0, seed: in
             chunks = chunks or [[Sequence([pad_id, pad_id], [IGNORE, IGNORE])]]
             optimizer.zero_grad(set_to_none=True)
             for c, chunk in enumerate(chunks):
-                with ddp.accumulating(ddp_model, last=c == len(chunks) - 1):
+                # a sequence longer than the cap runs alone (within_tokens never cuts one): its blocks keep
+                # only their inputs and run again in the backward (prefix_tree.recomputed_blocks: the same
+                # bits), or its activations would set the run's peak (results/first-run, after run 22)
+                over = cfg.max_forward_tokens and prefix_tree.tokens_run(chunk, shared) > cfg.max_forward_tokens
+                with ddp.accumulating(ddp_model, last=c == len(chunks) - 1), \
+                        (prefix_tree.recomputed_blocks(model) if over else contextlib.nullcontext()):
                     loss = cfg.loss_fn(fwd, chunk, pad_id=pad_id, shared=shared,
                                        reference=functools.partial(reference_model, cfg.base_model, str(dev)))
                     # DDP AVERAGES gradients over ranks; scaling by world turns that average into

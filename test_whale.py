@@ -235,6 +235,40 @@ def test_phase_a_shared_prompts_give_the_same_loss_and_gradient():
     assert early["head"].shape[1] == 0 and early["row_mid"] is None
 
 
+def test_recomputed_blocks_give_the_same_loss_and_gradient_to_the_bit(monkeypatch):
+    """prefix_tree.recomputed_blocks (activation checkpointing that keeps the tree's KV cache): the
+    loss and every gradient equal the plain forward's to the bit, through the prefix tree (the
+    cache handed down its levels and run again in the backward) and through whole sequences; and
+    an update under --max-memory's cap, where a sequence over it runs this way, moves the weights
+    exactly as the update without a cap."""
+    import random
+    rng = random.Random(1)
+    head = [rng.randrange(5, 60) for _ in range(10)]
+    seqs = shared_prompt_seqs([head + [rng.randrange(5, 60) for _ in range(rng.randrange(3, 12))] for _ in range(4)], rng)
+    model = tiny_lm()
+    rs_sft.set_trainable(model, 0)
+    model.train()
+    for share in (True, False):
+        for batch in (seqs, seqs[:1]):
+            want = loss_and_grads(model, batch, share)
+            with prefix_tree.recomputed_blocks(model):
+                got = loss_and_grads(model, batch, share)
+            assert got[0] == want[0] and all(torch.equal(a, b) for a, b in zip(got[1], want[1])), (share, len(batch))
+    assert "forward" not in vars(model.model.layers[0])  # the blocks are plain again
+
+    def moved(cap):
+        m = tiny_lm()
+        opt = torch.optim.AdamW(rs_sft.set_trainable(m, 0), lr=1e-3)
+        st = rs_sft.sft_update(m, opt, seqs, sft_cfg(minibatch=8, micro_batch=1, max_forward_tokens=cap), seed=3)
+        return [p.detach().clone() for p in m.parameters()], st
+    (w0, st0) = moved(0)
+    entered = []
+    plain = prefix_tree.recomputed_blocks
+    monkeypatch.setattr(prefix_tree, "recomputed_blocks", lambda m: entered.append(1) or plain(m))
+    w1, st1 = moved(4)  # (a cap of 4 positions: every sequence is over it and runs recomputed)
+    assert len(entered) == len(seqs) and st0["loss"] == st1["loss"] and all(torch.equal(a, b) for a, b in zip(w0, w1))
+
+
 @pytest.mark.slow
 def test_phase_a_shared_prompts_on_the_embedded_model(hf):
     """The same on SmolLM2 (llama) with full fine-tuning, on real searchqa prompts in the chat

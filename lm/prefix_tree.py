@@ -18,10 +18,18 @@ What it promises rs_sft.py: `logits_and_targets(model, seqs)` returns what rs_sf
 path returns for the positions that are trained: the same loss and gradients up to float
 round-off (test_whale.py pins the two together). What it leaves out: sharing across micro-batches,
 sequences with nothing in common (they run whole, in one forward, as the reference does).
+
+`recomputed_blocks(model)`: a forward inside it keeps only each block's input for the backward,
+which runs the block again (activation checkpointing), for a sequence longer than --max-memory's
+cap of positions (rs_sft.sft_update: a sequence is never cut, so it runs alone, and its saved
+activations set the run's peak). The same values and gradients, to the bit.
 """
+import contextlib
+import functools
 import inspect
 
 import torch
+import torch.utils.checkpoint
 
 IGNORE = -100  # label value that cross_entropy skips (rs_sft.IGNORE)
 
@@ -117,3 +125,64 @@ def logits_and_targets(model, seqs, pad_id: int = 0):
     row r being seqs[r]; the same trained positions, fewer positions run and fewer logits."""
     batch = pack(seqs, pad_id, share=True)
     return forward(model, batch), batch["targets"]
+
+
+@contextlib.contextmanager
+def recomputed_blocks(model):
+    """Inside: every decoder block of `model` (model.model.layers) saves only its input for the
+    backward, which runs the block again from it, so a training forward holds a few KB a position
+    for its blocks instead of ~1.7 MB at full fine-tuning for the 135M model (`python tools/bench.py
+    --only update`). The recompute is the same arithmetic on the same inputs: the same values and
+    gradients to the bit (tested), for a third more forward work. Not transformers' own
+    (gradient_checkpointing_enable): that one turns the KV cache off, and the tree's levels hand
+    their keys and values down through it. Here the cache stays: a block run again in the backward
+    is handed the keys and values its first run got from the cache, and appends nothing to it
+    (_replayed_cache). A model without model.model.layers runs as it is."""
+    core = getattr(model, "module", model)  # (the DDP wrapper's model)
+    blocks = list(getattr(getattr(core, "model", None), "layers", None) or [])
+    for block in blocks:
+        block.forward = functools.partial(_recomputed_block, block)  # (an instance attribute: nn.Module calls it)
+    try:
+        yield
+    finally:
+        for block in blocks:
+            del block.forward
+
+
+def _recomputed_block(block, hidden_states, *args, **kwargs):
+    """One block's forward under torch's activation checkpointing (non-reentrant: its inputs may be
+    keyword arguments and non-tensors, such as the cache)."""
+    cache = kwargs.get("cache", kwargs.get("past_key_values"))
+    first = {}  # what this call's first run took from the cache, for its run again in the backward
+
+    def run(h, *a, **kw):
+        with _replayed_cache(cache, first):
+            return type(block).forward(block, h, *a, **kw)
+    return torch.utils.checkpoint.checkpoint(run, hidden_states, *args, use_reentrant=False, **kwargs)
+
+
+@contextlib.contextmanager
+def _replayed_cache(cache, first):
+    """The cache's update inside one block run: the first run appends as always and notes the keys
+    and values that were there before; the run again in the backward gets the same concatenation
+    (the same torch.cat of the same tensors) and leaves the cache as the forward left it."""
+    if cache is None:
+        yield
+        return
+    if not hasattr(cache, "layers"):  # (an older transformers' cache: no per-layer keys to note)
+        raise RuntimeError("prefix_tree.recomputed_blocks needs a transformers Cache with .layers")
+    plain = cache.update
+
+    def update(keys, values, layer_idx, *args, **kwargs):
+        if "keys" in first:  # the backward's recompute
+            k, v = first["keys"], first["values"]
+            return (keys, values) if k is None else (torch.cat([k, keys], dim=-2), torch.cat([v, values], dim=-2))
+        layer = cache.layers[layer_idx] if layer_idx < len(getattr(cache, "layers", ())) else None
+        held = layer is not None and getattr(layer, "is_initialized", False)
+        first["keys"], first["values"] = (layer.keys, layer.values) if held else (None, None)
+        return plain(keys, values, layer_idx, *args, **kwargs)
+    cache.update = update
+    try:
+        yield
+    finally:
+        del cache.update
