@@ -240,8 +240,9 @@ def training_bytes_per_position(model, train_layers: int = 0) -> int:
 
 def within_tokens(chunk, max_tokens: int, shared: bool) -> list[list]:
     """A micro-batch cut into runs of whole sequences, in order, each of whose forward runs at most
-    max_tokens positions (prefix_tree.tokens_run; a longer sequence runs alone): the gradient is
-    their sum, as it is over micro-batches, the same up to the order of the sums."""
+    max_tokens positions (prefix_tree.tokens_run; a longer sequence runs alone, its blocks recomputed
+    in the backward: sft_update): the gradient is their sum, as it is over micro-batches, the same up
+    to the order of the sums."""
     runs = [[]]
     for s in chunk:
         if runs[-1] and prefix_tree.tokens_run(runs[-1] + [s], shared) > max_tokens:
