@@ -248,12 +248,17 @@ def test_recomputed_blocks_give_the_same_loss_and_gradient_to_the_bit(monkeypatc
     model = tiny_lm()
     rs_sft.set_trainable(model, 0)
     model.train()
+    block_runs = []  # (each block run: once in the forward, once again in the backward)
+    real = prefix_tree._replayed_cache
+    monkeypatch.setattr(prefix_tree, "_replayed_cache", lambda cache, first: block_runs.append(1) or real(cache, first))
     for share in (True, False):
         for batch in (seqs, seqs[:1]):
             want = loss_and_grads(model, batch, share)
+            block_runs.clear()
             with prefix_tree.recomputed_blocks(model):
                 got = loss_and_grads(model, batch, share)
             assert got[0] == want[0] and all(torch.equal(a, b) for a, b in zip(got[1], want[1])), (share, len(batch))
+            assert len(block_runs) >= 2 * len(model.model.layers) and len(block_runs) % 2 == 0  # it did recompute
     assert "forward" not in vars(model.model.layers[0])  # the blocks are plain again
 
     def moved(cap):
