@@ -65,6 +65,7 @@ from rundir import run_setup
 from rundir import tracking
 from switch import Fixed, Patience, epochs_to_steps, parse_schedule, smoothed
 from rundir import report
+from rundir import run_reader
 from tools import results
 from tests.helpers import (
     DOMAIN, EXAMPLES, H0, ROOT, TINY, U, chat, check_run, constant, copy_run, make_evaluate,
@@ -1020,7 +1021,7 @@ def test_primitives_menu_provenance_is_written(tmp_path):
         kinds.add(meta["kind"])
     assert kinds >= {"swap", "combine"}  # 8 iterations x 3 outlast the 7 single swaps
     combo = next(c for c in arch if c["meta"].get("kind") == "combine")  # the report shows how it was made
-    page = report.render_candidate(report.read_candidate(combo["dir"]), {c["name"]: c for c in arch}, "cand_000", [])
+    page = report.render_candidate(run_reader.read_candidate(combo["dir"]), {c["name"]: c for c in arch}, "cand_000", [])
     assert "<b>combine</b>: " + " + ".join(combo["meta"]["axes"]) in re.sub(r" from cand_\d+", "", page)
     assert all(p in page for p in combo["meta"]["parents"])
 

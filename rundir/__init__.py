@@ -6,6 +6,7 @@
   the archive) and the atomic checkpoint a resume continues from, the eval cache;
 - tracking.py: the optional TensorBoard / MLflow / W&B mirror of metrics.jsonl;
 - phases.py: what each phase did, read back from metrics.jsonl (the closing table, the curve);
+- run_reader.py: a run directory (or its run.zip) read back as someone else's files, for the pages;
 - report.py: report.html, one self-contained page of what the run did, from its files alone;
 - ddp.py: torchrun data parallelism for phase A (one process: a no-op).
 

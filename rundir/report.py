@@ -21,10 +21,9 @@ The page follows the run's order:
   final        the harness the run ended with (or holds now, if it is still running), in full.
 
 Everything the page shows comes from the run directory (run_dir.py and harness_archive.py describe
-it) through the readers in the first section below (read_run, read_phase, read_candidate,
-read_traces): the only functions that know the run's file names. A committed run is packed
-into run.zip (results/); read_run reads it through harness_archive.unpacked_run. They
-tolerate missing and extra fields: old runs, runs in progress, resumed runs, runs whose traces
+it) through rundir/run_reader.py (read_run, read_traces), the one file that knows the run's file
+names and reads them as someone else's files; a committed run's run.zip the same way. The page and
+the readers tolerate missing and extra fields: old runs, runs in progress, resumed runs, runs whose traces
 were not kept (the cpu grid's runs were committed without traces.jsonl; the page says so).
 Fields the page does not know are listed as "other fields", so new ones show up.
 
@@ -48,138 +47,16 @@ import sys
 import urllib.parse
 from pathlib import Path
 
-# the run's own acceptance test, and a packed archive read (meta_harness needs only the standard library)
+# the run's own acceptance test (meta_harness needs only the standard library)
 from harness_search.harness_source import hypothesis
-from harness_search.harness_archive import unpacked_archive, unpacked_run
-from jail import received  # everything read from the run: someone else's files
+from jail import received  # a path the run names is checked to stay inside it
 from meta_harness import sign_test
 from rundir.phases import PHASE_FILL, SPLIT_COLOUR, joined  # the colours curve.png uses too
+from rundir.run_reader import (BadRun, as_dict, find_runs, is_run_dir, read_run,  # the run's files
+                               read_traces, run_files_mtime)
 
 HERE = Path(__file__).resolve().parents[1]  # the repository root
 PASS = 0.5  # a rollout "succeeds" when its verifier score is above this (rs_sft.py keeps the same ones)
-
-
-# -----------------------------------------------------------------------------
-# Readers: the one place that knows the run directory's files
-
-
-class BadRun(ValueError):
-    """A file of the run that cannot be read as what it should be (a link, too big, not JSON ...)."""
-
-
-def _received(read, path, absent, root):
-    """read(path, root=root) from jail/received.py; `absent` when the file is not there; any other
-    failure (a link, too big, not JSON ...) is a BadRun naming the file."""
-    try:
-        return read(path, root=root)
-    except FileNotFoundError:
-        return absent
-    except (OSError, ValueError) as e:
-        raise BadRun(str(e)) from None
-
-
-def read_json(path, default=None, root=None):
-    """The file's JSON (default when absent). root: the run directory, below which no link is followed."""
-    return _received(received.read_json, path, default, root)
-
-
-def read_jsonl(path, root=None):
-    """Every line that parses (a line cut short by a crash is skipped); [] when absent."""
-    return _received(lambda f, root: received.read_jsonl(f, root=root)[0], path, [], root)
-
-
-def read_text(path, default=None, root=None):
-    return _received(received.read_text, path, default, root)
-
-
-def read_candidate(cand_dir, root=None):
-    """One archived candidate: its source, meta.json, scores.json (None until evaluated),
-    invalid.txt (the rejection reason, or None) and the proposer's raw reply (or None)."""
-    cand_dir = Path(cand_dir)
-    root = root or cand_dir  # (no symbolic link below root is followed)
-    name = cand_dir.name
-    return dict(name=name, num=int(name.split("_")[-1]) if name.split("_")[-1].isdigit() else -1,
-                dir=str(cand_dir), root=root, source=read_text(cand_dir / "harness.py", root=root),
-                meta=_as_dict(read_json(cand_dir / "meta.json", root=root)),
-                scores=read_json(cand_dir / "scores.json", root=root),
-                invalid=read_text(cand_dir / "invalid.txt", root=root), reply=read_text(cand_dir / "reply.txt", root=root),
-                has_traces=(cand_dir / "traces.jsonl").exists())
-
-
-def read_traces(cand):
-    """The candidate's rollout records (read only when rendered: they are most of the bytes),
-    or None when its traces.jsonl was not kept."""
-    path = Path(cand["dir"]) / "traces.jsonl"
-    return read_jsonl(path, root=cand["root"]) if path.exists() else None
-
-
-def _folders(d):
-    """The sub-folders of d, none of them a symbolic link."""
-    return sorted(p for p in Path(d).iterdir() if p.is_dir() and not p.is_symlink())
-
-
-def read_phase(archive_dir, root=None):
-    """One harness phase's archive: rules, iterations.jsonl, summary.jsonl, frontier and the
-    candidates in number order."""
-    d = Path(archive_dir)
-    root = root or d
-    digits = "".join(ch for ch in d.name if ch.isdigit())
-    cands = [read_candidate(c, root) for c in _folders(d) if c.name.startswith("cand_")]
-    return dict(name=d.name, cycle=int(digits) if digits else None, dir=str(d),
-                rules=_as_dict(read_json(d / "rules.json", root=root)), iterations=read_jsonl(d / "iterations.jsonl", root=root),
-                summary=read_jsonl(d / "summary.jsonl", root=root), frontier=_as_dict(read_json(d / "frontier.json", root=root)),
-                candidates=sorted(cands, key=lambda c: c["num"]))
-
-
-def read_run(run_dir):
-    """Everything the page needs from a run directory; a missing file gives None or []. The run
-    is someone else's (jail/received.py): no symbolic link in it is followed, every file is
-    capped, and a file that cannot be read is a BadRun naming it."""
-    d = Path(run_dir)
-    try:
-        record = Path(unpacked_run(d))  # the run directory, or a temporary copy of a committed run's run.zip
-        archive = unpacked_archive(d)
-    except ValueError as e:
-        raise BadRun(str(e)) from None
-    archive = Path(archive) if archive else d / "archive"
-    archive_root = archive.parent if archive == record / "archive" or archive == d / "archive" else archive
-    phases = ([read_phase(p, archive_root) for p in _folders(archive)]
-              if archive.is_dir() and not archive.is_symlink() else [])
-    harness_dir = record / "harnesses"
-    harnesses = ({p.name: read_text(p, "", root=record) for p in sorted(harness_dir.glob("*.py")) if not p.is_symlink()}
-                 if harness_dir.is_dir() and not harness_dir.is_symlink() else {})
-    return dict(dir=str(d), name=d.name, record=str(record), config=_as_dict(read_json(record / "config.json", root=record)),
-                summary=read_json(record / "summary.json", root=record), metrics=read_jsonl(record / "metrics.jsonl", root=record),
-                state=read_json(d / "checkpoint" / "state.json", root=d), harnesses=harnesses, phases=phases)
-
-
-def run_files_mtime(run_dir):
-    """Newest modification time of the files a report is made from (to tell a stale report)."""
-    d = Path(run_dir)
-    paths = [d / "metrics.jsonl", d / "summary.json", d / "config.json", d / "checkpoint" / "state.json"]
-    paths += list((d / "archive").glob("*/iterations.jsonl")) + list((d / "archive").glob("*/summary.jsonl"))
-    paths += [d / "archive.zip", d / "run.zip"]
-    return max([p.stat().st_mtime for p in paths if p.exists()] + [0.0])
-
-
-def is_run_dir(path):
-    return any((Path(path) / name).exists() for name in ("metrics.jsonl", "config.json", "run.zip"))
-
-
-def find_runs(grid_dir):
-    """Run directories under grid_dir (not looking inside a run)."""
-    runs = []
-    for root, dirs, _ in os.walk(grid_dir):
-        if is_run_dir(root):
-            runs.append(Path(root))
-            dirs[:] = []
-        else:
-            dirs[:] = sorted(x for x in dirs if not x.startswith("."))
-    return sorted(runs)
-
-
-def _as_dict(x):
-    return x if isinstance(x, dict) else {}
 
 
 # -----------------------------------------------------------------------------
@@ -286,7 +163,7 @@ def phase_spans(sections, phases):
     logged = {s["cycle"] for s in sections if s["kind"] == "B"}
     for p in phases:
         if p["cycle"] not in logged:
-            spent = sum(int(_as_dict(line.get("cost")).get("rollouts") or 0) for line in p["summary"])
+            spent = sum(int(as_dict(line.get("cost")).get("rollouts") or 0) for line in p["summary"])
             spans.append(("B", p["cycle"], end, end + spent, True))
             end += spent
     return spans
@@ -678,14 +555,14 @@ def render_iteration(it, line, members, by_name, incumbent_before, run_tests):
                        f'on the same examples: better on <b>{esc(test.get("b"))}</b>, '
                        f'worse on <b>{esc(test.get("c"))}</b>, p = <b>{num(test.get("p"), 4)}</b> '
                        f'(accept if better &gt; worse and p ≤ α = {esc(test.get("alpha"))})'
-                       f'{second_look(_as_dict(test.get("confirm")), line.get("confirm_rollouts"))} '
+                       f'{second_look(as_dict(test.get("confirm")), line.get("confirm_rollouts"))} '
                        f'{verdict}. Incumbent after: <b>{esc(line.get("incumbent"))}</b> '
                        f'(success {num(line.get("incumbent_success"))}).</p>')
         else:
             decided = (f'<p class="accept-test">No acceptance test: the paper\'s choice (the archive\'s top '
                        f'scorer) is the incumbent <b>{esc(line.get("incumbent"))}</b> '
                        f'(success {num(line.get("incumbent_success"))}).</p>')
-        cost = _as_dict(line.get("cost"))
+        cost = as_dict(line.get("cost"))
         if cost.get("proposer_calls"):
             decided += (f"<p class=dim>proposer: {esc(cost.get('proposer_calls'))} call(s), "
                         f"{esc(cost.get('proposer_prompt_tokens', 0))} prompt / "
@@ -734,7 +611,7 @@ def render_candidate(c, by_name, incumbent, run_tests):
         rows.append(("validation", badge("pending", "warn") + " not evaluated yet"))
     else:
         rows.append(("validation", badge("valid", "ok") + " parses, standard library only, ran one task"))
-        statuses = ", ".join(f"{esc(k)} {esc(v)}" for k, v in _as_dict(s.get("status_counts")).items())
+        statuses = ", ".join(f"{esc(k)} {esc(v)}" for k, v in as_dict(s.get("status_counts")).items())
         rows.append(("search-set score", f"success <b>{num(s.get('success'))}</b> on {esc(s.get('n', '?'))} examples "
                      f"({esc(s.get('rollouts', '?'))} rollouts: {statuses}); mean turns {num(s.get('mean_turns'), 2)}, "
                      f"mean tokens {num(s.get('mean_tokens'), 0)}"))
@@ -900,7 +777,7 @@ def render_trace(r, label):
                f'<code>{clip(r.get("answer"), 120)}</code></summary>')
     parts, prev, shown_at = [], None, 0
     for i, call in enumerate(calls, 1):
-        call = _as_dict(call)
+        call = as_dict(call)
         msgs = call.get("messages")
         msgs = msgs if isinstance(msgs, list) else [{"role": "prompt", "content": msgs}]
         first, last = (msgs, []) if len(msgs) <= 8 else (msgs[:2], msgs[-6:])  # a long chat: its start and end
@@ -914,9 +791,9 @@ def render_trace(r, label):
                      f'</span></p>{shown}<div class="msg completion"><span class="role">completion</span>'
                      f'<pre>{clip(call.get("text"), 2000)}</pre></div></div>')
     for t in tools:
-        t = _as_dict(t)
+        t = as_dict(t)
         args = ", ".join([json.dumps(x, default=str) for x in t.get("args") or []] +
-                         [f"{k}={json.dumps(v, default=str)}" for k, v in _as_dict(t.get("kwargs")).items()])
+                         [f"{k}={json.dumps(v, default=str)}" for k, v in as_dict(t.get("kwargs")).items()])
         result = t.get("result") if t.get("error") is None else f"error: {t.get('error')}"
         parts.append(f'<div class="tool"><p><b>tool</b> <code>{esc(t.get("name"))}({clip(args, 400)})</code></p>'
                      f'<pre>{clip(result, 1500)}</pre></div>')
@@ -933,7 +810,7 @@ def render_trace(r, label):
 
 
 def _message(m):
-    m = _as_dict(m) or {"role": "?", "content": m}
+    m = as_dict(m) or {"role": "?", "content": m}
     return (f'<div class="msg"><span class="role">{esc(m.get("role", "?"))}</span>'
             f'<pre>{clip(m.get("content"), 2000)}</pre></div>')
 
@@ -1045,7 +922,7 @@ def write_index(grid_dir, force=False):
                 write_report(d, run)
             except OSError as e:  # one unwritable run (read-only copy, full disk) does not stop the index
                 print(f"report: {d}: cannot write report.html ({e.strerror or e})", file=sys.stderr)
-        cfg, s = run["config"], _as_dict(run["summary"])
+        cfg, s = run["config"], as_dict(run["summary"])
         rel = "./" + urllib.parse.quote(report.relative_to(grid_dir).as_posix())  # never a scheme (javascript:)
         status = badge("finished", "ok") if run["summary"] is not None else badge("in progress or stopped", "warn")
         n_phases = len(run["phases"])

@@ -96,7 +96,9 @@ def run_whale(*args, timeout=900, env=None):
                           timeout=timeout, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
 
 
-SHARED_RUNS = {"tiny_reference", "knobs_reference", "bigbench_sdist"}  # session fixtures worth one copy
+# fixtures worth one copy (whole whale.py runs, a download): session-wide, or module-wide as stopped_run,
+# which two workers would each make (~18 s) if its tests were not kept together
+SHARED_RUNS = {"tiny_reference", "knobs_reference", "stopped_run", "bigbench_sdist"}
 
 
 def check_run(out, method):

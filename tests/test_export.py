@@ -15,7 +15,7 @@ import torch
 
 from lm import chat_format
 from lm import models
-from tests.helpers import NO_VLLM_SERVE, ROOT, VLLM_VENV, vllm_server
+from tests.helpers import NO_VLLM_SERVE, ROOT, TINY, VLLM_VENV, run_whale, vllm_server
 from tools import export
 
 
@@ -57,58 +57,66 @@ def test_an_exported_model_has_the_runs_logits_and_the_runs_harness(tiny_referen
     assert torch.equal(a, b) and not torch.equal(a, c)  # the trained block is in it
 
 
-@pytest.mark.slow
-def test_a_full_fine_tuning_run_resumed_after_a_crash_and_a_torchrun_run_export_with_their_logits(tiny_harness,
-                                                                                                  tmp_path):
-    """The other kinds of run a user exports: full fine-tuning (the default), killed at a checkpoint
-    and resumed, and a smaller one under torchrun on 2 gloo ranks (rank 0 writes the run). Each exports;
-    its model/ loads with from_pretrained and gives the logits of the run's own final model (whale.py's
-    load of checkpoint/), bit for bit, which are not the base's: the whole model was trained. The
-    bundle is the agent the run scored: fp32 as scored (a trained model is not halved), it answers
-    the run's own final test question for question, and no file in it names a path of this machine."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+# (weight-only, two RSFT steps, whole model: what an export reads is the weights; a harness phase and
+# the 2 x 2's cells would be CI's minutes for nothing these tests check)
+WHOLE_MODEL = ["--domain", "searchqa", *TINY, "--train-layers", "0", "--lr", "1e-4", "--two-by-two", "off",
+               "--method", "weight-only", "--budget", "16"]
 
+
+def exports_the_whole_trained_model(run, out, tmp_path):
+    """run's export to out: its model/ loads with from_pretrained and gives the logits of the run's own
+    final model (whale.py's load of checkpoint/), bit for bit, which are not the base's (the whole
+    model was trained); fp32 as scored (a trained model is not halved); no file in it names a path of
+    this machine."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    e = run_export(run, out)
+    assert e.returncode == 0, e.stderr[-2000:]
+    assert json.loads((out / "agent.json").read_text())["weights"] == "whole model"
+    exported = AutoModelForCausalLM.from_pretrained(out / "model", dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(out / "model")
+    own, _ = models.load_model(str(run / "checkpoint"))
+    base, _ = models.load_model("embedded")
+    ids = torch.tensor([chat_format.chat_ids(tok, [{"role": "user", "content": "Who wrote Hamlet?"}], "template")])
+    with torch.no_grad():
+        a, b, c = exported(ids).logits, own(ids).logits, base(ids).logits
+    assert torch.equal(a, b) and not torch.equal(a, c), run.name
+    agent = json.loads((out / "agent.json").read_text())
+    assert agent["dtype"] == "float32" and agent["run"] == run.name and "warning" not in agent
+    leaks = [f.name for f in out.rglob("*") if f.is_file() and str(tmp_path).encode() in f.read_bytes()]
+    assert not leaks, leaks
+
+
+@pytest.mark.slow
+def test_a_full_fine_tuning_run_resumed_after_a_crash_exports_the_agent_it_scored(tiny_harness, tmp_path):
+    """Full fine-tuning (the default), killed at a checkpoint and resumed, exports the model it ended
+    with, and the bundle is the agent the run scored: it answers the run's own final test question
+    for question."""
     import rollout
     from domains import searchqa
-    from tests.helpers import TINY, run_whale
     from tools import run_agent
-    # (weight-only, two RSFT steps: what the export reads is the weights; a harness phase and the 2 x 2's
-    # cells would be CI's minutes for nothing this test checks)
-    full = ["--domain", "searchqa", *TINY, "--harness", tiny_harness, "--train-layers", "0", "--lr", "1e-4",
-            "--two-by-two", "off", "--method", "weight-only", "--budget", "16"]
-    resumed = tmp_path / "resumed"
-    crashed = run_whale(*full, "--out", str(resumed), env={"WHALE_CRASH_AT": "checkpoint:2"})
-    assert crashed.returncode != 0 and not (resumed / "summary.json").exists()
-    assert run_whale("--resume", str(resumed)).returncode == 0
-    ddp = tmp_path / "ddp"  # (the least torchrun run that trains: one test question; CI's minutes)
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                        str(ROOT / "whale.py"), *full, "--test-limit", "1",
-                        "--out", str(ddp)], cwd=ROOT, capture_output=True, text=True,
-                       timeout=900, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert r.returncode == 0, r.stderr[-3000:]
-    base, _ = models.load_model("embedded")
-    for run in (resumed, ddp):
-        out = tmp_path / f"{run.name}-agent"
-        e = run_export(run, out)
-        assert e.returncode == 0, e.stderr[-2000:]
-        assert json.loads((out / "agent.json").read_text())["weights"] == "whole model"
-        exported = AutoModelForCausalLM.from_pretrained(out / "model", dtype=torch.float32).eval()
-        tok = AutoTokenizer.from_pretrained(out / "model")
-        own, _ = models.load_model(str(run / "checkpoint"))
-        ids = torch.tensor([chat_format.chat_ids(tok, [{"role": "user", "content": "Who wrote Hamlet?"}], "template")])
-        with torch.no_grad():
-            a, b, c = exported(ids).logits, own(ids).logits, base(ids).logits
-        assert torch.equal(a, b) and not torch.equal(a, c), run.name
-        agent = json.loads((out / "agent.json").read_text())
-        assert agent["dtype"] == "float32" and agent["run"] == run.name and "warning" not in agent
-        leaks = [f.name for f in out.rglob("*") if f.is_file() and str(tmp_path).encode() in f.read_bytes()]
-        assert not leaks, leaks
-    config = json.loads((resumed / "config.json").read_text())
-    state = json.loads((resumed / "checkpoint" / "state.json").read_text())
+    run = tmp_path / "resumed"
+    crashed = run_whale(*WHOLE_MODEL, "--harness", tiny_harness, "--out", str(run), env={"WHALE_CRASH_AT": "checkpoint:2"})
+    assert crashed.returncode != 0 and not (run / "summary.json").exists()
+    assert run_whale("--resume", str(run)).returncode == 0
+    exports_the_whole_trained_model(run, tmp_path / "agent", tmp_path)
+    config = json.loads((run / "config.json").read_text())
+    state = json.loads((run / "checkpoint" / "state.json").read_text())
     final = next(e for e in state["evals"] if e["split"] == "test" and e["tag"] == "final")
-    got = run_agent.load_agent(tmp_path / "resumed-agent").answer_all(
+    got = run_agent.load_agent(tmp_path / "agent").answer_all(
         searchqa.load_split("test")[:config["test_limit"]], n=config["test_n"])
     assert rollout.per_example_means([r["record"] for r in got]) == final["per_example"]
+
+
+@pytest.mark.slow
+def test_a_torchrun_run_exports_the_model_rank_0_wrote(tiny_harness, tmp_path):
+    """A run under torchrun on 2 gloo ranks (rank 0 writes the run) exports its whole trained model."""
+    run = tmp_path / "ddp"  # (the least torchrun run that trains: one test question; CI's minutes)
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                        str(ROOT / "whale.py"), *WHOLE_MODEL, "--harness", tiny_harness, "--test-limit", "1",
+                        "--out", str(run)], cwd=ROOT, capture_output=True, text=True,
+                       timeout=900, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    exports_the_whole_trained_model(run, tmp_path / "agent", tmp_path)
 
 
 @pytest.mark.slow

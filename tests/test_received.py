@@ -23,6 +23,7 @@ from jail import received
 from lm import chat_format
 from tests.helpers import ROOT, copy_run
 from rundir import report
+from rundir import run_reader
 
 SECRET = "whale-test-secret-4711"
 
@@ -51,7 +52,7 @@ def test_the_report_never_opens_a_file_a_run_names_outside_it(tmp_path, monkeypa
     secret_file.write_text(SECRET)
     for name, harness in (("environ", "/proc/self/environ"), ("private", str(secret_file)), ("up", "../private.txt")):
         d = a_run(tmp_path, name, config={"harness": harness})
-        page = report.render_run(report.read_run(d))
+        page = report.render_run(run_reader.read_run(d))
         assert SECRET not in page and "outside the run directory, so not opened" in page
 
 
@@ -64,11 +65,11 @@ def test_no_symbolic_link_in_a_run_is_followed_when_reading_or_packing(tmp_path)
     (cand / "harness.py").symlink_to(secret_file)  # a candidate's source that is a link
     (d / "harnesses").mkdir()
     (d / "harnesses" / "h1.py").symlink_to(secret_file)
-    with pytest.raises(report.BadRun, match="symbolic link"):
-        report.read_run(d)
+    with pytest.raises(run_reader.BadRun, match="symbolic link"):
+        run_reader.read_run(d)
     (cand / "harness.py").unlink()
     (cand / "harness.py").write_text("def run(task, llm, tools):\n    return 'x'\n")
-    assert SECRET not in report.render_run(report.read_run(d))  # the harnesses/ link is skipped
+    assert SECRET not in report.render_run(run_reader.read_run(d))  # the harnesses/ link is skipped
     (d / "summary.json").write_text(json.dumps({"test_mean8_final": 0.1}))
     (d / "archive" / "phase0" / "notes.txt").symlink_to(secret_file)
     packed = harness_archive.pack_run(d)
@@ -124,7 +125,7 @@ def test_bad_bytes_and_deep_nesting_in_a_run_are_one_line_and_a_grid_skips_that_
     deep = a_run(grid, "deep")
     with open(deep / "metrics.jsonl", "ab") as f:  # lines that are skipped, not a traceback
         f.write(b"[" * 100_000 + b"\n" + b'{"event": "eval", "tag": "\xff\xfe"}\n')
-    assert report.render_run(report.read_run(deep))
+    assert report.render_run(run_reader.read_run(deep))
     bad = a_run(grid, "bad")
     (bad / "config.json").write_bytes(b'{"method": "\xff')
     r = subprocess.run([sys.executable, str(ROOT / "tools" / "report.py"), str(bad)], capture_output=True, text=True)
@@ -171,7 +172,7 @@ def test_a_committed_run_zip_still_reads_as_before(tmp_path):
     src = ROOT / "results" / "runs" / "default"
     run = next(p for p in sorted(src.iterdir()) if p.is_dir())
     copy_run(run, tmp_path / "r")
-    assert report.read_run(tmp_path / "r")["summary"] == report.read_run(run)["summary"]
+    assert run_reader.read_run(tmp_path / "r")["summary"] == run_reader.read_run(run)["summary"]
 
 
 class _Server(http.server.BaseHTTPRequestHandler):

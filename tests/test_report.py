@@ -19,6 +19,7 @@ import whale
 from harness_search import harness_source as hsrc
 from rundir import run_setup
 from rundir import report
+from rundir import run_reader
 from tools import results
 from tests.helpers import ROOT, copy_run
 
@@ -26,7 +27,7 @@ from tests.helpers import ROOT, copy_run
 @pytest.mark.slow
 def test_report_of_a_tiny_run_shows_every_phase_candidate_trace_and_the_final_harness(tiny_reference):
     page = (tiny_reference / "report.html").read_text()  # written by evaluation.finish()
-    run = report.read_run(tiny_reference)
+    run = run_reader.read_run(tiny_reference)
     s = run["summary"]
     assert "finished" in page and f"{s['test_mean8_initial']:.3f} ± {s['test_mean8_initial_se']:.3f}" in page
     assert "<svg" in page and page.count('class="band"') == len(report.phase_spans(report.timeline(run["metrics"]),
@@ -40,7 +41,7 @@ def test_report_of_a_tiny_run_shows_every_phase_candidate_trace_and_the_final_ha
     assert len(cands) >= 2 and all(c["meta"].get("parent") for c in cands[1:])  # proposals: cards with a diff
     for c in cands:
         assert f'id="phase00-{c["name"]}"' in page
-        records = report.read_traces(c)
+        records = run_reader.read_traces(c)
         failed = [r for r in records if r["score"] <= 0.5]
         # two failed and one successful trace (or as many as there are), each collapsed
         card = page.split(f'id="phase00-{c["name"]}"')[1].split('<div class="cand"')[0]
@@ -210,20 +211,20 @@ COMMITTED_GRIDS = sorted([*(ROOT / "results" / "runs").iterdir(), ROOT / "result
 
 @pytest.mark.parametrize("grid", COMMITTED_GRIDS, ids=lambda g: str(g.relative_to(ROOT / "results")))
 def test_every_committed_run_has_its_report_and_the_index_links_them(grid):
-    runs = report.find_runs(grid)
+    runs = run_reader.find_runs(grid)
     assert runs and runs == sorted(d for d in grid.iterdir() if d.is_dir())  # every directory there is a run
     index = (grid / "index.html").read_text()
     assert sorted(re.findall(r'href="([^"]+/report\.html)"', index)) == [f"./{d.name}/report.html" for d in runs]
     for d in runs:
         assert (d / "report.html").exists(), f"{d} has no report.html: run python tools/report.py {grid.relative_to(ROOT)}"
         page = (d / "report.html").read_text()
-        cfg = report.read_run(d)["config"]  # from config.json, or from a packed run's run.zip
+        cfg = run_reader.read_run(d)["config"]  # from config.json, or from a packed run's run.zip
         assert f"{cfg['method']} on {cfg['domain']}, seed {cfg['seed']}" in page
         if grid.parent == ROOT / "results" / "runs":  # a finished grid's run is two files (results.py --pack)
             assert sorted(p.name for p in d.iterdir()) == ["report.html", "run.zip"], d
         assert f'href="./{d.name}/report.html"' in index
         if (d / "archive").is_dir():  # committed without traces.jsonl (git ignores them): the page says so
-            assert "traces not kept" in page and "traces not kept" in report.render_run(report.read_run(d))
+            assert "traces not kept" in page and "traces not kept" in report.render_run(run_reader.read_run(d))
 
 
 # Chromium over the DevTools protocol on a pipe (--remote-debugging-pipe): JSON messages ended by

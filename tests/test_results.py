@@ -15,6 +15,7 @@ import rollout
 from domains import searchqa
 from harness_search import harness_archive
 from rundir import report
+from rundir import run_reader
 from tools import results
 from tests.helpers import ROOT, copy_run
 
@@ -186,8 +187,8 @@ def test_a_packed_run_reads_as_the_run_it_was(tmp_path):
         assert all(z.read(n) == committed.read(n) for n in z.namelist())
     assert (run / "run.zip").read_bytes() == (src / "run.zip").read_bytes()  # names sorted, times fixed
     folder = harness_archive.unpacked_archive(run)
-    assert "phase00" in os.listdir(folder) and report.read_run(run)["phases"][0]["candidates"]
-    assert report.find_runs(tmp_path / "grid") == [run, running] and report.read_run(run)["config"]["seed"] == 0
+    assert "phase00" in os.listdir(folder) and run_reader.read_run(run)["phases"][0]["candidates"]
+    assert run_reader.find_runs(tmp_path / "grid") == [run, running] and run_reader.read_run(run)["config"]["seed"] == 0
 
 
 def test_results_against_two_grids_gives_a_table_each(tmp_path):
