@@ -308,3 +308,25 @@ def test_reading_path_names_the_files_one_rsft_step_reads_and_runs_through():
     for f in ("whale.py", "rs_sft.py", "rollout.py", "lm/engine.py"):
         assert re.search(rf"^    {re.escape(f)}: \d+ functions, \d+ lines$", step, re.M), (f, step)
     assert "meta_harness.py" not in step and "harness_phase" not in step
+
+def test_a_runs_minutes_add_up_and_scale_by_the_initial_test(capsys, tmp_path):
+    """results/first-run/minutes.py on the committed default run (its run.zip): every part it names
+    is in the run's order and inside the run's clock, and the developers'-machine figure is the whole
+    scaled by 90.8 s over this run's initial test; a folder that is not a run is one line, exit 2."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("minutes", ROOT / "results" / "first-run" / "minutes.py")
+    minutes = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(minutes)
+    run = run_reader.read_run(ROOT / "results" / "runs" / "default" / "searchqa-whale-s0")
+    parts = minutes.minutes(run)
+    names = [n for n, _ in parts]
+    assert names[:4] == ["initial test", "phase A0", "phase B0", "phase A1"] and "final test" in names
+    assert sum(n.startswith("2 x 2") for n in names) == 2  # the run scored both new cells
+    whole, initial = parts[-1][1], parts[0][1]
+    assert all(s > 0 for _, s in parts) and sum(s for _, s in parts[:-1]) <= whole
+    assert minutes.main([str(ROOT / "results" / "runs" / "default" / "searchqa-whale-s0")]) == 0
+    assert f"{whole * 90.8 / initial / 60:.1f} min;" in capsys.readouterr().out
+    (tmp_path / "metrics.jsonl").write_text('{"t": 1.0, "event": "start"}\n')
+    assert minutes.main([str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("minutes.py: error:")
