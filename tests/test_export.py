@@ -95,7 +95,8 @@ def test_a_full_fine_tuning_run_resumed_after_a_crash_exports_the_agent_it_score
     from domains import searchqa
     from tools import run_agent
     run = tmp_path / "resumed"
-    crashed = run_whale(*WHOLE_MODEL, "--harness", tiny_harness, "--out", str(run), env={"WHALE_CRASH_AT": "checkpoint:2"})
+    crashed = run_whale(*WHOLE_MODEL, "--harness", tiny_harness, "--out", str(run),
+                        env={"WHALE_CRASH_AT": "checkpoint:2"})
     assert crashed.returncode != 0 and not (run / "summary.json").exists()
     assert run_whale("--resume", str(run)).returncode == 0
     exports_the_whole_trained_model(run, tmp_path / "agent", tmp_path)
