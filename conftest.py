@@ -17,7 +17,7 @@ from lm import models
 from tests.helpers import TINY, run_whale, tiny_harness_source, tiny_model, tiny_tokenizer, write_qwen2_gguf
 
 
-# pytest-xdist (.ci/run: -n 3 --dist loadgroup): a test that takes a session fixture which is a whole
+# pytest-xdist (.ci/run: -n 2 --dist loadgroup): a test that takes a session fixture which is a whole
 # whale.py run or a download (SHARED_RUNS) runs on the worker of that fixture's group, so the run is
 # made once, not once per worker; the tests whose attacks aim at PWNED (/tmp/whale_pwned) share the
 # group "pwned". Computed here from each test's fixtures and source: no list kept by hand. (tryfirst:
