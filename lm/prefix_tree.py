@@ -178,7 +178,7 @@ def _replayed_cache(cache, first):
         if "keys" in first:  # the backward's recompute
             k, v = first["keys"], first["values"]
             return (keys, values) if k is None else (torch.cat([k, keys], dim=-2), torch.cat([v, values], dim=-2))
-        layer = cache.layers[layer_idx] if layer_idx < len(getattr(cache, "layers", ())) else None
+        layer = cache.layers[layer_idx] if layer_idx < len(cache.layers) else None
         held = layer is not None and getattr(layer, "is_initialized", False)
         first["keys"], first["values"] = (layer.keys, layer.values) if held else (None, None)
         return plain(keys, values, layer_idx, *args, **kwargs)

@@ -781,9 +781,9 @@ def memory(model_name, n_questions):
 
 def update_memory(model_name):
     """Phase A's update, where the default run peaks (results/first-run runs 14-16): one minibatch of 8
-    sequences as searchqa's kept rollouts look (4 real prompts, 138-237 tokens with the embedded model's
-    tokenizer, x 2: a reply, 200 tokens of tool output, a reply; 420-520 positions each) at full fine-tuning with AdamW's state in place, in a
-    fresh process each: uncapped (--max-memory 0) and with a training forward capped at 256 positions,
+    sequences as searchqa's kept rollouts look (4 real prompts, 138-237 tokens with the embedded
+    model's tokenizer, x 2: a reply, 200 tokens of tool output, a reply; 420-520 positions each) at
+    full fine-tuning with AdamW's state in place, in a fresh process each: uncapped (--max-memory 0) and with a training forward capped at 256 positions,
     which --max-memory 4 gives (one sequence a forward, the freed memory given back after it); then
     one_long: a single sequence of ~650 positions (two of those prompts, a reply, tool output, a
     reply) under the same cap, which it cannot honour (a sequence is never cut, so it runs alone):
